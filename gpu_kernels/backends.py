@@ -1,0 +1,94 @@
+"""The small interfaces every stage implementation satisfies (CPU twin and GPU alike).
+
+The pipeline (``gpu_kernels.pipeline``) only talks to these. A backend is chosen once, from
+settings, by :func:`gpu_kernels.pipeline.build_pipeline`; never deep in a call path.
+
+Per-item failures are returned, not raised: a batch method returns, for each input, either
+its result or the :class:`~schemas.errors.LightboxError` that item failed with, so one bad
+image never fails its batch-mates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from gpu_kernels.presets import Preset
+from schemas.errors import LightboxError
+
+__all__ = [
+    "Array",
+    "Decoder",
+    "Encoder",
+    "RetouchOptions",
+    "Retoucher",
+    "Segmenter",
+]
+
+Array = Any  # numpy.ndarray on the CPU backend, cupy.ndarray on the GPU backend
+
+
+@dataclass(frozen=True, slots=True)
+class RetouchOptions:
+    background: Literal["white", "transparent", "keep"] = "white"
+    lighting: Literal["auto", "off"] = "auto"
+
+
+@runtime_checkable
+class Decoder(Protocol):
+    device: str
+
+    def decode_batch(
+        self, blobs: Sequence[bytes], *, max_side: int | None = None
+    ) -> list[Array | LightboxError]:
+        """Decode each blob to ``(H, W, 3|4)`` uint8 RGB(A), EXIF orientation applied.
+
+        ``max_side`` is the largest output side any requested preset needs; a decoder may
+        decode at reduced size as long as the result's longer side stays >= ``max_side``
+        (or is the full image). Guards (byte size, header pixel count) run before decoding.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Segmenter(Protocol):
+    device: str
+
+    def segment_batch(self, images: Sequence[Array]) -> list[Array]:
+        """Foreground alpha ``(H, W)`` uint8 per image, same H and W as the image."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Retoucher(Protocol):
+    device: str
+
+    def correct(
+        self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
+    ) -> list[Array]:
+        """Colour stages + composite (DESIGN.md steps 4 and 5) as one fused pass per image.
+
+        Returns RGB for a white/keep background, RGBA when ``options.background`` is
+        "transparent". Where the mask is 0 and the background is white, pixels are exactly 255.
+        """
+        ...
+
+    def render(self, image: Array, mask: Array | None, preset: Preset) -> Array:
+        """Subject-aware crop + resize + pad + sharpen for one preset (step 6), ready to encode."""
+        ...
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    device: str
+
+    def encode(self, image: Array, preset: Preset) -> bytes:
+        """Encode to the preset's format and quality (PNG/WebP keep alpha)."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,87 @@
+"""The project's error types.
+
+Every failure that can reach a dead letter is a :class:`LightboxError` carrying one of the
+error codes of ``DeadLetterEvent`` (DESIGN.md). Errors from libraries (DALI, OpenCV, Pillow,
+onnxruntime, fastavro) are translated at the boundary of the stage that called them.
+
+    LightboxError                 code            retriable
+    ├── SchemaInvalid             SCHEMA_INVALID  no
+    ├── FetchFailed               FETCH_FAILED    yes (a missing file: no)
+    ├── TooLarge                  TOO_LARGE       no
+    ├── UnsupportedFormat         UNSUPPORTED_FORMAT no
+    ├── DecodeFailed              DECODE_FAILED   no
+    ├── UnknownPreset             UNKNOWN_PRESET  no
+    └── ProcessingFailed          PROCESSING_FAILED no
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = [
+    "DecodeFailed",
+    "ErrorCode",
+    "FetchFailed",
+    "LightboxError",
+    "ProcessingFailed",
+    "SchemaInvalid",
+    "TooLarge",
+    "UnknownPreset",
+    "UnsupportedFormat",
+]
+
+
+class ErrorCode(StrEnum):
+    DECODE_FAILED = "DECODE_FAILED"
+    UNSUPPORTED_FORMAT = "UNSUPPORTED_FORMAT"
+    TOO_LARGE = "TOO_LARGE"
+    SCHEMA_INVALID = "SCHEMA_INVALID"
+    FETCH_FAILED = "FETCH_FAILED"
+    UNKNOWN_PRESET = "UNKNOWN_PRESET"
+    PROCESSING_FAILED = "PROCESSING_FAILED"
+
+
+class LightboxError(Exception):
+    """Base of every error that becomes a dead letter. ``stage`` names where it happened."""
+
+    code: ErrorCode = ErrorCode.PROCESSING_FAILED
+    retriable: bool = False
+
+    def __init__(self, message: str, *, stage: str = "", retriable: bool | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.stage = stage
+        if retriable is not None:
+            self.retriable = retriable
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.stage + ': ' if self.stage else ''}{self.message}"
+
+
+class SchemaInvalid(LightboxError):
+    code = ErrorCode.SCHEMA_INVALID
+
+
+class FetchFailed(LightboxError):
+    code = ErrorCode.FETCH_FAILED
+    retriable = True
+
+
+class TooLarge(LightboxError):
+    code = ErrorCode.TOO_LARGE
+
+
+class UnsupportedFormat(LightboxError):
+    code = ErrorCode.UNSUPPORTED_FORMAT
+
+
+class DecodeFailed(LightboxError):
+    code = ErrorCode.DECODE_FAILED
+
+
+class UnknownPreset(LightboxError):
+    code = ErrorCode.UNKNOWN_PRESET
+
+
+class ProcessingFailed(LightboxError):
+    code = ErrorCode.PROCESSING_FAILED
