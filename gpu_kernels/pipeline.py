@@ -1,0 +1,180 @@
+"""The retouch pipeline over one batch: decode once, segment once, correct once, then per
+preset render and encode (DESIGN.md steps 2-7). Pure: no Kafka, no Faust, no event loop.
+
+Failures are per item: an item that fails any stage carries its
+:class:`~schemas.errors.LightboxError` and leaves the batch; the others go on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpu_kernels.backends import Array, Decoder, Encoder, RetouchOptions, Retoucher, Segmenter
+from gpu_kernels.presets import Preset
+from gpu_kernels.spans import Span, SpanRecorder
+from schemas.errors import LightboxError, ProcessingFailed
+
+__all__ = ["Job", "JobResult", "Quality", "RetouchPipeline", "Variant"]
+
+
+@dataclass(slots=True)
+class Job:
+    """One image to process. ``spans`` is the item's recorder (fetch already in it)."""
+
+    data: bytes
+    presets: Sequence[Preset]
+    options: RetouchOptions
+    spans: SpanRecorder
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    preset: str
+    width: int
+    height: int
+    format: str
+    data: bytes
+    sha256: str
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+
+@dataclass(frozen=True, slots=True)
+class Quality:
+    subject_coverage: float
+    background_whiteness: float
+    sharpness: float
+
+
+@dataclass(slots=True)
+class JobResult:
+    variants: list[Variant] = field(default_factory=list)
+    quality: Quality | None = None
+    error: LightboxError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _to_host(a: Array) -> np.ndarray:
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+def measure_quality(mask: Array | None, first: Array) -> Quality:
+    """Subject coverage of the mask, whiteness of the rendered border, sharpness (var of Laplacian)."""
+    import cv2
+
+    img = _to_host(first)
+    coverage = 1.0 if mask is None else float((_to_host(mask) > 127).mean())
+    rgb = img[..., :3]
+    border = np.concatenate([rgb[0], rgb[-1], rgb[:, 0], rgb[:, -1]]).astype(np.float32)
+    gray = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
+    sharp = float(cv2.Laplacian(gray, cv2.CV_32F).var())
+    return Quality(coverage, float(border.mean() / 255.0), sharp)
+
+
+class RetouchPipeline:
+    """Runs one batch through the injected stages. Build one with ``gpu_kernels.build``."""
+
+    def __init__(self, decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
+                 segmenter: Segmenter | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns) -> None:
+        self.decoder, self.retoucher, self.encoder, self.segmenter = decoder, retoucher, encoder, segmenter
+        self.clock = clock
+
+    @property
+    def device(self) -> str:
+        return self.retoucher.device
+
+    def close(self) -> None:
+        self.decoder.close()
+        self.encoder.close()
+        if self.segmenter is not None:
+            self.segmenter.close()
+
+    def run_batch(self, jobs: Sequence[Job]) -> list[JobResult]:
+        results = [JobResult() for _ in jobs]
+        live = list(range(len(jobs)))
+
+        def stage(name: str, idx: list[int], fn: Callable[[list[int]], list[object]], device: str) -> list[object]:
+            """Run ``fn`` over items ``idx``; record one span per item; catch per-item failures."""
+            start = self.clock()
+            try:
+                out = fn(idx)
+            except LightboxError as exc:
+                out = [exc] * len(idx)
+            except Exception as exc:  # a stage bug must not take the batch-mates down with it
+                out = [ProcessingFailed(f"{type(exc).__name__}: {exc}", stage=name)] * len(idx)
+            end = self.clock()
+            for i, o in zip(idx, out, strict=True):
+                jobs[i].spans.add(name, start, end, batch_size=len(idx), device=device)
+                if isinstance(o, LightboxError):
+                    if not o.stage:
+                        o.stage = name
+                    results[i].error = o
+            return out
+
+        # 2. decode, once per image, at the size the largest preset needs
+        max_side = max((max(p.width, p.height) for j in jobs for p in j.presets), default=None)
+        decoded = stage("decode", live,
+                        lambda idx: list(self.decoder.decode_batch([jobs[i].data for i in idx], max_side=max_side)),
+                        self.decoder.device)
+        images: dict[int, Array] = {i: d for i, d in zip(live, decoded, strict=True) if not isinstance(d, LightboxError)}
+        live = [i for i in live if i in images]
+
+        # 3. segment, once per image (skipped for "keep" backgrounds)
+        masks: dict[int, Array | None] = {i: None for i in live}
+        seg_idx = [i for i in live if jobs[i].options.background != "keep"]
+        if self.segmenter is not None and seg_idx:
+            segmenter = self.segmenter
+            out = stage("segment", seg_idx,
+                        lambda idx: list(segmenter.segment_batch([images[i] for i in idx])), segmenter.device)
+            masks.update({i: m for i, m in zip(seg_idx, out, strict=True) if not isinstance(m, LightboxError)})
+            live = [i for i in live if results[i].ok]
+
+        # 4-5. colour + composite, one fused pass per image, grouped by options
+        groups: dict[RetouchOptions, list[int]] = defaultdict(list)
+        for i in live:
+            groups[jobs[i].options].append(i)
+        corrected: dict[int, Array] = {}
+        for opts, idx in groups.items():
+            out = stage("correct", idx,
+                        lambda ix, o=opts: self.retoucher.correct([images[i] for i in ix], [masks[i] for i in ix], o),
+                        self.retoucher.device)
+            corrected.update({i: c for i, c in zip(idx, out, strict=True) if not isinstance(c, LightboxError)})
+        live = [i for i in live if results[i].ok]
+
+        # 6-7. per preset: render (crop, resize, pad, sharpen) then encode
+        for i in live:
+            job, first = jobs[i], None
+            try:
+                for preset in job.presets:
+                    with job.spans.span(f"preset:{preset.name}", device=self.retoucher.device):
+                        rendered = self.retoucher.render(corrected[i], masks[i], preset)
+                    with job.spans.span(f"encode:{preset.name}", device=self.encoder.device):
+                        data = self.encoder.encode(rendered, preset)
+                    first = rendered if first is None else first
+                    h, w = rendered.shape[:2]
+                    results[i].variants.append(Variant(preset.name, int(w), int(h), preset.format, data,
+                                                       hashlib.sha256(data).hexdigest()))
+                if first is not None:
+                    results[i].quality = measure_quality(masks[i], first)
+            except LightboxError as exc:
+                results[i].error, results[i].variants = exc, []
+            except Exception as exc:
+                results[i].error = ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="render")
+                results[i].variants = []
+        return results
+
+
+def spans_records(spans: Sequence[Span]) -> list[dict[str, object]]:
+    return [s.as_record() for s in spans]

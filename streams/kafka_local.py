@@ -1,0 +1,251 @@
+"""A local single-node Apache Kafka (KRaft broker + controller) without Docker.
+
+The jars come from Maven Central through ``infra/kafka/pom.xml`` into a cache folder; the
+broker runs as ``java -cp '<cache>/lib/*' kafka.Kafka server.properties`` on 127.0.0.1 with
+free ports and a temporary data dir. Used by ``lightbox kafka up|down|status`` and by the
+pytest session fixture. Imports no Kafka client: readiness is read from the broker's log and
+its listening socket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+__all__ = [
+    "KAFKA_VERSION",
+    "KafkaLaunchError",
+    "LocalKafka",
+    "cache_dir",
+    "ensure_jars",
+    "read_state",
+]
+
+KAFKA_VERSION = "4.4.0"
+POM = Path(__file__).resolve().parent.parent / "infra" / "kafka" / "pom.xml"
+READY_LINE = "Kafka Server started"
+
+
+class KafkaLaunchError(RuntimeError):
+    """The local broker could not be installed, formatted or started; the message says why."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LIGHTBOX_CACHE_DIR") or Path.home() / ".cache" / "lightbox"
+    return Path(root) / f"kafka-{KAFKA_VERSION}"
+
+
+def ensure_jars(target: Path | None = None, *, quiet: bool = True) -> Path:
+    """Resolve the broker's jars with Maven into ``target/lib`` once; return that folder."""
+    lib = (target or cache_dir()) / "lib"
+    if any(lib.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):
+        return lib
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise KafkaLaunchError("Maven (mvn) is not on PATH: it is needed once to fetch Kafka's jars")
+    tmp = lib.with_name("lib.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [mvn, "-B", *(["-q"] if quiet else []), "-f", str(POM), "dependency:copy-dependencies",
+           "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
+    proc = subprocess.run(cmd, capture_output=quiet, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stdout or "")[-2000:] if quiet else ""
+        raise KafkaLaunchError(f"mvn failed to resolve Kafka {KAFKA_VERSION} (exit {proc.returncode}):\n{tail}")
+    shutil.rmtree(lib, ignore_errors=True)
+    tmp.rename(lib)
+    return lib
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java:
+        raise KafkaLaunchError("no java on PATH (Kafka 4.x needs a JDK/JRE 17+)")
+    return java
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+SERVER_PROPERTIES = """\
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+log.dirs={data_dir}/log
+num.partitions={partitions}
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+message.max.bytes={max_message_bytes}
+replica.fetch.max.bytes={max_message_bytes}
+log.retention.hours=24
+"""
+
+
+@dataclass
+class LocalKafka:
+    """One running (or stopped) local broker. ``bootstrap`` is ``127.0.0.1:<port>``."""
+
+    pid: int
+    port: int
+    controller_port: int
+    data_dir: str
+    owns_data_dir: bool = True
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.data_dir) / "kafka.log"
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        data_dir: str | Path | None = None,
+        port: int | None = None,
+        partitions: int = 4,
+        max_message_bytes: int = 20 * 1024 * 1024,
+        heap: str = "512m",
+        timeout_s: float = 90.0,
+    ) -> LocalKafka:
+        """Format storage and start the broker; return once it accepts connections."""
+        lib = ensure_jars()
+        owns = data_dir is None
+        ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-kafka-"))
+        ddir.mkdir(parents=True, exist_ok=True)
+        port = port or _free_port()
+        controller_port = _free_port()
+        props = ddir / "server.properties"
+        props.write_text(SERVER_PROPERTIES.format(
+            port=port, controller_port=controller_port, data_dir=ddir,
+            partitions=partitions, max_message_bytes=max_message_bytes))
+        java, cp = _java(), f"{lib}/*"
+        log = ddir / "kafka.log"
+        fmt = subprocess.run(
+            [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
+             "-t", str(uuid.uuid4()).replace("-", "")[:22], "-c", str(props)],
+            capture_output=True, text=True, check=False)
+        if fmt.returncode != 0:
+            raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [java, f"-Xmx{heap}", "-Xms128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                 "-Djava.awt.headless=true", "-Dorg.slf4j.simpleLogger.defaultLogLevel=info",
+                 "-cp", cp, "kafka.Kafka", str(props)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True)
+        kafka = cls(pid=proc.pid, port=port, controller_port=controller_port,
+                    data_dir=str(ddir), owns_data_dir=owns)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise KafkaLaunchError(
+                    f"broker exited with {proc.returncode} during start; last log lines:\n{kafka.log_tail()}")
+            if _port_open(port) and READY_LINE in log.read_text(errors="replace"):
+                return kafka
+            time.sleep(0.2)
+        kafka.stop()
+        raise KafkaLaunchError(f"broker did not start within {timeout_s:.0f} s; log:\n{kafka.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            return False
+        return _port_open(self.port)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL after ``timeout_s``."""
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + wait
+            while time.monotonic() < end:
+                try:
+                    done, _ = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # not our child (started by another process)
+                    done = 0 if _pid_exists(self.pid) else self.pid
+                if done:
+                    break
+                time.sleep(0.1)
+            else:
+                continue
+            break
+        if self.owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    # The CLI keeps the broker it started in a small state file, so `down` and `status`
+    # from another shell find it.
+    def save_state(self) -> Path:
+        path = _state_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self)))
+        return path
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie counts as gone
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _state_file() -> Path:
+    return cache_dir().parent / "kafka-local.json"
+
+
+def read_state() -> LocalKafka | None:
+    try:
+        return LocalKafka(**json.loads(_state_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def clear_state() -> None:
+    _state_file().unlink(missing_ok=True)

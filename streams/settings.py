@@ -1,0 +1,65 @@
+"""Worker settings from the environment (prefix ``LIGHTBOX_``) or a ``.env`` file. Pure."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["PIPELINE_VERSION", "Settings"]
+
+PIPELINE_VERSION = "0.1.0"
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Settings(BaseSettings):
+    """Every knob of a worker. ``LIGHTBOX_KAFKA_BOOTSTRAP=host:port`` and so on."""
+
+    model_config = SettingsConfigDict(env_prefix="LIGHTBOX_", env_file=".env", extra="ignore")
+
+    kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, comma separated")
+    group_id: str = Field("lightbox-workers", description="consumer group (and Faust app id)")
+    input_topic: str = "lightbox.images.v1"
+    backfill_topic: str = "lightbox.images.backfill.v1"
+    output_topic: str = "lightbox.images.processed.v1"
+    dlq_topic: str = "lightbox.images.dlq.v1"
+    topic_partitions: int = Field(4, ge=1)
+
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    presets_file: Path | None = Field(None, description="TOML presets file; the packaged one if unset")
+    schema_store: Path | None = Field(None, description="folder of a file-backed schema store; packaged if unset")
+    segmenter: Literal["model", "classical", "none"] = "classical"
+    model_path: Path | None = None
+
+    max_image_bytes: int = Field(40 * 1024 * 1024, ge=1, description="largest accepted encoded image")
+    max_pixels: int = Field(64_000_000, ge=1, description="largest accepted width*height, read from the header")
+    file_roots: list[Path] = Field(default_factory=list,
+                                   description="folders file:// URIs may point into (empty: any)")
+    output_dir: Path | None = Field(None, description="write variants here as content-addressed files "
+                                                      "and put file:// URIs in events instead of bytes")
+
+    max_batch: int = Field(16, ge=1)
+    slo_ms: float | None = Field(None, description="latency SLO; 250 ms on GPU, 2000 ms on CPU if unset")
+    max_wait_ms: float = Field(50.0, ge=0)
+    max_in_flight: int = Field(64, ge=1, description="images held by a worker before it stops consuming")
+
+    worker_id: str = Field(default_factory=_default_worker_id)
+    data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
+    log_level: str = "WARNING"
+
+    def resolved_device(self) -> Literal["cpu", "gpu"]:
+        if self.device != "auto":
+            return self.device
+        try:
+            import cupy  # noqa: F401
+
+            return "gpu" if cupy.cuda.runtime.getDeviceCount() > 0 else "cpu"
+        except Exception:  # no CuPy, no driver, no device: all mean CPU
+            return "cpu"
