@@ -1,0 +1,1 @@
+"""Faust agents (thin glue) and the micro-batching state machine."""
