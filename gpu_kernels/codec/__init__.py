@@ -1,0 +1,59 @@
+"""Decode and encode stages (DESIGN.md steps 2 and 7).
+
+- :mod:`.sniff` — header guards: format, size, pixel count, EXIF orientation, no pixel decoded.
+- :mod:`.dali_decode` — :class:`DaliDecoder`, batched DALI decode on CPU or GPU (``mixed``).
+- :mod:`.encode` — :class:`CpuEncoder` (libjpeg-turbo / libpng / libwebp) and
+  :class:`NvJpegEncoder` (nvJPEG for large JPEGs, CPU otherwise).
+
+Pick an implementation once with :func:`make_decoder` / :func:`make_encoder`.
+CuPy and nvImageCodec are imported only inside the GPU classes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_kernels.codec.dali_decode import DaliDecoder, ReduceMode, orient, reduced_size
+from gpu_kernels.codec.encode import CpuEncoder, EncodeSettings, NvJpegEncoder, flatten_alpha
+from gpu_kernels.codec.sniff import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_PIXELS,
+    ImageFormat,
+    ImageInfo,
+    exif_orientation,
+    sniff,
+)
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_PIXELS",
+    "CpuEncoder",
+    "DaliDecoder",
+    "EncodeSettings",
+    "ImageFormat",
+    "ImageInfo",
+    "NvJpegEncoder",
+    "ReduceMode",
+    "exif_orientation",
+    "flatten_alpha",
+    "make_decoder",
+    "make_encoder",
+    "orient",
+    "reduced_size",
+    "sniff",
+]
+
+
+def make_decoder(device: str = "cpu", **options: Any) -> DaliDecoder:
+    """A :class:`DaliDecoder` for ``device`` ("cpu" or "gpu"); ``options`` are its keyword
+    arguments (``max_pixels``, ``max_bytes``, ``batch_size``, ``num_threads``,
+    ``hw_decoder_load``, ``device_id``, ``reduce``)."""
+    return DaliDecoder(device, **options)
+
+
+def make_encoder(device: str = "cpu", **options: Any) -> CpuEncoder | NvJpegEncoder:
+    """:class:`CpuEncoder` for "cpu", :class:`NvJpegEncoder` for "gpu" (``device_id``,
+    ``gpu_min_pixels``, ``settings``)."""
+    if device == "gpu":
+        return NvJpegEncoder(device, **options)
+    return CpuEncoder(device, **options)

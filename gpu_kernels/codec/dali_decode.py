@@ -1,0 +1,358 @@
+"""Batched image decode with NVIDIA DALI (DESIGN.md step 2), on CPU or GPU behind one class.
+
+``DaliDecoder(device="cpu")`` runs ``external_source → decoders.image(device="cpu")``;
+``DaliDecoder(device="gpu")`` runs the same pipeline with ``device="mixed"`` (nvJPEG with the
+hardware JPEG decoder taking ``hw_decoder_load`` of the batch) and hands out CuPy arrays.
+Output per image: ``(H, W, 3)`` uint8 RGB, or ``(H, W, 4)`` uint8 RGBA for sources whose
+header declares transparency; EXIF orientation applied; CMYK/YCCK and grayscale converted to
+RGB; 16-bit PNGs reduced to 8 bits.
+
+Routing (decided from :func:`~gpu_kernels.codec.sniff.sniff`, before any pixel is decoded):
+
+- guard failures (size, pixel count, format, broken header) → the error, nothing decoded;
+- sources with alpha (PNG colour type 4/6 or tRNS, WebP with alpha) → Pillow, then uploaded on
+  GPU. DALI 2.4's ``output_type=RGB`` drops alpha, and ``ANY_DATA`` — the only mode that keeps
+  it — fails on gray+alpha PNGs and kills the process (SIGSEGV) on grayscale JPEGs (checked
+  here), so it is not used;
+- reduced-size decode when ``max_side`` is at most half the source's longer side:
+  ``"dct"`` (CPU default) decodes JPEGs (not CMYK) with libjpeg-turbo's DCT scaling
+  (simplejpeg, factors 1/2, 1/4, 1/8) to the smallest size whose longer side is still
+  >= ``max_side``; ``"resize"`` (GPU default) fuses an antialiased ``fn.resize`` into the DALI
+  pipeline to exactly ``max_side`` on the longer side;
+- everything else → the DALI pipeline, ``batch_size`` images per run.
+
+DALI fails a whole run when one sample is bad (FACTS.md). A failed run is retried without the
+sample DALI names ("Failed to decode sample #i"), or one image at a time when it names none, so
+batch-mates always survive. A truncated JPEG fails in libjpeg-turbo ("Premature end of JPEG")
+and becomes ``DECODE_FAILED``; bit flips inside the entropy-coded data decode to garbage pixels
+without an error, as with every JPEG decoder.
+
+Not thread-safe: one decoder per worker thread.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import simplejpeg
+from PIL import Image, ImageOps
+
+from gpu_kernels.codec.sniff import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_PIXELS,
+    ImageInfo,
+    sniff,
+)
+from schemas.errors import DecodeFailed, LightboxError
+
+__all__ = ["DaliDecoder", "ReduceMode", "orient", "reduced_size"]
+
+STAGE = "decode"
+ReduceMode = Literal["auto", "dct", "resize", "off"]
+_FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
+Array = Any
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    index: int  # position in the caller's batch
+    blob: bytes
+    info: ImageInfo
+    target: tuple[int, int] | None  # (height, width) for the fused resize, oriented
+
+
+def reduced_size(info: ImageInfo, max_side: int | None) -> tuple[int, int] | None:
+    """``(height, width)`` (oriented) to decode ``info`` to for ``max_side``, or ``None`` for
+    full size. Reduces only when ``max_side`` is at most half the source's longer side; the
+    result's longer side is exactly ``max_side``, the aspect ratio kept (sides >= 1)."""
+    if max_side is None or max_side <= 0:
+        return None
+    w, h = info.oriented_size
+    longer = max(w, h)
+    if 2 * max_side > longer:
+        return None
+    scale = max_side / longer
+    return (
+        max_side if h == longer else max(1, round(h * scale)),
+        max_side if w == longer else max(1, round(w * scale)),
+    )
+
+
+_ORIENT_OPS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
+    1: lambda a: a,
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: a.transpose(1, 0, 2),
+    6: lambda a: np.rot90(a, -1),
+    7: lambda a: np.rot90(a, 1)[::-1],
+    8: lambda a: np.rot90(a, 1),
+}
+
+
+def orient(image: np.ndarray, orientation: int) -> np.ndarray:
+    """Apply EXIF ``orientation`` (1..8) to an ``(H, W, C)`` image; returns a contiguous array.
+
+    Same convention as Pillow's ``ImageOps.exif_transpose``: 6 = rotate 90° clockwise,
+    8 = 90° counter-clockwise, 3 = 180°, 2/4 = mirror, 5/7 = transpose/transverse.
+    """
+    return np.ascontiguousarray(_ORIENT_OPS.get(orientation, _ORIENT_OPS[1])(image))
+
+
+class DaliDecoder:
+    """:class:`~gpu_kernels.backends.Decoder` on DALI; see the module docstring.
+
+    Args:
+        device: ``"cpu"`` (NumPy out) or ``"gpu"`` (``mixed`` decode, CuPy out).
+        max_pixels, max_bytes: header guards, see :func:`sniff`.
+        batch_size: largest DALI batch; longer inputs run in chunks.
+        num_threads: DALI CPU threads (and the DCT-scaled decode pool).
+        hw_decoder_load: share of each JPEG batch sent to the hardware decoder (GPU only).
+        device_id: CUDA device (GPU only).
+        reduce: reduced-size decode strategy; ``"auto"`` = ``"dct"`` on CPU, ``"resize"`` on GPU.
+    """
+
+    def __init__(
+        self,
+        device: str = "cpu",
+        *,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        batch_size: int = 32,
+        num_threads: int = 2,
+        hw_decoder_load: float = 0.65,
+        device_id: int = 0,
+        reduce: ReduceMode = "auto",
+    ) -> None:
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f"DaliDecoder: device must be 'cpu' or 'gpu', got {device!r}")
+        if not 0.0 <= hw_decoder_load <= 1.0:
+            raise ValueError(
+                f"DaliDecoder: hw_decoder_load must be in [0, 1], got {hw_decoder_load}"
+            )
+        if batch_size < 1 or num_threads < 1:
+            raise ValueError("DaliDecoder: batch_size and num_threads must be >= 1")
+        self.device = device
+        self.max_pixels = max_pixels
+        self.max_bytes = max_bytes
+        self.batch_size = batch_size
+        self.num_threads = num_threads
+        self.hw_decoder_load = hw_decoder_load
+        self.device_id = device_id
+        self.reduce: ReduceMode = (
+            reduce if reduce != "auto" else ("dct" if device == "cpu" else "resize")
+        )
+        self._pipes: dict[bool, Any] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._closed = False
+
+    # ---- public ------------------------------------------------------------------------
+
+    def decode_batch(
+        self, blobs: Sequence[bytes], *, max_side: int | None = None
+    ) -> list[Array | LightboxError]:
+        """Decode each blob; per-item errors are returned in place, never raised."""
+        if self._closed:
+            raise RuntimeError("DaliDecoder is closed")
+        out: list[Array | LightboxError] = [DecodeFailed("not decoded", stage=STAGE) for _ in blobs]
+        dali_plain: list[_Job] = []
+        dali_resized: list[_Job] = []
+        dct: list[_Job] = []
+        alpha: list[_Job] = []
+        for i, blob in enumerate(blobs):
+            try:
+                info = sniff(blob, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
+            except LightboxError as err:
+                out[i] = err
+                continue
+            target = None if self.reduce == "off" else reduced_size(info, max_side)
+            job = _Job(i, bytes(blob), info, target)
+            if info.has_alpha:
+                alpha.append(job)
+            elif target is None:
+                dali_plain.append(job)
+            elif self.reduce == "dct" and info.format == "jpeg" and info.components != 4:
+                dct.append(job)
+            elif self.reduce == "resize":
+                dali_resized.append(job)
+            else:
+                dali_plain.append(job)
+        for jobs, resized in ((dali_plain, False), (dali_resized, True)):
+            for start in range(0, len(jobs), self.batch_size):
+                self._run_dali(jobs[start : start + self.batch_size], resized, out)
+        if dct:
+            for job, result in zip(dct, self._map(self._decode_dct, dct), strict=True):
+                out[job.index] = result
+        for job in alpha:
+            out[job.index] = self._decode_pillow(job)
+        return out
+
+    def close(self) -> None:
+        """Release the DALI pipelines and the thread pool; idempotent."""
+        self._pipes.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._closed = True
+
+    def __enter__(self) -> DaliDecoder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- DALI --------------------------------------------------------------------------
+
+    def _pipeline(self, resized: bool) -> Any:
+        pipe = self._pipes.get(resized)
+        if pipe is None:
+            pipe = self._build(resized)
+            self._pipes[resized] = pipe
+        return pipe
+
+    def _build(self, resized: bool) -> Any:
+        # DALI's Python API is only partly typed: use it as Any.
+        fn: Any = importlib.import_module("nvidia.dali.fn")
+        types: Any = importlib.import_module("nvidia.dali.types")
+        pipeline_cls: Any = importlib.import_module("nvidia.dali.pipeline").Pipeline
+        gpu = self.device == "gpu"
+        pipe = pipeline_cls(
+            batch_size=self.batch_size,
+            num_threads=self.num_threads,
+            device_id=self.device_id if gpu else None,
+            prefetch_queue_depth=1,  # feed one batch, run one batch
+        )
+        with pipe:
+            encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
+            extra: dict[str, Any] = {"hw_decoder_load": self.hw_decoder_load} if gpu else {}
+            images = fn.decoders.image(
+                encoded, device="mixed" if gpu else "cpu", output_type=types.RGB, **extra
+            )
+            if resized:
+                size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1)
+                images = fn.resize(
+                    images.gpu() if gpu else images,
+                    size=size,
+                    antialias=True,
+                    interp_type=types.INTERP_LINEAR,
+                )
+            pipe.set_outputs(images)
+        pipe.build()
+        return pipe
+
+    def _run_dali(self, jobs: list[_Job], resized: bool, out: list[Array | LightboxError]) -> None:
+        """Decode ``jobs`` in one run; on failure drop the named sample and retry the rest."""
+        pending = list(jobs)
+        while pending:
+            try:
+                arrays = self._run_once(pending, resized)
+            except RuntimeError as err:
+                text = str(err)
+                match = _FAILED_SAMPLE.search(text)
+                if match and int(match.group(1)) < len(pending):
+                    bad = pending.pop(int(match.group(1)))
+                    out[bad.index] = self._dali_error(bad, text)
+                    continue
+                # DALI named nobody: rebuild the pipeline and decode one by one.
+                self._pipes.pop(resized, None)
+                if len(pending) == 1:
+                    out[pending[0].index] = self._dali_error(pending[0], text)
+                    return
+                for job in pending:
+                    self._run_dali([job], resized, out)
+                return
+            for job, array in zip(pending, arrays, strict=True):
+                out[job.index] = array
+            return
+
+    def _run_once(self, jobs: list[_Job], resized: bool) -> list[Array]:
+        pipe = self._pipeline(resized)
+        pipe.feed_input("encoded", [np.frombuffer(j.blob, dtype=np.uint8) for j in jobs])
+        if resized:
+            pipe.feed_input("size", [np.asarray(j.target, dtype=np.float32) for j in jobs])
+        if self.device == "gpu":
+            import cupy as cp
+
+            (batch,) = pipe.run(cuda_stream=cp.cuda.get_current_stream().ptr)
+            # DALI reuses its output buffers on the next run: copy into CuPy-owned memory.
+            return [cp.from_dlpack(batch[i]).copy() for i in range(len(jobs))]
+        (batch,) = pipe.run()
+        return [np.array(batch.at(i)) for i in range(len(jobs))]
+
+    @staticmethod
+    def _dali_error(job: _Job, text: str) -> DecodeFailed:
+        """DALI's message names the operator and the sample's index *within the run*; keep
+        the operator's own reason line, without the run-relative index."""
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        reason = next((ln for ln in lines if ln.startswith("Failed to decode")), "")
+        reason = _FAILED_SAMPLE.sub("failed to decode", reason).rstrip(" :") or (
+            lines[0] if lines else "unknown DALI error"
+        )
+        i = job.info
+        if i.format == "jpeg" and b"\xff\xd9" not in job.blob[-64:]:
+            reason += " (no JPEG end-of-image marker: truncated)"
+        return DecodeFailed(
+            f"DALI decoders.image could not decode the {i.format} image ({i.width}x{i.height}, "
+            f"{len(job.blob)} bytes; corrupt or truncated data): {reason}",
+            stage=STAGE,
+        )
+
+    # ---- non-DALI paths ----------------------------------------------------------------
+
+    def _map(self, fn: Callable[[_Job], Array | LightboxError], jobs: list[_Job]) -> list[Any]:
+        if len(jobs) == 1 or self.num_threads == 1:
+            return [fn(j) for j in jobs]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="decode")
+        return list(self._pool.map(fn, jobs))
+
+    def _decode_dct(self, job: _Job) -> Array | LightboxError:
+        """libjpeg-turbo DCT-scaled decode: the smallest 1/2, 1/4 or 1/8 scale that keeps
+        the longer side >= max_side (``job.target`` holds exactly max_side there)."""
+        assert job.target is not None
+        th, tw = job.target
+        # target is oriented; the stored image is transposed for orientations 5..8.
+        if job.info.orientation in (5, 6, 7, 8):
+            th, tw = tw, th
+        try:
+            img = simplejpeg.decode_jpeg(
+                job.blob, colorspace="RGB", min_height=th, min_width=tw, min_factor=2
+            )
+        except (ValueError, RuntimeError) as err:
+            i = job.info
+            return DecodeFailed(
+                f"libjpeg-turbo could not decode the jpeg image ({i.width}x{i.height}, "
+                f"{len(job.blob)} bytes): {err}",
+                stage=STAGE,
+            )
+        return self._to_device(orient(img, job.info.orientation))
+
+    def _decode_pillow(self, job: _Job) -> Array | LightboxError:
+        """Sources with transparency: Pillow keeps alpha → ``(H, W, 4)`` RGBA."""
+        try:
+            with Image.open(io.BytesIO(job.blob)) as im:
+                im.load()
+                oriented = ImageOps.exif_transpose(im)
+                rgba = np.asarray(oriented.convert("RGBA"))
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            i = job.info
+            return DecodeFailed(
+                f"could not decode the {i.format} image with alpha ({i.width}x{i.height}, "
+                f"{len(job.blob)} bytes): {err}",
+                stage=STAGE,
+            )
+        return self._to_device(np.ascontiguousarray(rgba))
+
+    def _to_device(self, image: np.ndarray) -> Array:
+        if self.device == "gpu":
+            import cupy as cp
+
+            return cp.asarray(image)
+        return image
