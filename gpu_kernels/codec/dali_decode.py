@@ -92,7 +92,7 @@ _ORIENT_OPS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
     4: lambda a: a[::-1],
     5: lambda a: a.transpose(1, 0, 2),
     6: lambda a: np.rot90(a, -1),
-    7: lambda a: np.rot90(a, 1)[::-1],
+    7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),
     8: lambda a: np.rot90(a, 1),
 }
 
