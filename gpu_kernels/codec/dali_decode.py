@@ -228,6 +228,7 @@ class DaliDecoder:
             num_threads=self.num_threads,
             device_id=self.device_id if gpu else None,
             prefetch_queue_depth=1,  # feed one batch, run one batch
+            exec_dynamic=True,  # outputs stay valid while referenced (zero-copy hand-off)
         )
         with pipe:
             encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
@@ -238,7 +239,7 @@ class DaliDecoder:
             if resized:
                 size = fn.external_source(name="size", dtype=types.FLOAT, ndim=1)
                 images = fn.resize(
-                    images.gpu() if gpu else images,
+                    images,  # on the GPU after a mixed decode, on the CPU otherwise
                     size=size,
                     antialias=True,
                     interp_type=types.INTERP_LINEAR,
@@ -280,10 +281,15 @@ class DaliDecoder:
         if self.device == "gpu":
             import cupy as cp
 
-            (batch,) = pipe.run(cuda_stream=cp.cuda.get_current_stream().ptr)
-            # DALI reuses its output buffers on the next run: copy into CuPy-owned memory.
-            return [cp.from_dlpack(batch[i]).copy() for i in range(len(jobs))]
+            with cp.cuda.Device(self.device_id):
+                (batch,) = pipe.run()
+                # Zero copy: with DALI's dynamic executor an output buffer lives as long as
+                # something references it, so the CuPy arrays own the decoded pixels. The
+                # DLPack exchange makes CuPy's current stream wait for DALI's.
+                return [cp.from_dlpack(batch[i]) for i in range(len(jobs))]
         (batch,) = pipe.run()
+        # One host copy (~0.5 ms per 1.4 MP image) buys owned, writeable NumPy arrays; the
+        # zero-copy view (np.from_dlpack) would be read-only.
         return [np.array(batch.at(i)) for i in range(len(jobs))]
 
     @staticmethod
@@ -354,5 +360,6 @@ class DaliDecoder:
         if self.device == "gpu":
             import cupy as cp
 
-            return cp.asarray(image)
+            with cp.cuda.Device(self.device_id):
+                return cp.asarray(image)
         return image

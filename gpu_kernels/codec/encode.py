@@ -190,7 +190,8 @@ class NvJpegEncoder:
                 f"preset {name!r}: nvJPEG encode of a {tuple(img.shape)} image failed",
                 stage=STAGE,
             )
-        return bytes(code_stream)
+        # The buffer may be larger than the stream (capacity >= size).
+        return bytes(memoryview(code_stream)[: code_stream.size])
 
     def close(self) -> None:
         self._encoder = None
