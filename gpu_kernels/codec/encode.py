@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 import cv2
 import numpy as np
-import simplejpeg
 
 from gpu_kernels.presets import Preset
 from schemas.errors import ProcessingFailed
@@ -98,6 +97,8 @@ class CpuEncoder:
             ) from err
 
     def _jpeg(self, img: np.ndarray, quality: int) -> bytes:
+        import simplejpeg  # imported here so the GPU box needs only OpenCV for PNG/WebP
+
         if img.ndim == 2:
             gray = img[..., None]
             return bytes(
