@@ -1,0 +1,273 @@
+"""Adaptive micro-batching as a pure state machine with an injected clock.
+
+No asyncio, no device, no Kafka: the driver (the Faust agent, a simulation, a test) passes
+``now`` — seconds on one monotonic clock — into every call and acts on the batches returned.
+
+- ``add(item, shape_class, now, nbytes)`` puts an item in its shape class's bucket (buckets
+  never mix) and returns every batch that closes at ``now``.
+- ``next_deadline()`` is when the driver must call ``poll`` next (None: nothing pending).
+- ``poll(now)`` closes buckets that are full or whose deadline has passed.
+- ``flush()`` closes everything (shutdown, partition revoked).
+- ``record_service(batch_size, seconds)`` reports how long a batch took on the device.
+
+A bucket closes ``"full"`` when it holds the allowed size or the next item would take it over
+the memory budget, and ``"deadline"`` at::
+
+    opened_at + min(max_wait_s, max(0, slo_s - predicted_service(len(bucket))))
+
+i.e. its oldest item still leaves in time to finish within the SLO, and never waits more than
+``max_wait_s``.
+
+The allowed size (``allowed_size(now)``) is ``min(knee, max(for_rate, backlog))``:
+
+- ``knee`` (:mod:`agents.controller`): past it, per-item service time no longer improves
+  enough; it also keeps the predicted service time within ``slo_s - max_wait_s``, so a jump in
+  service time shrinks it at once.
+- ``for_rate``: the smallest size whose throughput carries the measured arrival rate at
+  ``target_utilization`` — 1 at light load, so an item leaves on arrival.
+- ``backlog``: a bucket that reached the allowed size (>= 2) within ``backlog_fraction`` of its
+  predicted service time was filled from a backlog, not by live arrivals: allow twice its size.
+  Every other close of a bucket of 2+ items, and every deadline close, halves it.
+
+The backlog signal is what lets batches grow under overload with the recommended driving loop
+(double buffering): pull events and ``add`` them only while no closed batch is waiting for the
+device; while one waits, events stay in the consumer. The arrival rate the batcher sees is then
+capped by the device's throughput at the current size, so the rate alone grows batches slowly;
+a bucket filling in a blink from the backlog doubles them per batch up to the knee.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Generic, TypeVar
+
+from agents.controller import (
+    ArrivalRate,
+    ServiceModel,
+    knee_size,
+    plan_throughput,
+    size_for_rate,
+)
+
+__all__ = ["Batch", "BatchingConfig", "CloseReason", "MicroBatcher"]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingConfig:
+    """Micro-batching settings. Times in seconds, sizes in items, memory in bytes.
+
+    ``memory_budget_bytes``: the most bytes (sum of ``add``'s ``nbytes``) one batch may hold;
+    an item over it on its own forms a batch by itself.
+    ``fixed_batch`` turns the controller off: the allowed size is that constant (benchmarks'
+    fixed-size baselines); deadlines still apply. ``target_utilization`` (0..1] is the share of
+    a batch size's throughput the arrival rate may use before a larger size is allowed.
+    ``knee_tolerance`` [0..1): how far below the best predicted throughput the knee may sit.
+    ``jump_ratio`` > 1: a service time this many times off its estimate rescales the model.
+    ``rate_window_s``: time constant of the arrival-rate estimate.
+    ``backlog_fraction`` [0..1): a batch that filled to the allowed size within this share of
+    its predicted service time was filled from a backlog (see the module docstring).
+    """
+
+    slo_s: float = 0.25
+    max_batch: int = 64
+    max_wait_s: float = 0.025
+    memory_budget_bytes: int = 8 * 2**30
+    fixed_batch: int | None = None
+    target_utilization: float = 0.8
+    knee_tolerance: float = 0.05
+    ewma_alpha: float = 0.3
+    jump_ratio: float = 2.0
+    rate_window_s: float = 0.25
+    backlog_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        checks = {
+            "slo_s": self.slo_s > 0,
+            "max_batch": self.max_batch >= 1,
+            "max_wait_s": 0 <= self.max_wait_s < self.slo_s,
+            "memory_budget_bytes": self.memory_budget_bytes > 0,
+            "fixed_batch": self.fixed_batch is None or 1 <= self.fixed_batch <= self.max_batch,
+            "target_utilization": 0 < self.target_utilization <= 1,
+            "knee_tolerance": 0 <= self.knee_tolerance < 1,
+            "ewma_alpha": 0 < self.ewma_alpha <= 1,
+            "jump_ratio": self.jump_ratio > 1,
+            "rate_window_s": self.rate_window_s > 0,
+            "backlog_fraction": 0 <= self.backlog_fraction < 1,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            name = bad[0]
+            raise ValueError(
+                f"BatchingConfig.{name} is out of range: got {getattr(self, name)!r} "
+                f"(slo_s={self.slo_s!r}, max_batch={self.max_batch!r})"
+            )
+
+    @property
+    def service_budget_s(self) -> float:
+        """Longest predicted service time a batch may have: the SLO less the longest wait."""
+        return self.slo_s - self.max_wait_s
+
+    @classmethod
+    def for_device(cls, device: str, **overrides: Any) -> BatchingConfig:
+        """Defaults for ``"gpu"`` (SLO 250 ms) or ``"cpu"`` (SLO 2 s), with ``overrides``."""
+        if device == "gpu":
+            base = cls()
+        elif device == "cpu":
+            base = cls(
+                slo_s=2.0,
+                max_batch=16,
+                max_wait_s=0.2,
+                memory_budget_bytes=2**30,
+                rate_window_s=4.0,
+            )
+        else:
+            raise ValueError(
+                f"BatchingConfig.for_device: device must be 'gpu' or 'cpu'; got {device!r}"
+            )
+        return replace(base, **overrides)
+
+
+class CloseReason(StrEnum):
+    FULL = "full"
+    DEADLINE = "deadline"
+    FLUSH = "flush"
+
+
+@dataclass(frozen=True, slots=True)
+class Batch(Generic[T]):
+    """Items of one shape class in arrival order; ``opened_at`` is the oldest item's arrival."""
+
+    items: tuple[T, ...]
+    shape_class: Hashable
+    opened_at: float
+    reason: CloseReason
+    nbytes: int = 0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+@dataclass(slots=True)
+class _Bucket(Generic[T]):
+    shape_class: Hashable
+    opened_at: float
+    last_at: float
+    items: list[T] = field(default_factory=list)
+    nbytes: int = 0
+
+    def close(self, reason: CloseReason) -> Batch[T]:
+        return Batch(tuple(self.items), self.shape_class, self.opened_at, reason, self.nbytes)
+
+
+class MicroBatcher(Generic[T]):
+    """Buckets items by shape class and closes batches; see the module docstring."""
+
+    def __init__(self, config: BatchingConfig | None = None) -> None:
+        self.config = config or BatchingConfig()
+        self._model = ServiceModel(alpha=self.config.ewma_alpha, jump_ratio=self.config.jump_ratio)
+        self._arrivals = ArrivalRate(self.config.rate_window_s)
+        self._buckets: dict[Hashable, _Bucket[T]] = {}  # insertion order = opening order
+        self._now = -math.inf
+        self._plan: list[float] = [1.0]
+        self._knee = 1
+        self._boost = 0  # size earned by buckets that filled from a backlog (module docstring)
+
+    @property
+    def pending(self) -> int:
+        """Items added and not yet returned in a batch."""
+        return sum(len(b.items) for b in self._buckets.values())
+
+    def add(self, item: T, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[T]]:
+        """Add ``item`` (``nbytes``: its memory estimate on the device); return the batches
+        that close at ``now``, oldest first — it is also a clock tick, like :meth:`poll`."""
+        if nbytes < 0:
+            raise ValueError(f"MicroBatcher.add: nbytes must be >= 0; got {nbytes!r}")
+        now = self._tick(now)
+        self._arrivals.observe(now)
+        closed: list[Batch[T]] = []
+        bucket = self._buckets.get(shape_class)
+        if bucket is not None and bucket.nbytes + nbytes > self.config.memory_budget_bytes:
+            closed.append(self._close(shape_class, CloseReason.FULL, self.allowed_size(now)))
+            bucket = None
+        if bucket is None:
+            bucket = self._buckets[shape_class] = _Bucket(shape_class, now, now)
+        bucket.items.append(item)
+        bucket.nbytes += nbytes
+        bucket.last_at = now
+        return closed + self.poll(now)
+
+    def poll(self, now: float) -> list[Batch[T]]:
+        """Close buckets that are full at the current allowed size or past their deadline."""
+        now = self._tick(now)
+        allowed = self.allowed_size(now)
+        closed: list[Batch[T]] = []
+        for key, bucket in list(self._buckets.items()):
+            full = len(bucket.items) >= allowed
+            if full or bucket.nbytes >= self.config.memory_budget_bytes:
+                closed.append(self._close(key, CloseReason.FULL, allowed))
+            elif self._deadline(bucket) <= now:
+                closed.append(self._close(key, CloseReason.DEADLINE, allowed))
+        return closed
+
+    def next_deadline(self) -> float | None:
+        """Earliest deadline of a pending bucket, or None when nothing is pending."""
+        return min((self._deadline(b) for b in self._buckets.values()), default=None)
+
+    def flush(self) -> list[Batch[T]]:
+        """Close every bucket now, oldest first."""
+        closed = [b.close(CloseReason.FLUSH) for b in self._buckets.values()]
+        self._buckets.clear()
+        return closed
+
+    def record_service(self, batch_size: int, seconds: float) -> None:
+        """Report that a batch of ``batch_size`` items took ``seconds`` on the device."""
+        if batch_size < 1 or not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(
+                "MicroBatcher.record_service: need batch_size >= 1 and finite seconds >= 0; "
+                f"got batch_size={batch_size!r}, seconds={seconds!r}"
+            )
+        self._model.observe(batch_size, seconds)
+        self._plan = plan_throughput(
+            self._model, max_size=self.config.max_batch, budget_s=self.config.service_budget_s
+        )
+        self._knee = knee_size(self._plan, self.config.knee_tolerance)
+
+    def allowed_size(self, now: float) -> int:
+        """Batch size a bucket closes at, given the arrival rate measured up to ``now``."""
+        if self.config.fixed_batch is not None:
+            return self.config.fixed_batch
+        rate = self._arrivals.rate(max(now, self._now))
+        for_rate = size_for_rate(self._plan, self._knee, rate, self.config.target_utilization)
+        return min(self._knee, max(for_rate, self._boost))
+
+    def predicted_service_s(self, batch_size: int) -> float:
+        """The model's service time in seconds for ``batch_size`` items (0.0 before data)."""
+        return self._model.predict(batch_size)
+
+    def _close(self, key: Hashable, reason: CloseReason, allowed: int) -> Batch[T]:
+        """Close a bucket, and learn from how it filled whether a backlog is waiting."""
+        bucket = self._buckets.pop(key)
+        size = len(bucket.items)
+        if reason is CloseReason.DEADLINE:
+            self._boost //= 2
+        elif reason is CloseReason.FULL and size >= max(2, allowed):
+            fill_s = bucket.last_at - bucket.opened_at
+            from_backlog = fill_s <= self.config.backlog_fraction * self._model.predict(size)
+            self._boost = 2 * size if from_backlog else self._boost // 2
+        return bucket.close(reason)
+
+    def _deadline(self, bucket: _Bucket[T]) -> float:
+        slack = self.config.slo_s - self._model.predict(len(bucket.items))
+        return bucket.opened_at + min(self.config.max_wait_s, max(slack, 0.0))
+
+    def _tick(self, now: float) -> float:
+        """Advance the clock; an earlier ``now`` than already seen counts as the latest one."""
+        if math.isnan(now):
+            raise ValueError("MicroBatcher: now must be a number of seconds; got nan")
+        self._now = max(self._now, now)
+        return self._now

@@ -1,0 +1,162 @@
+"""What the micro-batcher learns online: service time per batch size and the arrival rate.
+
+Pure and clock-free: every method takes the values it needs (``now`` in seconds from any
+monotonic clock). :class:`agents.batching.MicroBatcher` owns one of each and asks
+:func:`plan_throughput`, :func:`knee_size` and :func:`size_for_rate` which batch size to allow.
+
+How the allowed size is chosen (model-based, with doubling exploration):
+
+1. ``ServiceModel`` keeps an EWMA of the service time of each batch size it has seen and fits
+   ``t(b) = a + c*b`` through them for sizes it has not (one size seen: ``t(b) = t(b0)``,
+   an optimistic guess that makes the next, larger batch worth trying).
+2. A sample ``jump_ratio`` times above (or below) the EWMA of its size is a regime change
+   (throttled or shared device, other content): every size's estimate is rescaled by that ratio
+   at once instead of decaying towards it over several batches.
+3. ``plan_throughput`` lists the predicted throughput ``b / t(b)`` for ``b = 1, 2, ...`` up to
+   the smallest of ``max_size`` and twice the largest size ever seen (the model is never trusted
+   further than one doubling beyond its data), stopping before the first ``b > 1`` whose predicted
+   service time breaks the SLO budget.
+4. ``knee_size``: the smallest size whose throughput is within ``tolerance`` of the best listed
+   one — past it per-item time no longer improves enough to pay the extra latency.
+5. ``size_for_rate``: the smallest size up to the knee whose throughput carries the measured
+   arrival rate at ``target_utilization``; the knee when none does (saturation).
+
+So at light load the allowed size is 1 (no waiting for batch-mates); as the arrival rate rises it
+grows, at most doubling beyond the data per step, while the model says per-item time improves;
+it shrinks as soon as the predicted service time of the allowed size would break the SLO budget
+(e.g. after a jump in service time). :class:`~agents.batching.MicroBatcher` adds one more input,
+a backlog signal, for a driver that stops pulling while the device is busy.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["ArrivalRate", "ServiceModel", "knee_size", "plan_throughput", "size_for_rate"]
+
+_TINY_S = 1e-9  # floor on predicted service time, so throughput b / t(b) stays finite
+
+
+class ServiceModel:
+    """Online estimate of the service time ``t(b)`` (seconds) of a batch of ``b >= 1`` items."""
+
+    def __init__(self, *, alpha: float = 0.3, jump_ratio: float = 2.0) -> None:
+        self._alpha = alpha
+        self._jump_ratio = jump_ratio
+        self._ewma: dict[int, float] = {}
+        self._a = 0.0  # fitted intercept, seconds
+        self._c = 0.0  # fitted slope, seconds per item
+
+    @property
+    def largest_seen(self) -> int:
+        """The largest batch size observed so far; 0 before the first observation."""
+        return max(self._ewma, default=0)
+
+    @property
+    def fit(self) -> tuple[float, float]:
+        """``(a, c)`` of the fitted ``t(b) = a + c*b``, both >= 0; ``(0, 0)`` with no data."""
+        return self._a, self._c
+
+    def observe(self, size: int, seconds: float) -> bool:
+        """Fold in one batch's service time. Returns True when it was a jump (model rescaled)."""
+        old = self._ewma.get(size)
+        jumped = old is not None and old > 0 and not (
+            1 / self._jump_ratio <= seconds / old <= self._jump_ratio
+        )
+        if jumped:
+            assert old is not None
+            ratio = seconds / old
+            self._ewma = {b: t * ratio for b, t in self._ewma.items()}
+            self._ewma[size] = seconds
+        elif old is None:
+            self._ewma[size] = seconds
+        else:
+            self._ewma[size] = old + self._alpha * (seconds - old)
+        self._refit()
+        return jumped
+
+    def predict(self, size: int) -> float:
+        """Predicted service time in seconds of a batch of ``size``; 0.0 before any data."""
+        seen = self._ewma.get(size)
+        if seen is not None:
+            return seen
+        return max(self._a + self._c * size, 0.0)
+
+    def _refit(self) -> None:
+        """Least-squares line through the per-size EWMAs, clamped to a, c >= 0."""
+        sizes, times = list(self._ewma), list(self._ewma.values())
+        if len(sizes) == 1:
+            self._a, self._c = times[0], 0.0
+            return
+        n = len(sizes)
+        mean_b, mean_t = sum(sizes) / n, sum(times) / n
+        var_b = sum((b - mean_b) ** 2 for b in sizes)
+        c = sum((b - mean_b) * (t - mean_t) for b, t in zip(sizes, times, strict=True)) / var_b
+        a = mean_t - c * mean_b
+        if c < 0:  # bigger batches measured faster: noise; treat time as flat
+            a, c = mean_t, 0.0
+        elif a < 0:  # super-linear: refit through the origin
+            a, c = 0.0, sum(b * t for b, t in zip(sizes, times, strict=True)) / sum(
+                b * b for b in sizes
+            )
+        self._a, self._c = a, c
+
+
+class ArrivalRate:
+    """Arrival rate (items per second): an exponentially decayed count with time constant
+    ``window_s``, divided by the decayed time it covers.
+
+    The first arrival only starts the clock, so the estimate is unbiased from the second one on
+    (no slow warm-up at start-up). For a steady stream of rate ``r`` it converges to ``r``; once
+    arrivals stop it relaxes towards 0 with time constant ``window_s``.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self._window_s = window_s
+        self._count = 0.0
+        self._start: float | None = None
+        self._last = 0.0
+
+    def observe(self, now: float) -> None:
+        """Count one arrival at ``now`` (seconds, never earlier than the previous call)."""
+        if self._start is None:
+            self._start = now
+        else:
+            self._count = self._decayed(now) + 1.0
+        self._last = now
+
+    def rate(self, now: float) -> float:
+        """Estimated arrivals per second at ``now``; 0.0 before two arrivals."""
+        if self._start is None or now <= self._start:
+            return 0.0
+        covered = self._window_s * -math.expm1(-(now - self._start) / self._window_s)
+        return self._decayed(now) / covered
+
+    def _decayed(self, now: float) -> float:
+        return self._count * math.exp(-max(now - self._last, 0.0) / self._window_s)
+
+
+def plan_throughput(model: ServiceModel, *, max_size: int, budget_s: float) -> list[float]:
+    """Predicted items/s of batch sizes ``1..n`` (index ``b - 1``): ``n`` is the largest size
+    within ``max_size``, twice the largest size seen, and the SLO service budget ``budget_s``.
+    Always holds size 1."""
+    upper = min(max_size, max(1, 2 * model.largest_seen))
+    plan: list[float] = []
+    for size in range(1, upper + 1):
+        seconds = model.predict(size)
+        if size > 1 and seconds > budget_s:
+            break
+        plan.append(size / max(seconds, _TINY_S))
+    return plan
+
+
+def knee_size(plan: list[float], tolerance: float) -> int:
+    """Smallest batch size whose throughput is within ``tolerance`` (0..1) of the plan's best."""
+    floor = (1.0 - tolerance) * max(plan)
+    return next(i + 1 for i, items_per_s in enumerate(plan) if items_per_s >= floor)
+
+
+def size_for_rate(plan: list[float], knee: int, rate: float, utilization: float) -> int:
+    """Smallest size ``<= knee`` whose throughput covers ``rate / utilization``; else ``knee``."""
+    needed = rate / utilization
+    return next((i + 1 for i in range(knee) if plan[i] >= needed), knee)
