@@ -34,7 +34,8 @@ import math
 
 __all__ = ["ArrivalRate", "ServiceModel", "knee_size", "plan_throughput", "size_for_rate"]
 
-_TINY_S = 1e-9  # floor on predicted service time, so throughput b / t(b) stays finite
+_TINY_S = 1e-9  # service times are clamped to [_TINY_S, _HUGE_S], so ratios stay finite
+_HUGE_S = 1e9
 
 
 class ServiceModel:
@@ -58,17 +59,15 @@ class ServiceModel:
         return self._a, self._c
 
     def observe(self, size: int, seconds: float) -> bool:
-        """Fold in one batch's service time. Returns True when it was a jump (model rescaled)."""
+        """Fold in one batch's service time (clamped to [1 ns, 1e9 s]). Returns True when it
+        was a jump, i.e. the whole model was rescaled."""
+        seconds = _clamp(seconds)
         old = self._ewma.get(size)
-        jumped = old is not None and old > 0 and not (
-            1 / self._jump_ratio <= seconds / old <= self._jump_ratio
-        )
-        if jumped:
-            assert old is not None
-            ratio = seconds / old
-            self._ewma = {b: t * ratio for b, t in self._ewma.items()}
+        jumped = old is not None and not 1 / self._jump_ratio <= seconds / old <= self._jump_ratio
+        if old is None:
             self._ewma[size] = seconds
-        elif old is None:
+        elif jumped:
+            self._ewma = {b: _clamp(t * seconds / old) for b, t in self._ewma.items()}
             self._ewma[size] = seconds
         else:
             self._ewma[size] = old + self._alpha * (seconds - old)
@@ -76,11 +75,13 @@ class ServiceModel:
         return jumped
 
     def predict(self, size: int) -> float:
-        """Predicted service time in seconds of a batch of ``size``; 0.0 before any data."""
+        """Predicted service time in seconds of a batch of ``size``: 0.0 before any data."""
         seen = self._ewma.get(size)
         if seen is not None:
             return seen
-        return max(self._a + self._c * size, 0.0)
+        if not self._ewma:
+            return 0.0
+        return max(self._a + self._c * size, _TINY_S)
 
     def _refit(self) -> None:
         """Least-squares line through the per-size EWMAs, clamped to a, c >= 0."""
@@ -136,6 +137,10 @@ class ArrivalRate:
         return self._count * math.exp(-max(now - self._last, 0.0) / self._window_s)
 
 
+def _clamp(seconds: float) -> float:
+    return min(max(seconds, _TINY_S), _HUGE_S)
+
+
 def plan_throughput(model: ServiceModel, *, max_size: int, budget_s: float) -> list[float]:
     """Predicted items/s of batch sizes ``1..n`` (index ``b - 1``): ``n`` is the largest size
     within ``max_size``, twice the largest size seen, and the SLO service budget ``budget_s``.
@@ -146,7 +151,7 @@ def plan_throughput(model: ServiceModel, *, max_size: int, budget_s: float) -> l
         seconds = model.predict(size)
         if size > 1 and seconds > budget_s:
             break
-        plan.append(size / max(seconds, _TINY_S))
+        plan.append(size / max(seconds, _TINY_S))  # 0.0 before any data
     return plan
 
 

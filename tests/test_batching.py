@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import agents.batching as batching
@@ -242,6 +242,12 @@ _op = st.one_of(
     ops=st.lists(st.tuples(_op, st.floats(0, 0.05)), max_size=120),
     fixed=st.sampled_from([None, 1, 5]),
     backwards=st.booleans(),
+)
+@example(  # once found: a zero and a subnormal service time made the model rescale by inf
+    ops=[(("service", 1, 0.0), 0.0), (("service", 2, 1e-313), 0.0), (("service", 2, 0.5), 0.0),
+         (("add", "a", 0), 0.0)],
+    fixed=None,
+    backwards=False,
 )
 def test_no_item_is_dropped_duplicated_or_late(
     ops: list[tuple[tuple[object, ...], float]], fixed: int | None, backwards: bool
