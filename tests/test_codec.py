@@ -219,8 +219,8 @@ def test_jpeg_decode_matches_pillow(decoder: DaliDecoder, coffee: np.ndarray) ->
 def test_bad_images_do_not_fail_their_batch_mates(decoder: DaliDecoder, coffee: np.ndarray) -> None:
     good = [_jpeg(np.asarray(f())) for f in (data.coffee, data.astronaut, data.chelsea)]
     jpg = good[0]
-    sos = jpg.index(b"\xff\xda")
-    garbage_scan = jpg[: sos + 14] + b"\x00" * 64  # header intact, then nothing decodable
+    png = _save(Image.fromarray(coffee), "PNG")
+    no_tables = jpg.replace(b"\xff\xdb", b"\xff\xef")  # DQT → APP15: passes sniff, DALI fails
     blobs = [
         good[0],
         jpg[: len(jpg) // 2],  # truncated body
@@ -228,33 +228,46 @@ def test_bad_images_do_not_fail_their_batch_mates(decoder: DaliDecoder, coffee: 
         b"",
         b"this is not an image",
         _png_bomb(100_000, 100_000),
-        garbage_scan,
+        no_tables,  # DALI names the failed sample: it alone is dropped from the run
         good[2],
-        jpg[:-2],  # EOI cut off
+        png[:-12],  # no IEND: DALI names no sample, so the run is redone one by one
         good[0],
+        no_tables,
     ]
-    results = decoder.decode_batch(blobs)
+    results = decoder.decode_batch(blobs)  # batch_size=4: three DALI runs
     expected = {0: good[0], 2: good[1], 7: good[2], 9: good[0]}
     for i, blob in expected.items():
         assert isinstance(results[i], np.ndarray), (i, results[i])
         assert np.array_equal(results[i], _one(decoder, blob))
-    codes = {i: getattr(r, "code", None) for i, r in enumerate(results)}
+    codes = [getattr(r, "code", None) for r in results]
     assert codes[1] is ErrorCode.DECODE_FAILED and "truncated" in str(results[1])
     assert codes[3] is ErrorCode.DECODE_FAILED
     assert codes[4] is ErrorCode.UNSUPPORTED_FORMAT
     assert codes[5] is ErrorCode.TOO_LARGE
-    assert codes[6] is ErrorCode.DECODE_FAILED
-    assert codes[8] is ErrorCode.DECODE_FAILED
+    for i in (6, 8, 10):
+        assert codes[i] is ErrorCode.DECODE_FAILED and "DALI" in str(results[i]), results[i]
+    assert "png image (600x400" in str(results[8])
     # The pipeline stays usable after the failures.
     assert _one(decoder, good[1]).shape == (512, 512, 3)
 
 
-def test_truncated_jpeg_fails_in_the_reduced_decode_path_too(coffee: np.ndarray) -> None:
+def test_jpeg_without_end_marker_fails_in_sniff(coffee: np.ndarray) -> None:
+    jpg = _jpeg(coffee)
+    for cut in (len(jpg) // 2, len(jpg) - 2):
+        with pytest.raises(DecodeFailed, match="no end-of-image marker"):
+            sniff(jpg[:cut])
+    assert sniff(jpg + b"SEFT" * 100).width == 600  # data appended after EOI is fine
+
+
+def test_corrupt_jpeg_fails_in_the_reduced_decode_path_too(coffee: np.ndarray) -> None:
     big = np.asarray(Image.fromarray(coffee).resize((1200, 800)))
     jpg = _jpeg(big)
+    no_tables = jpg.replace(b"\xff\xdb", b"\xff\xef")
     with DaliDecoder("cpu", reduce="dct") as d:
-        (result,) = d.decode_batch([jpg[: len(jpg) * 2 // 3]], max_side=300)
-    assert isinstance(result, DecodeFailed)
+        results = d.decode_batch([jpg[: len(jpg) * 2 // 3], no_tables, jpg], max_side=600)
+    assert isinstance(results[0], DecodeFailed) and "end-of-image" in str(results[0])
+    assert isinstance(results[1], DecodeFailed) and "libjpeg-turbo" in str(results[1])
+    assert isinstance(results[2], np.ndarray) and results[2].shape == (400, 600, 3)  # 1/2 scale
 
 
 @pytest.mark.parametrize("orientation", range(1, 9))

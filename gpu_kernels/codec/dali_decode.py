@@ -23,9 +23,10 @@ Routing (decided from :func:`~gpu_kernels.codec.sniff.sniff`, before any pixel i
 
 DALI fails a whole run when one sample is bad (FACTS.md). A failed run is retried without the
 sample DALI names ("Failed to decode sample #i"), or one image at a time when it names none, so
-batch-mates always survive. A truncated JPEG fails in libjpeg-turbo ("Premature end of JPEG")
-and becomes ``DECODE_FAILED``; bit flips inside the entropy-coded data decode to garbage pixels
-without an error, as with every JPEG decoder.
+batch-mates always survive. A JPEG cut short (no end-of-image marker) is refused by
+:func:`sniff` on every backend; libjpeg-turbo refuses it too. Corrupt entropy-coded data that
+still ends in an EOI (bit flips, a zeroed middle) decodes to garbage pixels with only a
+warning, as with every JPEG decoder.
 
 Not thread-safe: one decoder per worker thread.
 """
@@ -292,19 +293,21 @@ class DaliDecoder:
 
     @staticmethod
     def _dali_error(job: _Job, text: str) -> DecodeFailed:
-        """DALI's message names the operator and the sample's index *within the run*; keep
-        the operator's own reason line, without the run-relative index."""
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        reason = next((ln for ln in lines if ln.startswith("Failed to decode")), "")
-        reason = _FAILED_SAMPLE.sub("failed to decode", reason).rstrip(" :") or (
-            lines[0] if lines else "unknown DALI error"
-        )
+        """DALI's message: operator, traceback, "encountered:", the reason. Keep the reason,
+        without the sample index (it counts within the run, not the caller's batch)."""
+        after = text.split("encountered:", 1)[-1]
+        lines = [
+            ln.strip()
+            for ln in after.splitlines()
+            if ln.strip()
+            and "pipeline object is no longer valid" not in ln
+            and not ln.startswith("Critical error in pipeline")
+        ]
+        reason = _FAILED_SAMPLE.sub("failed to decode", "; ".join(lines)).strip(" :;")
         i = job.info
-        if i.format == "jpeg" and b"\xff\xd9" not in job.blob[-64:]:
-            reason += " (no JPEG end-of-image marker: truncated)"
         return DecodeFailed(
             f"DALI decoders.image could not decode the {i.format} image ({i.width}x{i.height}, "
-            f"{len(job.blob)} bytes; corrupt or truncated data): {reason}",
+            f"{len(job.blob)} bytes; corrupt or truncated data): {reason or 'no reason given'}",
             stage=STAGE,
         )
 

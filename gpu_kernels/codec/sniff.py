@@ -14,7 +14,11 @@ Errors, in the order they are checked:
 - ``UnsupportedFormat`` when the magic bytes are not JPEG, PNG or WebP (GIF, BMP, TIFF,
   HEIF/AVIF, text… are named when recognised), or for animated WebP;
 - ``DecodeFailed`` when the header is truncated or inconsistent (zero width, no SOF, bad IHDR);
-- ``TooLarge`` when width × height exceeds ``max_pixels``.
+- ``TooLarge`` when width × height exceeds ``max_pixels``;
+- ``DecodeFailed`` for a JPEG with no end-of-image marker (FFD9) after its frame header: it
+  was cut short. libjpeg-turbo (DALI's CPU decoder) refuses these too; checking here makes
+  the outcome the same on every backend (nvJPEG's hardware decoder may not complain). Data
+  appended after the EOI (phone trailers) is fine: only the last FFD9 is looked for.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class ImageInfo:
     progressive: bool = False
     orientation: int = 1
     bit_depth: int = 8
+    header_end: int = 0  # byte offset just past the frame header (JPEG SOF, PNG IHDR)
 
     @property
     def pixels(self) -> int:
@@ -103,7 +108,8 @@ def sniff(
     max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> ImageInfo:
     """Identify ``blob`` and enforce the byte and pixel limits; see the module doc for errors."""
-    data = memoryview(blob)
+    raw = blob if isinstance(blob, bytes) else bytes(blob)
+    data = memoryview(raw)
     n = len(data)
     if n == 0:
         raise DecodeFailed("empty payload (0 bytes)", stage=STAGE)
@@ -126,6 +132,11 @@ def sniff(
         raise TooLarge(
             f"{info.format} header says {info.width}x{info.height} = {info.pixels} pixels, "
             f"limit is {max_pixels}",
+            stage=STAGE,
+        )
+    if info.format == "jpeg" and raw.rfind(b"\xff\xd9") < info.header_end:
+        raise DecodeFailed(
+            f"truncated JPEG ({info.width}x{info.height}, {n} bytes): no end-of-image marker",
             stage=STAGE,
         )
     return info
@@ -190,6 +201,7 @@ def _jpeg_info(data: memoryview) -> ImageInfo:
                 progressive=marker in _PROGRESSIVE_SOF,
                 orientation=orientation,
                 bit_depth=precision,
+                header_end=pos + length,
             )
         if pos + length > n:
             raise _truncated("JPEG", f"segment 0xFF{marker:02X} runs past the end")
@@ -253,6 +265,7 @@ def _png_info(data: memoryview) -> ImageInfo:
         components=_PNG_COMPONENTS[colour],
         has_alpha=has_alpha,
         bit_depth=depth,
+        header_end=33,
     )
 
 
