@@ -159,6 +159,13 @@ class NvJpegEncoder:
         }[self.settings.jpeg_subsampling]
 
     def encode(self, image: Array, preset: Preset) -> bytes:
+        if str(getattr(image, "dtype", "")) != "uint8" or image.ndim not in (2, 3):
+            raise ProcessingFailed(
+                f"preset {preset.name!r}: expected a uint8 (H, W[, C]) image, got "
+                f"{type(image).__name__} {getattr(image, 'dtype', '')} "
+                f"{getattr(image, 'shape', '')}",
+                stage=STAGE,
+            )
         h, w = image.shape[:2]
         on_gpu = (
             preset.format == "jpeg"
@@ -183,9 +190,15 @@ class NvJpegEncoder:
             quality_value=float(quality),
             chroma_subsampling=self._subsampling,
         )
-        img = cp.ascontiguousarray(image)
+        img = cp.ascontiguousarray(cp.asarray(image))
         stream = cp.cuda.get_current_stream()
-        code_stream = self._encoder.encode(img, "jpeg", params=params, cuda_stream=stream.ptr)
+        try:
+            code_stream = self._encoder.encode(img, "jpeg", params=params, cuda_stream=stream.ptr)
+        except (RuntimeError, ValueError) as err:
+            raise ProcessingFailed(
+                f"preset {name!r}: nvJPEG encode of a {tuple(img.shape)} image failed: {err}",
+                stage=STAGE,
+            ) from err
         if code_stream is None:
             raise ProcessingFailed(
                 f"preset {name!r}: nvJPEG encode of a {tuple(img.shape)} image failed",
