@@ -9,6 +9,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image, ImageOps
 from skimage import data
 
@@ -24,7 +26,14 @@ from gpu_kernels.codec import (
     sniff,
 )
 from gpu_kernels.presets import Preset
-from schemas.errors import DecodeFailed, ErrorCode, ProcessingFailed, TooLarge, UnsupportedFormat
+from schemas.errors import (
+    DecodeFailed,
+    ErrorCode,
+    LightboxError,
+    ProcessingFailed,
+    TooLarge,
+    UnsupportedFormat,
+)
 
 # ---- fixtures -----------------------------------------------------------------------------
 
@@ -449,3 +458,58 @@ def test_bad_encoder_input_is_processing_failed(encoder: CpuEncoder, coffee: np.
         encoder.encode(coffee.astype(np.float32), Preset("x", 1, 1))
     with pytest.raises(ProcessingFailed, match=r"\(H, W, 3\)"):
         encoder.encode(coffee[..., :2], Preset("x", 1, 1))
+
+
+# ---- robustness ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def samples(coffee: np.ndarray, rgba: np.ndarray) -> list[bytes]:
+    img = Image.fromarray(coffee)
+    return [
+        _with_orientation(coffee, 6),
+        _jpeg(coffee, progressive=True),
+        _save(Image.fromarray(rgba), "PNG"),
+        _save(img, "WEBP", quality=80),
+        _save(Image.fromarray(rgba), "WEBP", lossless=True),
+    ]
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    which=st.integers(0, 4),
+    cut=st.integers(0, 400),
+    flips=st.lists(st.tuples(st.integers(0, 399), st.integers(0, 255)), max_size=6),
+)
+def test_sniff_only_raises_project_errors(
+    samples: list[bytes], which: int, cut: int, flips: list[tuple[int, int]]
+) -> None:
+    blob = bytearray(samples[which][: cut or None])
+    for pos, value in flips:
+        if pos < len(blob):
+            blob[pos] = value
+    try:
+        info = sniff(bytes(blob))
+    except LightboxError:
+        return
+    assert info.width > 0 and info.height > 0 and info.pixels <= 64_000_000
+
+
+def test_mutated_files_never_raise_from_decode_batch(
+    decoder: DaliDecoder, samples: list[bytes]
+) -> None:
+    rng = np.random.default_rng(7)
+    blobs = []
+    for i in range(30):
+        blob = bytearray(samples[i % len(samples)])
+        if i % 3 == 0:
+            blob = blob[: int(rng.integers(1, len(blob)))]
+        for pos in rng.integers(0, len(blob), size=int(rng.integers(1, 8))):
+            blob[int(pos)] = int(rng.integers(0, 256))
+        blobs.append(bytes(blob))
+    results = decoder.decode_batch([*blobs, samples[0]])
+    assert len(results) == 31
+    assert all(isinstance(r, np.ndarray | LightboxError) for r in results)
+    assert isinstance(results[-1], np.ndarray) and results[-1].shape == (600, 400, 3)
