@@ -103,7 +103,6 @@ class ImageInfo:
 
 def sniff(
     blob: bytes | bytearray | memoryview,
-    *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> ImageInfo:
