@@ -1,0 +1,120 @@
+"""The CPU twin: :class:`CpuRetoucher` (NumPy only)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from gpu_kernels.backends import Array, RetouchOptions
+from gpu_kernels.presets import Preset
+from gpu_kernels.retouch.checks import alpha_source, as_pixels
+from gpu_kernels.retouch.composite import Background
+from gpu_kernels.retouch.config import RetouchConfig
+from gpu_kernels.retouch.correction import (
+    ColorPlan,
+    correct_fused_cpu,
+    correct_reference,
+    plan_correction,
+)
+from gpu_kernels.retouch.geometry import placement, subject_box
+from gpu_kernels.retouch.illumination import gaussian_matrix
+from gpu_kernels.retouch.render import render_fused_cpu, render_reference
+from schemas.errors import LightboxError
+
+__all__ = ["CpuRetoucher", "effective_background"]
+
+
+def effective_background(requested: Background, alpha: Array | None) -> Background:
+    """White without any alpha (no mask, no RGBA) keeps the image: nothing to composite."""
+    return "keep" if requested == "white" and alpha is None else requested
+
+
+class CpuRetoucher:
+    """Retoucher on NumPy arrays (see :class:`gpu_kernels.backends.Retoucher`).
+
+    ``correct`` returns, per item, the corrected ``(H, W, 3|4)`` uint8 array or the
+    :class:`~schemas.errors.ProcessingFailed` it failed with (bad shape/dtype): one bad image
+    never fails its batch-mates. ``render`` raises ``ProcessingFailed``. Inputs are never
+    modified. The alpha used is the mask, else an RGBA image's own alpha, else none.
+    """
+
+    device = "cpu"
+
+    def __init__(self, config: RetouchConfig | None = None) -> None:
+        self.config = config or RetouchConfig()
+
+    def correct(
+        self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
+    ) -> list[Array]:
+        out: list[Array] = []
+        for image, mask in zip(images, masks, strict=True):
+            try:
+                out.append(self.correct_one(image, mask, options))
+            except LightboxError as exc:
+                out.append(exc)
+        return out
+
+    @staticmethod
+    def _inputs(
+        image: Array, mask: Array | None, stage: str
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        pixels = as_pixels(np.asarray(image), stage=stage)
+        alpha, _ = alpha_source(None if mask is None else np.asarray(mask), pixels, stage=stage)
+        return pixels, alpha
+
+    def plan(self, image: Array, mask: Array | None, options: RetouchOptions) -> ColorPlan:
+        """Pass (a)'s parameters for one image."""
+        pixels, alpha = self._inputs(image, mask, "retouch.correct")
+        return plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
+
+    def correct_one(self, image: Array, mask: Array | None, options: RetouchOptions) -> np.ndarray:
+        """Pass (a) for one image (fused, in row bands); raises ``ProcessingFailed``."""
+        pixels, alpha = self._inputs(image, mask, "retouch.correct")
+        plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
+        background = effective_background(options.background, alpha)
+        return correct_fused_cpu(pixels, alpha, plan, background)
+
+    def correct_unfused(
+        self, image: Array, mask: Array | None, options: RetouchOptions
+    ) -> np.ndarray:
+        """The unfused chain (one full-image pass per stage); same result as :meth:`correct_one`."""
+        pixels, alpha = self._inputs(image, mask, "retouch.correct")
+        plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
+        background = effective_background(options.background, alpha)
+        return np.asarray(correct_reference(np, pixels, alpha, plan, background))
+
+    def placement(self, image: Array, mask: Array | None, preset: Preset) -> np.ndarray:
+        """``(3,)`` float32 ``[inv_k, ox, oy]`` for ``preset`` (see :mod:`.geometry`)."""
+        pixels, alpha = self._inputs(image, mask, "retouch.render")
+        h, w = pixels.shape[:2]
+        box = subject_box(np, alpha, h, w, self.config.geometry.mask_threshold)
+        return np.asarray(placement(np, box, preset.width, preset.height, preset.fill))
+
+    def render(self, image: Array, mask: Array | None, preset: Preset) -> np.ndarray:
+        """Pass (b): ``(preset.height, preset.width, 3)`` uint8 (4 for a transparent preset)."""
+        pixels, _ = self._inputs(image, mask, "retouch.render")
+        params = self.placement(image, mask, preset)
+        return render_fused_cpu(pixels, params, preset.width, preset.height,
+                                preset.background == "transparent", preset.sharpen,
+                                self.config.geometry.cubic_coefficients())
+
+    def render_unfused(self, image: Array, mask: Array | None, preset: Preset) -> np.ndarray:
+        """The unfused chain (crop, resize, pad, sharpen, finalize); same as :meth:`render`."""
+        pixels, _ = self._inputs(image, mask, "retouch.render")
+        params = self.placement(image, mask, preset)
+        return np.asarray(render_reference(
+            np, pixels, params, preset.width, preset.height, preset.background == "transparent",
+            preset.sharpen, self.config.geometry.cubic_coefficients()))
+
+    def render_batch(
+        self, images: Sequence[Array], masks: Sequence[Array | None], preset: Preset
+    ) -> list[Array]:
+        """:meth:`render` per item; an item's ``ProcessingFailed`` is returned in its place."""
+        out: list[Array] = []
+        for image, mask in zip(images, masks, strict=True):
+            try:
+                out.append(self.render(image, mask, preset))
+            except LightboxError as exc:
+                out.append(exc)
+        return out

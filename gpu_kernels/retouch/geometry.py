@@ -1,0 +1,119 @@
+"""Per-preset geometry: subject box, placement (crop + pad), and the resampling taps.
+
+Placement. The subject box ``[x0, x1) × [y0, y1)`` (pixels whose alpha >= ``mask_threshold``;
+the whole image without an alpha or when nothing passes) is scaled by
+``k = fill * min(W / bw, H / bh)`` so that ``max(bw * k / W, bh * k / H) == fill``, and its
+centre lands on the canvas centre. Output pixel ``X`` then covers the source interval
+``[ox + X / k, ox + (X + 1) / k)`` with ``ox = cx - (W / 2) / k`` (likewise rows). Source pixels
+outside the image are background (transparent black, premultiplied), which is how the crop and
+the pad happen: the canvas simply extends past the image where it must.
+
+Resampling (both backends, float32, same formulas and order):
+
+* shrinking (``1/k > 1``): area filter, the overlap of the output footprint with each source
+  pixel, ``T = ceil(1/k) + 1`` taps per axis, weights ``overlap * k`` (as ``overlap / inv_k``);
+* enlarging: Keys cubic convolution (``cubic_a``, -0.5 = Catmull-Rom; OpenCV uses -0.75),
+  4 taps at ``s = ox + (X + 0.5) / k - 0.5``.
+
+:func:`axis_taps` tabulates the taps for one axis (indices clipped into the image, weights of
+outside taps zeroed, which reads the zero background); the GPU kernel computes the same numbers
+on the fly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["GeometryConfig", "axis_taps", "keys_weights", "placement", "subject_box"]
+
+Array = Any
+
+
+@dataclass(frozen=True, slots=True)
+class GeometryConfig:
+    """``mask_threshold``: alpha at or above which a pixel belongs to the subject box;
+    ``cubic_a``: the Keys cubic parameter used when enlarging."""
+
+    mask_threshold: int = 128
+    cubic_a: float = -0.5
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.mask_threshold <= 255:
+            raise ValueError(f"mask_threshold must be within [1, 255]; got {self.mask_threshold}")
+        if not -1.0 <= self.cubic_a <= 0.0:
+            raise ValueError(f"cubic_a must be within [-1, 0]; got {self.cubic_a}")
+
+    def cubic_coefficients(self) -> np.ndarray:
+        """``(6,)`` float32 ``[a + 2, a + 3, a, 5a, 8a, 4a]`` for :func:`keys_weights`."""
+        a = np.float32(self.cubic_a)
+        return np.array([a + 2, a + 3, a, 5 * a, 8 * a, 4 * a], np.float32)
+
+
+def subject_box(xp: Any, alpha: Array | None, height: int, width: int, threshold: int) -> Array:
+    """``(4,)`` int64 ``[x0, y0, x1, y1]`` (half-open) of alpha >= threshold, on alpha's device."""
+    full = xp.asarray([0, 0, width, height], dtype=xp.int64)
+    if alpha is None:
+        return full
+    m = alpha >= threshold
+    rows = m.any(axis=1).astype(xp.int8)
+    cols = m.any(axis=0).astype(xp.int8)
+    box = xp.stack([
+        xp.argmax(cols), xp.argmax(rows),
+        width - xp.argmax(cols[::-1]), height - xp.argmax(rows[::-1]),
+    ]).astype(xp.int64)
+    return xp.where(xp.max(rows) > 0, box, full)
+
+
+def placement(xp: Any, box: Array, out_w: int, out_h: int, fill: float) -> Array:
+    """``(3,)`` float32 ``[inv_k, ox, oy]``: source pixels per output pixel and the source
+    coordinates of the canvas' top-left corner (see the module docstring)."""
+    b = box.astype(xp.float64)
+    bw, bh = b[2] - b[0], b[3] - b[1]
+    inv_k = 1.0 / (fill * xp.minimum(out_w / bw, out_h / bh))
+    ox = (b[0] + b[2]) * 0.5 - (out_w * 0.5) * inv_k
+    oy = (b[1] + b[3]) * 0.5 - (out_h * 0.5) * inv_k
+    return xp.stack([inv_k, ox, oy]).astype(xp.float32)
+
+
+def keys_weights(d: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
+    """Keys cubic kernel at distances ``d >= 0`` (float32), coefficients from
+    :meth:`GeometryConfig.cubic_coefficients`; Horner forms as in the GPU kernel."""
+    c0, c1, c2, c3, c4, c5 = (np.float32(c) for c in coeffs)
+    near = ((c0 * d - c1) * d) * d + np.float32(1)
+    far = ((c2 * d - c3) * d + c4) * d - c5
+    return np.where(d <= 1, near, np.where(d < 2, far, np.float32(0))).astype(np.float32)
+
+
+def axis_taps(
+    inv_k: float, origin: float, n_out: int, n_src: int, coeffs: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Taps of one axis: ``(idx (n_out, T) int32, weight (n_out, T) float32)``.
+
+    ``inv_k`` and ``origin`` are taken as float32. Indices are clipped into ``[0, n_src)``;
+    taps that fall outside the image get weight 0 (they read the zero background).
+    """
+    inv = np.float32(inv_k)
+    org = np.float32(origin)
+    x = np.arange(n_out, dtype=np.float32)
+    if inv > 1:
+        taps = int(np.ceil(inv)) + 1
+        a = org + x * inv
+        b = a + inv
+        fi = np.floor(a)[:, None] + np.arange(taps, dtype=np.float32)[None, :]
+        lo = np.maximum(a[:, None], fi)
+        hi = np.minimum(b[:, None], fi + np.float32(1))
+        w = np.maximum(hi - lo, np.float32(0)) / inv
+    else:
+        s = org + (x + np.float32(0.5)) * inv - np.float32(0.5)
+        f0 = np.floor(s)
+        f = s - f0
+        fi = f0[:, None] + np.arange(-1, 3, dtype=np.float32)[None, :]
+        one, two = np.float32(1), np.float32(2)
+        w = keys_weights(np.stack([one + f, f, one - f, two - f], axis=1), coeffs)
+    idx = fi.astype(np.int64)
+    inside = (idx >= 0) & (idx < n_src)
+    return (np.clip(idx, 0, n_src - 1).astype(np.int32),
+            np.where(inside, w, np.float32(0)).astype(np.float32))
