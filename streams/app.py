@@ -47,3 +47,36 @@ class Topics:
             return app.topic(name, value_type=bytes, key_type=bytes, partitions=settings.topic_partitions)
 
         return cls(topic(settings.input_topic), topic(settings.output_topic), topic(settings.dlq_topic))
+
+
+async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
+    """Create lightbox's four topics if missing (before Faust subscribes: Faust ignores a topic
+    that does not exist yet). Returns the names it created."""
+    import asyncio
+
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
+
+    names = [settings.input_topic, settings.backfill_topic, settings.output_topic, settings.dlq_topic]
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            await admin.start()
+            break
+        except KafkaConnectionError:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(1.0)
+    try:
+        existing = set(await admin.list_topics())
+        missing = [n for n in names if n not in existing]
+        if missing:
+            try:
+                await admin.create_topics([NewTopic(n, settings.topic_partitions, 1) for n in missing])
+            except TopicAlreadyExistsError:  # another worker won the race
+                pass
+        return missing
+    finally:
+        await admin.close()

@@ -1,0 +1,85 @@
+"""The retouch worker: a Faust agent on the input topic that feeds a :class:`BatchRunner`.
+
+Thin glue. Everything that decides anything lives in pure modules: batching
+(:mod:`agents.batching`), records in/out (:mod:`agents.process`), the pipeline
+(:mod:`gpu_kernels.pipeline`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+import faust
+from aiokafka import AIOKafkaProducer
+
+from agents.batching import BatchingConfig, MicroBatcher
+from agents.process import BatchProcessor, OutRecord
+from agents.runner import BatchRunner
+from agents.wiring import build_processor
+from streams.app import Topics, create_app
+from streams.settings import Settings
+
+__all__ = ["KafkaSink", "build_worker"]
+
+log = logging.getLogger(__name__)
+
+
+class KafkaSink:
+    """Outputs and dead letters through one idempotent producer with acks=all."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topics = {"processed": settings.output_topic, "dead_letter": settings.dlq_topic}
+        self._producer: AIOKafkaProducer | None = None
+
+    async def start(self) -> None:
+        self._producer = AIOKafkaProducer(
+            bootstrap_servers=self.settings.kafka_bootstrap, acks="all", enable_idempotence=True,
+            linger_ms=5, max_request_size=self.settings.max_image_bytes + (8 << 20),
+            client_id=f"lightbox-{self.settings.worker_id}")
+        await self._producer.start()
+
+    async def send(self, kind: str, out: OutRecord) -> Awaitable[Any]:
+        assert self._producer is not None, "KafkaSink.start() was not called"
+        headers = [(k, v or b"") for k, v in out.headers]
+        fut: Awaitable[Any] = await self._producer.send(self.topics[kind], out.value, key=out.key, headers=headers)
+        return fut
+
+    async def stop(self) -> None:
+        if self._producer is not None:
+            await self._producer.stop()
+
+
+def build_worker(settings: Settings, processor: BatchProcessor | None = None) -> faust.App:
+    """The Faust app with the retouch agent registered; run it with ``lightbox worker``."""
+    app = create_app(settings)
+    topics = Topics.declare(app, settings)
+    device = settings.resolved_device()
+    config = BatchingConfig.for_device(device, max_batch=settings.max_batch,
+                                       max_wait_s=settings.max_wait_ms / 1000,
+                                       **({"slo_s": settings.slo_ms / 1000} if settings.slo_ms else {}))
+
+    @app.agent(topics.input, name="lightbox.retouch")
+    async def retouch(stream: faust.StreamT[bytes]) -> None:
+        manual = stream.noack()
+        runner = BatchRunner(processor or build_processor(settings, device), KafkaSink(settings),
+                             MicroBatcher(config), max_in_flight=settings.max_in_flight)
+        await runner.start()
+        try:
+            async for event in manual.events():
+                await runner.submit(event, manual.ack)
+        finally:
+            await asyncio.shield(_finish(runner))
+
+    return app
+
+
+async def _finish(runner: BatchRunner) -> None:
+    await runner.drain()
+    await runner.stop()
+    s = runner.stats
+    log.warning("lightbox worker stopped: %d processed, %d dead letters, %d batches (mean size %.1f)",
+                s.processed, s.dead_letters, s.batches, s.batch_items / max(1, s.batches))

@@ -1,0 +1,165 @@
+"""Drives a :class:`~agents.batching.MicroBatcher` and a :class:`~agents.process.BatchProcessor`
+from an asyncio loop: events in, batches to the device thread, outputs to Kafka, acks back.
+
+Delivery (DESIGN.md): an input is acknowledged to Faust — and so becomes committable — only
+after its processed event or dead letter is acknowledged by the brokers (acks=all, idempotent
+producer). Bounded in flight: at most ``max_in_flight`` inputs are held; past that ``submit``
+waits, the agent stops pulling, and Faust pauses the partitions' fetch.
+
+Double buffering: the device thread works on one batch while the event loop keeps preparing
+(fetching) the next items and the batcher keeps filling; at most one closed batch waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from agents.batching import Batch, MicroBatcher
+from agents.process import BatchProcessor, InRecord, OutRecord, Prepared
+
+__all__ = ["BatchRunner", "OutputSink", "RunnerStats"]
+
+log = logging.getLogger(__name__)
+
+Ack = Callable[[Any], Awaitable[Any]]
+
+
+class OutputSink(Protocol):
+    """Where outputs go: ``send`` queues one record and returns an awaitable broker ack."""
+
+    async def start(self) -> None: ...
+    async def send(self, kind: str, out: OutRecord) -> Awaitable[Any]: ...
+    async def stop(self) -> None: ...
+
+
+@dataclass
+class RunnerStats:
+    processed: int = 0
+    dead_letters: int = 0
+    batches: int = 0
+    batch_items: int = 0
+
+
+def record_of(event: Any) -> InRecord:
+    """The :class:`InRecord` of a Faust event (topic, partition, offset, headers, bytes)."""
+    msg = event.message
+    headers = msg.headers or []
+    if isinstance(headers, dict):
+        headers = list(headers.items())
+    return InRecord(topic=msg.topic, partition=msg.partition, offset=msg.offset,
+                    value=msg.value, key=msg.key,
+                    headers=[(str(k), None if v is None else bytes(v)) for k, v in headers],
+                    timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None)
+
+
+class BatchRunner:
+    def __init__(self, processor: BatchProcessor, sink: OutputSink, batcher: MicroBatcher[Any], *,
+                 max_in_flight: int = 64, clock: Callable[[], float] = time.monotonic) -> None:
+        self.processor, self.sink, self.batcher, self.clock = processor, sink, batcher, clock
+        self.stats = RunnerStats()
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._ready: asyncio.Queue[Batch[tuple[Prepared, Any, Ack]]] = asyncio.Queue(maxsize=1)
+        self._wake = asyncio.Event()
+        self._device = ThreadPoolExecutor(1, thread_name_prefix="lightbox-device")
+        self._io = ThreadPoolExecutor(2, thread_name_prefix="lightbox-io")
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sends: set[asyncio.Task[None]] = set()
+        self._failure: BaseException | None = None
+
+    async def start(self) -> None:
+        await self.sink.start()
+        self._tasks = [asyncio.create_task(self._timer_loop(), name="lightbox-batch-timer"),
+                       asyncio.create_task(self._device_loop(), name="lightbox-device-loop")]
+
+    async def submit(self, event: Any, ack: Ack) -> None:
+        """Take one consumed event; returns once it is queued (waits while the worker is full)."""
+        if self._failure is not None:
+            raise RuntimeError("output delivery failed; refusing new input") from self._failure
+        await self._slots.acquire()
+        loop = asyncio.get_running_loop()
+        prepared = await loop.run_in_executor(self._io, self.processor.prepare, record_of(event))
+        if isinstance(prepared, OutRecord):
+            self._spawn_send([(prepared, event, ack)])
+            return
+        closed = self.batcher.add((prepared, event, ack), prepared.shape_class, self.clock(),
+                                  nbytes=len(prepared.job.data))
+        for batch in closed:
+            await self._ready.put(batch)
+        self._wake.set()
+
+    async def _timer_loop(self) -> None:
+        while True:
+            deadline = self.batcher.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - self.clock())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            self._wake.clear()
+            for batch in self.batcher.poll(self.clock()):
+                await self._ready.put(batch)
+
+    async def _device_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._ready.get()
+            await self._run(loop, batch.items)
+
+    async def _run(self, loop: asyncio.AbstractEventLoop, items: Sequence[tuple[Prepared, Any, Ack]]) -> None:
+        t0 = self.clock()
+        outs = await loop.run_in_executor(self._device, self.processor.run, [p for p, _, _ in items])
+        self.batcher.record_service(len(items), self.clock() - t0)
+        self.stats.batches += 1
+        self.stats.batch_items += len(items)
+        self._spawn_send([(o, ev, ack) for o, (_, ev, ack) in zip(outs, items, strict=True)])
+
+    def _spawn_send(self, outs: list[tuple[OutRecord, Any, Ack]]) -> None:
+        task = asyncio.create_task(self._send_and_ack(outs))
+        self._sends.add(task)
+        task.add_done_callback(self._sends.discard)
+
+    async def _send_and_ack(self, outs: list[tuple[OutRecord, Any, Ack]]) -> None:
+        try:
+            acks = [await self.sink.send(o.kind, o) for o, _, _ in outs]
+            await asyncio.gather(*acks)
+        except Exception as exc:  # not acked: these inputs stay uncommitted and are redelivered
+            log.error("output delivery failed, %d inputs left unacknowledged: %r", len(outs), exc)
+            self._failure = exc
+            return
+        for out, event, ack in outs:
+            await ack(event)
+            if out.kind == "processed":
+                self.stats.processed += 1
+            else:
+                self.stats.dead_letters += 1
+            self._slots.release()
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        """Graceful stop: run what the batcher holds, wait for its outputs, then stop."""
+        loop = asyncio.get_running_loop()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        pending = []
+        while not self._ready.empty():
+            pending.append(self._ready.get_nowait())
+        pending.extend(self.batcher.flush())
+        try:
+            async with asyncio.timeout(timeout_s):
+                for batch in pending:
+                    await self._run(loop, batch.items)
+                if self._sends:
+                    await asyncio.gather(*list(self._sends), return_exceptions=True)
+        except TimeoutError:
+            log.warning("drain timed out; unacknowledged inputs will be redelivered")
+
+    async def stop(self) -> None:
+        await self.sink.stop()
+        self._device.shutdown(wait=False, cancel_futures=True)
+        self._io.shutdown(wait=False, cancel_futures=True)
+        self.processor.pipeline.close()

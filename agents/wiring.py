@@ -1,0 +1,50 @@
+"""Builds the worker's stages from settings, once, at start-up (never per event)."""
+
+from __future__ import annotations
+
+from gpu_kernels.backends import Retoucher, Segmenter
+from gpu_kernels.codec import make_decoder, make_encoder
+from gpu_kernels.pipeline import RetouchPipeline
+from gpu_kernels.presets import load_presets
+from schemas.codec import FileSchemaStore
+from schemas.events import EventCodecs
+from streams.settings import PIPELINE_VERSION, Settings
+
+from agents.process import BatchProcessor
+
+__all__ = ["build_pipeline", "build_processor"]
+
+
+def _retoucher(device: str) -> Retoucher:
+    try:
+        from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
+    except ImportError:
+        from gpu_kernels.plain import PlainRetoucher
+
+        return PlainRetoucher()
+    return CupyRetoucher() if device == "gpu" else CpuRetoucher()
+
+
+def _segmenter(settings: Settings, device: str) -> tuple[Segmenter | None, str]:
+    if settings.segmenter == "none":
+        return None, "none"
+    from gpu_kernels.segment import make_segmenter
+
+    seg = make_segmenter(settings.segmenter, device, model_path=settings.model_path)
+    return seg, getattr(seg, "version", settings.segmenter)
+
+
+def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:
+    """The pipeline and its model version string."""
+    decoder = make_decoder(device, max_pixels=settings.max_pixels, max_bytes=settings.max_image_bytes)
+    segmenter, model_version = _segmenter(settings, device)
+    return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), segmenter), model_version
+
+
+def build_processor(settings: Settings, device: str | None = None) -> BatchProcessor:
+    device = device or settings.resolved_device()
+    pipeline, model_version = build_pipeline(settings, device)
+    return BatchProcessor(
+        pipeline, load_presets(settings.presets_file), EventCodecs.create(FileSchemaStore(settings.schema_store)),
+        worker_id=settings.worker_id, pipeline_version=PIPELINE_VERSION, model_version=model_version,
+        max_image_bytes=settings.max_image_bytes, file_roots=settings.file_roots, output_dir=settings.output_dir)

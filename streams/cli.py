@@ -1,0 +1,290 @@
+"""The ``lightbox`` command. Every subcommand's ``--help`` says what it does and its options.
+
+Settings come from ``LIGHTBOX_*`` environment variables (see ``streams/settings.py``); the
+options here override them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from streams.settings import Settings
+
+app = typer.Typer(help="lightbox: marketplace-ready product images from raw supplier photos, as a stream.",
+                  no_args_is_help=True, add_completion=False)
+kafka_app = typer.Typer(help="A local single-node Apache Kafka (KRaft) for development, demos and tests; no Docker.",
+                        no_args_is_help=True)
+app.add_typer(kafka_app, name="kafka")
+console = Console()
+err = Console(stderr=True)
+
+Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", "-b", help="Kafka bootstrap servers "
+                      "(default: $LIGHTBOX_KAFKA_BOOTSTRAP, else the broker `lightbox kafka up` started)")]
+
+
+def _bootstrap(explicit: str | None) -> str:
+    if explicit:
+        return explicit
+    if "LIGHTBOX_KAFKA_BOOTSTRAP" in os.environ:
+        return os.environ["LIGHTBOX_KAFKA_BOOTSTRAP"]
+    from streams.kafka_local import read_state
+
+    state = read_state()
+    if state is not None and state.alive():
+        return state.bootstrap
+    return Settings().kafka_bootstrap
+
+
+# ---------------------------------------------------------------------------------- kafka
+@kafka_app.command("up")
+def kafka_up(port: Annotated[Optional[int], typer.Option(help="broker port (default: a free one)")] = None,
+             data_dir: Annotated[Optional[Path], typer.Option(help="data folder (default: a new temporary one, "
+                                                                    "removed by `down`)")] = None) -> None:
+    """Fetch Kafka's jars with Maven (once), format a KRaft log dir and start a broker+controller
+    on 127.0.0.1 in the background. Prints the bootstrap address."""
+    from streams.kafka_local import KafkaLaunchError, LocalKafka, read_state
+
+    state = read_state()
+    if state is not None and state.alive():
+        console.print(f"already running: [bold]{state.bootstrap}[/] (pid {state.pid})")
+        return
+    t0 = time.monotonic()
+    try:
+        with console.status("starting Kafka (first run fetches its jars with Maven)…"):
+            kafka = LocalKafka.start(port=port, data_dir=data_dir)
+    except KafkaLaunchError as exc:
+        err.print(f"[red]kafka up failed:[/] {exc}")
+        raise typer.Exit(1) from None
+    kafka.save_state()
+    console.print(f"Kafka up at [bold]{kafka.bootstrap}[/] in {time.monotonic() - t0:.1f} s "
+                  f"(pid {kafka.pid}, log {kafka.log_file})")
+    console.print(f"export LIGHTBOX_KAFKA_BOOTSTRAP={kafka.bootstrap}")
+
+
+@kafka_app.command("down")
+def kafka_down() -> None:
+    """Stop the broker `lightbox kafka up` started (clean shutdown) and remove its temporary data."""
+    from streams.kafka_local import clear_state, read_state
+
+    state = read_state()
+    if state is None:
+        console.print("no local broker recorded")
+        return
+    state.stop()
+    clear_state()
+    console.print(f"stopped Kafka (pid {state.pid})")
+
+
+@kafka_app.command("status")
+def kafka_status() -> None:
+    """Say whether the local broker is running, and where. Exit code 1 when it is not."""
+    from streams.kafka_local import read_state
+
+    state = read_state()
+    if state is not None and state.alive():
+        console.print(f"running at [bold]{state.bootstrap}[/] (pid {state.pid}, data {state.data_dir})")
+        return
+    console.print("not running")
+    raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------- worker
+@app.command()
+def worker(
+    bootstrap: Bootstrap = None,
+    device: Annotated[Optional[str], typer.Option(help="auto, cpu or gpu (default: $LIGHTBOX_DEVICE or auto)")] = None,
+    max_batch: Annotated[Optional[int], typer.Option(help="largest micro-batch")] = None,
+    segmenter: Annotated[Optional[str], typer.Option(help="model, classical or none")] = None,
+    output_dir: Annotated[Optional[Path], typer.Option(help="write variants as content-addressed files here and "
+                                                            "put file:// URIs in events instead of bytes")] = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="log level")] = "warning",
+) -> None:
+    """Run one retouch worker (one per GPU) in the consumer group: consume ProductImageEvents,
+    publish one ProcessedImageEvent or DeadLetterEvent per input. Stops cleanly on Ctrl-C/SIGTERM."""
+    overrides: dict[str, Any] = {"kafka_bootstrap": _bootstrap(bootstrap)}
+    for key, val in (("device", device), ("max_batch", max_batch), ("segmenter", segmenter),
+                     ("output_dir", output_dir)):
+        if val is not None:
+            overrides[key] = val
+    settings = Settings(**overrides)
+    from faust import Worker
+
+    from agents.retouch import build_worker
+    from streams.app import ensure_topics
+
+    created = asyncio.run(ensure_topics(settings))
+    if created:
+        err.print(f"created topics: {', '.join(created)}")
+    faust_app = build_worker(settings)
+    err.print(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
+              f"on {settings.kafka_bootstrap}, device {settings.resolved_device()}")
+    Worker(faust_app, loglevel=loglevel.upper(), quiet=True).execute_from_commandline()
+
+
+# ---------------------------------------------------------------------------------- produce
+@app.command()
+def produce(
+    paths: Annotated[list[Path], typer.Argument(help="image files and/or folders (searched recursively)")],
+    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,jd_main,amazon_main",
+    bootstrap: Bootstrap = None,
+    topic: Annotated[Optional[str], typer.Option(help="input topic (default: $LIGHTBOX_INPUT_TOPIC)")] = None,
+    uri: Annotated[bool, typer.Option("--uri/--inline", help="send file:// URIs instead of inline bytes")] = False,
+    background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
+    merchant: Annotated[str, typer.Option(help="merchant id")] = "demo-merchant",
+) -> None:
+    """Publish one ProductImageEvent per image file (SKU = file name without suffix), with a
+    progress bar; waits until the brokers acknowledged every event."""
+    from rich.progress import Progress
+
+    from streams.producer import ImageProducer, iter_image_files
+
+    try:
+        files = list(iter_image_files(paths))
+    except FileNotFoundError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    if not files:
+        err.print("[yellow]no image files found[/]")
+        raise typer.Exit(1)
+    names = [p.strip() for p in presets.split(",") if p.strip()]
+    settings = Settings()
+
+    async def go() -> None:
+        async with ImageProducer(_bootstrap(bootstrap), topic or settings.input_topic) as prod:
+            futs = []
+            with Progress(console=err) as bar:
+                task = bar.add_task("publishing", total=len(files))
+                for f in files:
+                    ev = prod.event_for_file(f, presets=names, inline=not uri, merchant_id=merchant,
+                                             background=background)
+                    futs.append(await prod.publish(ev))
+                    bar.advance(task)
+            await prod.flush(futs)
+
+    asyncio.run(go())
+    console.print(f"published {len(files)} events to {topic or settings.input_topic}")
+
+
+# ---------------------------------------------------------------------------------- tail
+@app.command()
+def tail(
+    bootstrap: Bootstrap = None,
+    count: Annotated[Optional[int], typer.Option("--count", "-n", help="stop after this many events")] = None,
+    idle: Annotated[float, typer.Option(help="stop after this many seconds without an event (0: never)")] = 0.0,
+    from_beginning: Annotated[bool, typer.Option(help="read the topic from its start")] = False,
+    dead_letters: Annotated[bool, typer.Option("--dlq", help="tail the dead-letter topic instead")] = False,
+    save: Annotated[Optional[Path], typer.Option(help="write inline variants into this folder")] = None,
+) -> None:
+    """Print processed events as a table (sku, variants, per-stage ms), or dead letters with --dlq."""
+    from streams.consume import read_events
+
+    settings = Settings()
+    topic = settings.dlq_topic if dead_letters else settings.output_topic
+    stop_after = count if count is not None else None
+
+    async def go() -> None:
+        async for kind, ev in read_events(_bootstrap(bootstrap), [topic], from_beginning=from_beginning,
+                                          limit=stop_after, idle_s=idle or None):
+            if kind == "dead_letter":
+                console.print(f"[red]{ev['error_code']}[/] {ev['original']['topic']}:{ev['original']['partition']}:"
+                              f"{ev['original']['offset']} {ev['stage']}: {ev['message']}")
+                continue
+            console.print(event_row(ev))
+            if save:
+                save_variants(ev, save)
+
+    try:
+        asyncio.run(go())
+    except KeyboardInterrupt:
+        pass
+
+
+def event_row(ev: dict[str, Any]) -> str:
+    from streams.report import per_event_stage_ms
+
+    stages = per_event_stage_ms(ev)
+    variants = ", ".join(f"{v['preset']} {v['width']}x{v['height']}" for v in ev["variants"])
+    timing = " ".join(f"{k}={v:.1f}" for k, v in stages.items())
+    return f"[bold]{ev['sku']}[/]  {variants}  [dim]{timing} ms  e2e={ev['latency_us'] / 1000:.0f} ms[/]"
+
+
+def save_variants(ev: dict[str, Any], folder: Path) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for v in ev["variants"]:
+        ext = {"jpeg": "jpg"}.get(v["format"], v["format"])
+        path = folder / f"{ev['sku']}.{v['preset']}.{ext}"
+        if v["data"] is not None:
+            path.write_bytes(v["data"])
+        elif v["uri"] and v["uri"].startswith("file://"):
+            shutil.copyfile(v["uri"][len("file://"):], path)
+        else:
+            continue
+        out.append(path)
+    return out
+
+
+def print_latency_table(events: list[dict[str, Any]]) -> None:
+    from streams.report import stage_table
+
+    rows, e2e = stage_table(events)
+    table = Table(title=f"lightbox stage latency over {e2e['n']} processed images")
+    for col in ("stage", "mean ms", "p50 ms", "p99 ms", "share"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    for r in rows:
+        table.add_row(r.stage, f"{r.mean_ms:.1f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", f"{r.share:.0%}")
+    console.print(table)
+    if e2e["n"]:
+        console.print(f"end to end (created_at → output): p50 {e2e['p50_ms']:.0f} ms, p99 {e2e['p99_ms']:.0f} ms")
+
+
+# ---------------------------------------------------------------------------------- samples / demo
+@app.command()
+def samples(out: Annotated[Path, typer.Argument(help="folder to write into")] = Path("out/samples"),
+            count: Annotated[int, typer.Option(help="number of images")] = 24,
+            bad: Annotated[bool, typer.Option(help="also write inputs that must become dead letters")] = False) -> None:
+    """Write a sample catalog: real photographs from scikit-image re-encoded at catalog sizes
+    (JPEG, progressive JPEG, PNG, WebP)."""
+    from streams.samples import make_bad_inputs, make_catalog
+
+    paths = make_catalog(out, count)
+    if bad:
+        paths += list(make_bad_inputs(out / "bad").values())
+    console.print(f"wrote {len(paths)} files to {out}")
+
+
+@app.command()
+def demo(
+    out: Annotated[Path, typer.Option(help="folder for the sample inputs and the output images")] = Path("out/demo"),
+    count: Annotated[int, typer.Option(help="number of sample images")] = 24,
+    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,amazon_main,thumb_webp",
+    timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 600.0,
+) -> None:
+    """End to end on this machine: start a local Kafka, publish the sample catalog (plus a few
+    bad files), run a worker until every input has an output or a dead letter, print the
+    latency table, write the images to OUT/images, stop everything."""
+    from streams.demo import run_demo
+
+    rc = run_demo(out=out, count=count, presets=[p.strip() for p in presets.split(",") if p.strip()],
+                  timeout_s=timeout, console=console)
+    raise typer.Exit(rc)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""The latency report: per-stage breakdown of processed events (ms and share, p50/p99). Pure."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["StageStats", "stage_family", "stage_table"]
+
+ORDER = ("fetch", "decode", "segment", "correct", "render", "encode", "produce")
+
+
+def stage_family(stage: str) -> str:
+    """``preset:jd_main`` → ``render``, ``encode:jd_main`` → ``encode``; others as they are."""
+    head = stage.split(":", 1)[0]
+    return "render" if head == "preset" else head
+
+
+@dataclass(frozen=True)
+class StageStats:
+    stage: str
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    share: float  # of the mean sum of all stages
+
+
+def per_event_stage_ms(event: Mapping[str, Any]) -> dict[str, float]:
+    """Milliseconds per stage family in one ProcessedImageEvent (per-preset spans summed)."""
+    out: dict[str, float] = defaultdict(float)
+    for s in event["spans"]:
+        out[stage_family(s["stage"])] += s["duration_us"] / 1000.0
+    return dict(out)
+
+
+def stage_table(events: Iterable[Mapping[str, Any]]) -> tuple[list[StageStats], dict[str, float]]:
+    """Stage rows in pipeline order, and end-to-end latency stats (p50/p99/mean ms, n)."""
+    per_stage: dict[str, list[float]] = defaultdict(list)
+    e2e: list[float] = []
+    n = 0
+    for ev in events:
+        n += 1
+        for stage, ms in per_event_stage_ms(ev).items():
+            per_stage[stage].append(ms)
+        e2e.append(ev["latency_us"] / 1000.0)
+    if n == 0:
+        return [], {"n": 0}
+    # a stage missing from some events counts as 0 ms there, so shares add up to 1
+    means = {s: sum(v) / n for s, v in per_stage.items()}
+    total = sum(means.values()) or 1.0
+    known = [s for s in ORDER if s in per_stage] + sorted(s for s in per_stage if s not in ORDER)
+    rows = []
+    for s in known:
+        vals = np.array(per_stage[s] + [0.0] * (n - len(per_stage[s])))
+        rows.append(StageStats(s, means[s], float(np.percentile(vals, 50)), float(np.percentile(vals, 99)),
+                               means[s] / total))
+    arr = np.array(e2e)
+    return rows, {"n": n, "p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99)),
+                  "mean_ms": float(arr.mean())}
+
+
+def stage_total_ms(rows: Sequence[StageStats]) -> float:
+    return sum(r.mean_ms for r in rows)
