@@ -97,16 +97,19 @@ def test_lossless_sources_match_exactly(gpu_decoder: DaliDecoder, cpu_decoder: D
 
 def test_bad_images_do_not_fail_the_gpu_batch(gpu_decoder: DaliDecoder) -> None:
     good = _save(_photos()[1], "JPEG", quality=90)
-    blobs = [good, good[: len(good) // 2], b"", good, good[:-2], b"GIF89a....", good]
+    no_tables = good.replace(b"\xff\xdb", b"\xff\xef")  # passes sniff; nvJPEG must fail it
+    blobs = [good, good[: len(good) // 2], b"", good, no_tables, b"GIF89a....", good, no_tables]
     results = gpu_decoder.decode_batch(blobs)
     for i in (0, 3, 6):
         assert isinstance(results[i], cp.ndarray) and results[i].shape == (512, 512, 3)
-    assert [getattr(results[i], "code", None) for i in (1, 2, 4, 5)] == [
+    assert [getattr(results[i], "code", None) for i in (1, 2, 4, 5, 7)] == [
         ErrorCode.DECODE_FAILED,
         ErrorCode.DECODE_FAILED,
         ErrorCode.DECODE_FAILED,
         ErrorCode.UNSUPPORTED_FORMAT,
+        ErrorCode.DECODE_FAILED,
     ]
+    assert "DALI" in str(results[4])
 
 
 def test_reduced_decode_matches_cpu_resize(gpu_decoder: DaliDecoder) -> None:
