@@ -58,15 +58,17 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None) ->
     app = create_app(settings)
     topics = Topics.declare(app, settings)
     device = settings.resolved_device()
-    config = BatchingConfig.for_device(device, max_batch=settings.max_batch,
-                                       max_wait_s=settings.max_wait_ms / 1000,
-                                       **({"slo_s": settings.slo_ms / 1000} if settings.slo_ms else {}))
+    overrides = {"max_batch": settings.max_batch, "slo_s": settings.slo_ms and settings.slo_ms / 1000,
+                 "max_wait_s": settings.max_wait_ms and settings.max_wait_ms / 1000}
+    config = BatchingConfig.for_device(device, **{k: v for k, v in overrides.items() if v is not None})
+    # a running batch plus a filling one must fit, or batches never reach the allowed size
+    max_in_flight = max(settings.max_in_flight, 2 * config.max_batch + 8)
 
     @app.agent(topics.input, name="lightbox.retouch")
     async def retouch(stream: faust.StreamT[bytes]) -> None:
         manual = stream.noack()
         runner = BatchRunner(processor or build_processor(settings, device), KafkaSink(settings),
-                             MicroBatcher(config), max_in_flight=settings.max_in_flight)
+                             MicroBatcher(config), max_in_flight=max_in_flight)
         await runner.start()
         try:
             async for event in manual.events():

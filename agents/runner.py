@@ -114,6 +114,7 @@ class BatchRunner:
         t0 = self.clock()
         outs = await loop.run_in_executor(self._device, self.processor.run, [p for p, _, _ in items])
         self.batcher.record_service(len(items), self.clock() - t0)
+        self._wake.set()  # a new service estimate can move deadlines
         self.stats.batches += 1
         self.stats.batch_items += len(items)
         self._spawn_send([(o, ev, ack) for o, (_, ev, ack) in zip(outs, items, strict=True)])

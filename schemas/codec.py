@@ -80,7 +80,10 @@ def check_backward(old: Schema, new: Schema) -> None:
 
 
 def _canonical(schema: Schema) -> str:
-    return str(to_parsing_canonical_form(fastavro.parse_schema(schema)))
+    try:
+        return str(to_parsing_canonical_form(fastavro.parse_schema(schema)))
+    except fastavro.schema.SchemaParseException as exc:
+        raise IncompatibleSchema(f"not a valid Avro schema: {exc}") from exc
 
 
 class FileSchemaStore:

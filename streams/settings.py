@@ -45,9 +45,9 @@ class Settings(BaseSettings):
     output_dir: Path | None = Field(None, description="write variants here as content-addressed files "
                                                       "and put file:// URIs in events instead of bytes")
 
-    max_batch: int = Field(16, ge=1)
-    slo_ms: float | None = Field(None, description="latency SLO; 250 ms on GPU, 2000 ms on CPU if unset")
-    max_wait_ms: float = Field(50.0, ge=0)
+    max_batch: int | None = Field(None, ge=1, description="largest micro-batch (device default if unset)")
+    slo_ms: float | None = Field(None, gt=0, description="latency SLO; 250 ms on GPU, 2000 ms on CPU if unset")
+    max_wait_ms: float | None = Field(None, ge=0, description="longest a batch waits to fill (device default)")
     max_in_flight: int = Field(64, ge=1, description="images held by a worker before it stops consuming")
 
     worker_id: str = Field(default_factory=_default_worker_id)

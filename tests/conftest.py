@@ -1,0 +1,56 @@
+"""Shared fixtures: a real Kafka broker for the session, the sample catalog, per-test topics."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streams.samples import make_bad_inputs, make_catalog
+from streams.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """``LIGHTBOX_KAFKA_BOOTSTRAP`` when set, else a KRaft broker started for this session."""
+    if os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP"):
+        yield os.environ["LIGHTBOX_KAFKA_BOOTSTRAP"]
+        return
+    from streams.kafka_local import LocalKafka
+
+    kafka = LocalKafka.start()
+    try:
+        yield kafka.bootstrap
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def catalog_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("catalog")
+    make_catalog(root / "good", 24)
+    make_bad_inputs(root / "bad")
+    return root
+
+
+@pytest.fixture(scope="session")
+def catalog(catalog_dir: Path) -> list[Path]:
+    return sorted((catalog_dir / "good").iterdir())
+
+
+@pytest.fixture(scope="session")
+def bad_files(catalog_dir: Path) -> dict[str, Path]:
+    return {p.name: p for p in (catalog_dir / "bad").iterdir()}
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
+    """Settings on fresh topics and a fresh consumer group, so tests never see each other."""
+    tag = uuid.uuid4().hex[:8]
+    return Settings(kafka_bootstrap=kafka_bootstrap, group_id=f"lightbox-test-{tag}",
+                    input_topic=f"t-{tag}.images", backfill_topic=f"t-{tag}.backfill",
+                    output_topic=f"t-{tag}.processed", dlq_topic=f"t-{tag}.dlq",
+                    data_dir=tmp_path / "faust", segmenter="classical", device="cpu")
