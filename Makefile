@@ -1,0 +1,37 @@
+# lightbox — one entry point for setup, tests, lint, demo and benchmarks.
+# Prerequisites: Python >= 3.11, a JDK 17+ and Maven (for the local Kafka broker).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup test test-gpu lint demo bench kafka-jars clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed  ## virtualenv with lightbox and its dev tools
+
+kafka-jars: setup  ## fetch Apache Kafka's jars from Maven Central (once; cached)
+	$(BIN)/python -c "from streams.kafka_local import ensure_jars; print(ensure_jars())"
+
+test: setup kafka-jars  ## the whole suite; starts its own Kafka broker; GPU tests skip without a GPU
+	$(BIN)/pytest -q -p no:cacheprovider
+
+test-gpu: setup  ## only the GPU tests (on a machine with an NVIDIA GPU and CuPy)
+	$(BIN)/pytest -q -m gpu
+
+lint: setup  ## ruff + mypy
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+demo: setup kafka-jars  ## local broker, sample catalog, one worker, latency table, images in out/demo
+	$(BIN)/lightbox demo --out out/demo
+
+bench: setup  ## CPU benchmarks (ratios against baselines run in the same process)
+	for b in bench/bench_*.py; do echo "== $$b"; PYTHONPATH=. $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf out .pytest_cache .mypy_cache .ruff_cache
