@@ -9,6 +9,7 @@ reason, only if it cannot be downloaded).
 from __future__ import annotations
 
 import hashlib
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -131,6 +132,14 @@ def test_fetch_download_failure_is_a_retriable_fetch_error(tmp_path: Path) -> No
     assert info.value.retriable
 
 
+def test_batched_copy_without_onnx_names_the_package(
+    u2netp: ModelFiles, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if onnx were not installed
+    with pytest.raises(FetchFailed, match="'onnx' package"):
+        fetch_model.make_batch_symbolic(u2netp.original, tmp_path / "b.onnx")
+
+
 # -- quality gates -------------------------------------------------------------------------
 
 
@@ -233,6 +242,8 @@ def test_fixed_batch_model_refuses_bigger_buckets(u2netp: ModelFiles, tmp_path: 
 def test_make_segmenter(u2netp: ModelFiles) -> None:
     seg = make_segmenter("model", "cpu", model_path=u2netp.batched, max_batch=2)
     assert isinstance(seg, OnnxSegmenter) and seg.buckets == (1, 2)
+    default = make_segmenter("model")  # the cached u2netp, batched copy
+    assert isinstance(default, OnnxSegmenter) and default.model_path == u2netp.batched
     assert isinstance(make_segmenter("classical"), ClassicalSegmenter)
     with pytest.raises(ProcessingFailed, match="unknown segmenter kind"):
         make_segmenter("magic")  # type: ignore[arg-type]

