@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from gpu_kernels.segment.fetch_model import model_cache_dir
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import U2NETP, ModelSpec, output_to_probability, preprocess
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops
@@ -102,6 +103,9 @@ class OnnxSegmenter:
     ``device``: "cpu" or "gpu" (alias "cuda"). ``max_batch``: largest bucket (default 1 on
     CPU, 16 on GPU). ``threads``: CPU intra-op threads (None: onnxruntime's default).
     ``io_binding``: GPU only; False copies through host memory (for comparison).
+    ``use_tensorrt``: prefer the TensorRT provider when onnxruntime has it (fp16, one
+    profile over all buckets, engines cached in ``trt_cache_dir``, by default
+    ``model_cache_dir()/trt-engines``); onnxruntime falls back to CUDA if TensorRT fails.
     ``ops``: array backend override (tests run the GPU code path on NumPy with it).
     """
 
@@ -226,8 +230,11 @@ class OnnxSegmenter:
                 "trt_profile_opt_shapes": f"{name}:{max_batch}x{chw}",
                 "trt_profile_max_shapes": f"{name}:{max_batch}x{chw}",
             }
-        if trt_cache_dir is not None:
-            trt |= {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(trt_cache_dir)}
+        cache = trt_cache_dir or model_cache_dir() / "trt-engines"
+        with contextlib.suppress(OSError):
+            cache.mkdir(parents=True, exist_ok=True)
+        if cache.is_dir():  # engines are built once per model, GPU and profile, then reused
+            trt |= {"trt_engine_cache_enable": True, "trt_engine_cache_path": str(cache)}
         return [("TensorrtExecutionProvider", trt), cuda, "CPUExecutionProvider"]
 
     def warm_up(self) -> None:
