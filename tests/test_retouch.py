@@ -9,8 +9,11 @@ bit-exact; real GPU vs CPU (tests/test_retouch_gpu.py): <= 1 LSB.
 from __future__ import annotations
 
 import ctypes
+import json
+import os
 import shutil
 import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -597,3 +600,36 @@ def test_an_empty_mask_renders_the_whole_image() -> None:
     empty = np.zeros(image.shape[:2], np.uint8)
     assert np.array_equal(r.render(image, empty, BOOK["thumb_webp"]),
                           r.render(image, None, BOOK["thumb_webp"]))
+
+
+# -- the GPU check script and import hygiene ------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_package_imports_nothing_the_gpu_machine_lacks() -> None:
+    """bench/gpu_check_retouch.py runs where only NumPy, CuPy, OpenCV and torch exist."""
+    code = "import sys, json, gpu_kernels.retouch; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, timeout=120)
+    tops = {m.split(".")[0] for m in json.loads(proc.stdout)}
+    heavy = {"pydantic", "fastavro", "faust", "aiokafka", "cv2", "skimage", "scipy", "cupy",
+             "PIL", "nvidia", "onnxruntime"}
+    assert not tops & heavy
+
+
+def test_the_gpu_check_script_exits_cleanly_without_a_gpu(tmp_path: Path) -> None:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a GPU is present: the script would run for real")
+    except Exception:  # no CuPy, or no device
+        pass
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check_retouch.py")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "gpu_check_retouch.json").read_text())
+    assert report["status"] == "skipped"
+    assert "CuPy" in report["reason"] or "device" in report["reason"]

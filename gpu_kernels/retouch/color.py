@@ -211,10 +211,18 @@ def tone_lut(xp: Any, tone: Array, v_max: Array, cfg: ExposureConfig) -> tuple[A
 
 
 def apply_tone_lut(xp: Any, v: Array, lut: Array, scale: Array) -> Array:
-    """``f(v)`` by linear interpolation in ``lut``; ``v`` float32 levels >= 0, any shape."""
+    """``f(v)`` by linear interpolation in ``lut``; ``v`` float32 levels >= 0, any shape.
+
+    Computes ``lo + (t - i) * (lut[i + 1] - lo)`` with ``lo = lut[i]``, ``t = v * scale``,
+    ``i = min(int(t), n - 2)``; the differences are taken from a table (same float32 values).
+    """
     t = v * scale[0]
-    i = xp.minimum(t.astype(xp.int32), lut.shape[0] - 2)
-    f = t - i.astype(xp.float32)
-    lo = xp.take(lut, i)
-    return lo + f * (xp.take(lut, i + 1) - lo)
+    i = t.astype(xp.int32)
+    xp.minimum(i, lut.shape[0] - 2, out=i)
+    f = i.astype(xp.float32)
+    xp.subtract(t, f, out=f)
+    xp.multiply(f, xp.take(lut[1:] - lut[:-1], i), out=f)
+    y = xp.take(lut, i)
+    y += f
+    return y
 

@@ -15,6 +15,7 @@ bit-identical (tested); the GPU kernel agrees within 1 LSB.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -114,13 +115,21 @@ def tone_stage(xp: Any, v: Array, plan: ColorPlan) -> Array:
 
 
 def correct_reference(
-    xp: Any, pixels: Array, alpha: Array | None, plan: ColorPlan, background: Background
+    xp: Any, pixels: Array, alpha: Array | None, plan: ColorPlan, background: Background,
+    on_stage: Callable[[str], None] | None = None,
 ) -> Array:
-    """The unfused chain: each stage a full-image pass with float32 intermediates."""
+    """The unfused chain: each stage a full-image pass with float32 intermediates.
+    ``on_stage(name)`` (benchmarks) is called after each stage."""
+    mark = on_stage or (lambda name: None)
     v = white_balance_stage(xp, pixels, plan.wb)
+    mark("white_balance")
     v = illumination_stage(xp, v, plan)
+    mark("illumination")
     y = tone_stage(xp, v, plan)
-    return composite(xp, y, alpha, background)
+    mark("exposure_gamma")
+    out = composite(xp, y, alpha, background)
+    mark("composite")
+    return out
 
 
 def correct_fused_cpu(

@@ -373,6 +373,10 @@ class CupyRetoucher:
         alpha, own = alpha_source(None if mask is None else cp.asarray(mask), pixels, stage=stage)
         return pixels, alpha, own
 
+    @staticmethod
+    def _pointer(array: Any) -> int:
+        return int(array.data.ptr)
+
     def _translate(self, exc: Exception, stage: str) -> LightboxError:
         retriable = isinstance(exc, self.cp.cuda.memory.OutOfMemoryError)
         return ProcessingFailed(f"{type(exc).__name__}: {exc}", stage=stage, retriable=retriable)
@@ -455,7 +459,7 @@ class CupyRetoucher:
             return results
         try:
             grid, block, args, out = render_launch(
-                cp, [(p, q) for _, p, q in batch], preset, self._coeffs, lambda a: int(a.data.ptr))
+                cp, [(p, q) for _, p, q in batch], preset, self._coeffs, self._pointer)
             self._render_kernel(grid, block, args)
         except self._cuda_errors() as exc:
             err = self._translate(exc, stage)

@@ -21,6 +21,7 @@ uint8 source. They are bit-identical (tested); the GPU kernel agrees within 1 LS
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -51,17 +52,24 @@ def _horizontal(xp: Any, rows: Array, ix: Array, wx: Array) -> Array:
     out = xp.zeros((r, n, 4), xp.float32)
     x0, x1 = _live(wx)
     ix, wx = ix[x0:x1], wx[x0:x1]
-    col = xp.zeros((r, x1 - x0, 1 if c == 1 else 3), xp.float32)
+    shape = (r, x1 - x0, 1 if c == 1 else 3)
+    col = xp.zeros(shape, xp.float32)
     cov = xp.zeros((r, x1 - x0) if c == 4 else (x1 - x0,), xp.float32)
+    gathered = xp.empty((r, x1 - x0, c), xp.uint8)
+    term = xp.empty(shape, xp.float32)
     for t in range(taps):
-        g = rows[:, ix[:, t]]
+        xp.take(rows, ix[:, t], axis=1, out=gathered)
         wt = wx[:, t]
         if c == 4:
-            af = g[..., 3].astype(xp.float32) / F32(255)
-            col += wt[:, None] * (g[..., :3].astype(xp.float32) * af[..., None])
-            cov += wt * af
+            af = gathered[..., 3].astype(xp.float32) / F32(255)
+            xp.multiply(gathered[..., :3], af[..., None], out=term)
+            term *= wt[:, None]                 # w * (c * a), as in the kernel
+            col += term
+            af *= wt
+            cov += af
         else:
-            col += wt[:, None] * g.astype(xp.float32)
+            xp.multiply(gathered, wt[:, None], out=term)
+            col += term
             cov += wt
     out[:, x0:x1, :3] = col
     out[:, x0:x1, 3] = cov
@@ -72,8 +80,11 @@ def _vertical(xp: Any, hrows: Array, row0: int, iy: Array, wy: Array) -> Array:
     """Rows ``hrows`` (source rows from ``row0``) → ``(len(iy), n, 4)`` float32."""
     acc = xp.zeros((iy.shape[0], *hrows.shape[1:]), xp.float32)
     y0, y1 = _live(wy)
+    term = xp.empty((y1 - y0, *hrows.shape[1:]), xp.float32)
     for u in range(iy.shape[1]):
-        acc[y0:y1] += wy[y0:y1, u, None, None] * hrows[iy[y0:y1, u] - row0]
+        xp.take(hrows, iy[y0:y1, u] - row0, axis=0, out=term)
+        term *= wy[y0:y1, u, None, None]
+        acc[y0:y1] += term
     return acc
 
 
@@ -115,19 +126,28 @@ def _taps(params: np.ndarray, out_w: int, out_h: int, h: int, w: int,
 
 def render_reference(
     xp: Any, pixels: Array, params: np.ndarray, out_w: int, out_h: int, transparent: bool,
-    amount: float, coeffs: np.ndarray,
+    amount: float, coeffs: np.ndarray, on_stage: Callable[[str], None] | None = None,
 ) -> Array:
     """The unfused chain. ``pixels``: ``(h, w, 1|3|4)`` uint8; ``params``: host ``(3,)``
-    float32 ``[inv_k, ox, oy]``. Returns ``(out_h, out_w, 3|4)`` uint8."""
+    float32 ``[inv_k, ox, oy]``. Returns ``(out_h, out_w, 3|4)`` uint8. ``on_stage(name)``
+    (benchmarks) is called after each stage."""
+    mark = on_stage or (lambda name: None)
     h, w = pixels.shape[:2]
     ix, wx, iy, wy = (xp.asarray(a) for a in _taps(params, out_w, out_h, h, w, coeffs))
     x0, x1 = int(ix.min()), int(ix.max()) + 1
     y0, y1 = int(iy.min()), int(iy.max()) + 1
-    crop = xp.ascontiguousarray(pixels[y0:y1, x0:x1])                       # 1. crop
-    resized = _vertical(xp, _horizontal(xp, crop, ix - x0, wx), y0, iy, wy)  # 2. resize
-    s, cover = _pad(xp, resized, transparent)                               # 3. pad
-    v = _sharpen(xp, xp.concatenate([s[:1], s, s[-1:]], axis=0), amount)    # 4. sharpen
-    return _finalize(xp, v, cover, transparent)                             # 5. finalize
+    mark("plan")
+    crop = xp.ascontiguousarray(pixels[y0:y1, x0:x1])
+    mark("crop")
+    resized = _vertical(xp, _horizontal(xp, crop, ix - x0, wx), y0, iy, wy)
+    mark("resize")
+    s, cover = _pad(xp, resized, transparent)
+    mark("pad")
+    v = _sharpen(xp, xp.concatenate([s[:1], s, s[-1:]], axis=0), amount)
+    mark("sharpen")
+    out = _finalize(xp, v, cover, transparent)
+    mark("finalize")
+    return out
 
 
 def render_fused_cpu(
