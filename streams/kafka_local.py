@@ -26,6 +26,7 @@ __all__ = [
     "KafkaLaunchError",
     "LocalKafka",
     "cache_dir",
+    "clear_state",
     "ensure_jars",
     "read_state",
 ]
@@ -237,7 +238,8 @@ def _pid_exists(pid: int) -> bool:
 
 
 def _state_file() -> Path:
-    return cache_dir().parent / "kafka-local.json"
+    explicit = os.environ.get("LIGHTBOX_STATE_FILE")
+    return Path(explicit) if explicit else cache_dir().parent / "kafka-local.json"
 
 
 def read_state() -> LocalKafka | None:
