@@ -66,7 +66,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None) ->
 
     @app.agent(topics.input, name="lightbox.retouch")
     async def retouch(stream: faust.StreamT[bytes]) -> None:
-        manual = stream.noack()
+        manual = stream.noack()  # type: ignore[attr-defined]  # on Stream, not in StreamT
         runner = BatchRunner(processor or build_processor(settings, device), KafkaSink(settings),
                              MicroBatcher(config), max_in_flight=max_in_flight)
         await runner.start()

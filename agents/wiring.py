@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from agents.process import BatchProcessor
 from gpu_kernels.backends import Retoucher, Segmenter
 from gpu_kernels.codec import make_decoder, make_encoder
 from gpu_kernels.pipeline import RetouchPipeline
@@ -9,8 +10,6 @@ from gpu_kernels.presets import load_presets
 from schemas.codec import FileSchemaStore
 from schemas.events import EventCodecs
 from streams.settings import PIPELINE_VERSION, Settings
-
-from agents.process import BatchProcessor
 
 __all__ = ["build_pipeline", "build_processor"]
 

@@ -7,6 +7,7 @@ Failures are per item: an item that fails any stage carries its
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections import defaultdict
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpu_kernels.backends import Array, Decoder, Encoder, RetouchOptions, Retoucher, Segmenter
+from gpu_kernels.backends import Array, Decoder, Encoder, Retoucher, RetouchOptions, Segmenter
 from gpu_kernels.presets import Preset
 from gpu_kernels.spans import Span, SpanRecorder
 from schemas.errors import LightboxError, ProcessingFailed
@@ -128,7 +129,8 @@ class RetouchPipeline:
         decoded = stage("decode", live,
                         lambda idx: list(self.decoder.decode_batch([jobs[i].data for i in idx], max_side=max_side)),
                         self.decoder.device)
-        images: dict[int, Array] = {i: d for i, d in zip(live, decoded, strict=True) if not isinstance(d, LightboxError)}
+        images: dict[int, Array] = {i: d for i, d in zip(live, decoded, strict=True)
+                                    if not isinstance(d, LightboxError)}
         live = [i for i in live if i in images]
 
         # 3. segment, once per image (skipped for "keep" backgrounds)
@@ -146,10 +148,11 @@ class RetouchPipeline:
         for i in live:
             groups[jobs[i].options].append(i)
         corrected: dict[int, Array] = {}
+        def correct(ix: list[int], opts: RetouchOptions) -> list[object]:
+            return list(self.retoucher.correct([images[i] for i in ix], [masks[i] for i in ix], opts))
+
         for opts, idx in groups.items():
-            out = stage("correct", idx,
-                        lambda ix, o=opts: self.retoucher.correct([images[i] for i in ix], [masks[i] for i in ix], o),
-                        self.retoucher.device)
+            out = stage("correct", idx, functools.partial(correct, opts=opts), self.retoucher.device)
             corrected.update({i: c for i, c in zip(idx, out, strict=True) if not isinstance(c, LightboxError)})
         live = [i for i in live if results[i].ok]
 

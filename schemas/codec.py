@@ -29,10 +29,10 @@ from fastavro.schema import to_parsing_canonical_form
 from schemas.errors import SchemaInvalid
 
 __all__ = [
+    "MAGIC",
     "AvroCodec",
     "FileSchemaStore",
     "IncompatibleSchema",
-    "MAGIC",
     "check_backward",
     "load_schema",
     "split_frame",
@@ -198,8 +198,9 @@ class AvroCodec:
         else:
             self.writer_id = store.latest(subject)[0]
         self._writer = store.parsed(self.writer_id)
-        self._reader = fastavro.parse_schema(reader_schema or store.schema(self.writer_id))
-        self._reader_name = self._reader["name"]
+        reader: Any = fastavro.parse_schema(reader_schema or store.schema(self.writer_id))
+        self._reader = reader
+        self._reader_name: str = reader["name"]
 
     def encode(self, record: Mapping[str, Any]) -> bytes:
         buf = io.BytesIO()

@@ -53,6 +53,7 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
     """Create lightbox's four topics if missing (before Faust subscribes: Faust ignores a topic
     that does not exist yet). Returns the names it created."""
     import asyncio
+    import contextlib
 
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
     from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
@@ -73,10 +74,8 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
         existing = set(await admin.list_topics())
         missing = [n for n in names if n not in existing]
         if missing:
-            try:
+            with contextlib.suppress(TopicAlreadyExistsError):  # another worker won the race
                 await admin.create_topics([NewTopic(n, settings.topic_partitions, 1) for n in missing])
-            except TopicAlreadyExistsError:  # another worker won the race
-                pass
         return missing
     finally:
         await admin.close()

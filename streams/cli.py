@@ -7,14 +7,12 @@ options here override them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -30,7 +28,7 @@ app.add_typer(kafka_app, name="kafka")
 console = Console()
 err = Console(stderr=True)
 
-Bootstrap = Annotated[Optional[str], typer.Option("--bootstrap", "-b", help="Kafka bootstrap servers "
+Bootstrap = Annotated[str | None, typer.Option("--bootstrap", "-b", help="Kafka bootstrap servers "
                       "(default: $LIGHTBOX_KAFKA_BOOTSTRAP, else the broker `lightbox kafka up` started)")]
 
 
@@ -49,8 +47,8 @@ def _bootstrap(explicit: str | None) -> str:
 
 # ---------------------------------------------------------------------------------- kafka
 @kafka_app.command("up")
-def kafka_up(port: Annotated[Optional[int], typer.Option(help="broker port (default: a free one)")] = None,
-             data_dir: Annotated[Optional[Path], typer.Option(help="data folder (default: a new temporary one, "
+def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default: a free one)")] = None,
+             data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, "
                                                                     "removed by `down`)")] = None) -> None:
     """Fetch Kafka's jars with Maven (once), format a KRaft log dir and start a broker+controller
     on 127.0.0.1 in the background. Prints the bootstrap address."""
@@ -104,10 +102,10 @@ def kafka_status() -> None:
 @app.command()
 def worker(
     bootstrap: Bootstrap = None,
-    device: Annotated[Optional[str], typer.Option(help="auto, cpu or gpu (default: $LIGHTBOX_DEVICE or auto)")] = None,
-    max_batch: Annotated[Optional[int], typer.Option(help="largest micro-batch")] = None,
-    segmenter: Annotated[Optional[str], typer.Option(help="model, classical or none")] = None,
-    output_dir: Annotated[Optional[Path], typer.Option(help="write variants as content-addressed files here and "
+    device: Annotated[str | None, typer.Option(help="auto, cpu or gpu (default: $LIGHTBOX_DEVICE or auto)")] = None,
+    max_batch: Annotated[int | None, typer.Option(help="largest micro-batch")] = None,
+    segmenter: Annotated[str | None, typer.Option(help="model, classical or none")] = None,
+    output_dir: Annotated[Path | None, typer.Option(help="write variants as content-addressed files here and "
                                                             "put file:// URIs in events instead of bytes")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="log level")] = "warning",
 ) -> None:
@@ -139,7 +137,7 @@ def produce(
     paths: Annotated[list[Path], typer.Argument(help="image files and/or folders (searched recursively)")],
     presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,jd_main,amazon_main",
     bootstrap: Bootstrap = None,
-    topic: Annotated[Optional[str], typer.Option(help="input topic (default: $LIGHTBOX_INPUT_TOPIC)")] = None,
+    topic: Annotated[str | None, typer.Option(help="input topic (default: $LIGHTBOX_INPUT_TOPIC)")] = None,
     uri: Annotated[bool, typer.Option("--uri/--inline", help="send file:// URIs instead of inline bytes")] = False,
     background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
     merchant: Annotated[str, typer.Option(help="merchant id")] = "demo-merchant",
@@ -181,11 +179,11 @@ def produce(
 @app.command()
 def tail(
     bootstrap: Bootstrap = None,
-    count: Annotated[Optional[int], typer.Option("--count", "-n", help="stop after this many events")] = None,
+    count: Annotated[int | None, typer.Option("--count", "-n", help="stop after this many events")] = None,
     idle: Annotated[float, typer.Option(help="stop after this many seconds without an event (0: never)")] = 0.0,
     from_beginning: Annotated[bool, typer.Option(help="read the topic from its start")] = False,
     dead_letters: Annotated[bool, typer.Option("--dlq", help="tail the dead-letter topic instead")] = False,
-    save: Annotated[Optional[Path], typer.Option(help="write inline variants into this folder")] = None,
+    save: Annotated[Path | None, typer.Option(help="write inline variants into this folder")] = None,
 ) -> None:
     """Print processed events as a table (sku, variants, per-stage ms), or dead letters with --dlq."""
     from streams.consume import read_events
@@ -205,10 +203,8 @@ def tail(
             if save:
                 save_variants(ev, save)
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(go())
-    except KeyboardInterrupt:
-        pass
 
 
 def event_row(ev: dict[str, Any]) -> str:

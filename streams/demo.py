@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -69,10 +70,8 @@ async def collect_outputs(bootstrap: str, topics: Sequence[str], expected: int, 
             if alive is not None and not alive():
                 raise RuntimeError("worker exited")
 
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(go(), timeout_s)
-    except TimeoutError:
-        pass
     return processed, dead
 
 

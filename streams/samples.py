@@ -19,8 +19,8 @@ __all__ = ["BAD_INPUTS", "make_bad_inputs", "make_catalog"]
 PHOTOS = ("coffee", "rocket", "astronaut", "chelsea", "clock", "coins", "camera", "immunohistochemistry")
 # Catalog sizes (width, height) suppliers upload at, and how each sample is written.
 SIZES = ((1200, 1200), (1600, 1200), (1000, 1500), (1400, 1050))
-FORMATS = (("jpeg", {"quality": 90}), ("jpeg", {"quality": 85, "progressive": True}),
-           ("png", {}), ("webp", {"quality": 90}))
+FORMATS: tuple[tuple[str, dict[str, object]], ...] = (
+    ("jpeg", {"quality": 90}), ("jpeg", {"quality": 85, "progressive": True}), ("png", {}), ("webp", {"quality": 90}))
 
 
 def _photo(name: str) -> Image.Image:

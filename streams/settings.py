@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         if self.device != "auto":
             return self.device
         try:
-            import cupy  # noqa: F401
+            import cupy
 
             return "gpu" if cupy.cuda.runtime.getDeviceCount() > 0 else "cpu"
         except Exception:  # no CuPy, no driver, no device: all mean CPU

@@ -95,7 +95,8 @@ def test_bad_files_become_dead_letters_and_batch_mates_survive(
 
 @pytest.mark.parametrize("make, code, stage", [
     (lambda p: event_bytes(p, presets=["jd_main", "no_such_preset"]), "UNKNOWN_PRESET", "presets"),
-    (lambda p: event_bytes(source={"uri": "file:///nonexistent/lightbox/x.jpg", "sha256": None}), "FETCH_FAILED", "fetch"),
+    (lambda p: event_bytes(source={"uri": "file:///nonexistent/lightbox/x.jpg", "sha256": None}),
+     "FETCH_FAILED", "fetch"),
     (lambda p: b"this record is not Avro", "SCHEMA_INVALID", "deserialize"),
     (lambda p: b"\x00\x00\x00\x01\x2c" + b"\x00" * 10, "SCHEMA_INVALID", "deserialize"),
 ])

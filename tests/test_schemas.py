@@ -99,7 +99,7 @@ def test_a_record_of_another_event_type_is_schema_invalid() -> None:
     codecs = EventCodecs.create()
     dead = {"event_id": "d", "original": {"topic": "t", "partition": 0, "offset": 1}, "error_code": "TOO_LARGE",
             "message": "m", "stage": "s", "worker_id": "w", "failed_at": int(time.time() * 1000)}
-    with pytest.raises(SchemaInvalid, match="DeadLetterEvent', not 'io.lightbox.v1.ProductImageEvent'"):
+    with pytest.raises(SchemaInvalid, match=r"DeadLetterEvent', not 'io\.lightbox\.v1\.ProductImageEvent'"):
         codecs.product.decode(codecs.dead_letter.encode(dead))
 
 
