@@ -410,16 +410,16 @@ static inline void __syncthreads() {}
 DRIVERS = r"""
 extern "C" void emu_correct(lb_dim3 grid, lb_dim3 block,
     const unsigned char* src, int cin, const unsigned char* alpha, long long off, int step,
-    int has_alpha, unsigned char* dst, int mode, int height, int width, const float* wb,
-    const float* gmap, int has_gain, int gh, int gw, float gstep,
+    int has_alpha, const float* alpha_tab, unsigned char* dst, int mode, int height, int width,
+    const float* wb, const float* gcols, int has_gain, int gh, float gstep,
     const float* lut, int nlut, const float* lut_scale, int has_lut) {
   blockDim = block;
   for (unsigned by = 0; by < grid.y; ++by) for (unsigned bx = 0; bx < grid.x; ++bx) {
     blockIdx = {bx, by, 0};
     for (unsigned ty = 0; ty < block.y; ++ty) for (unsigned tx = 0; tx < block.x; ++tx) {
       threadIdx = {tx, ty, 0};
-      lb_correct(src, cin, alpha, off, step, has_alpha, dst, mode, height, width, wb,
-                 gmap, has_gain, gh, gw, gstep, lut, nlut, lut_scale, has_lut);
+      lb_correct(src, cin, alpha, off, step, has_alpha, alpha_tab, dst, mode, height, width,
+                 wb, gcols, has_gain, gh, gstep, lut, nlut, lut_scale, has_lut);
     }
   }
 }

@@ -1,8 +1,8 @@
 """The GPU backend: :class:`CupyRetoucher`, two CuPy RawKernels (CuPy imported lazily).
 
-* ``lb_correct`` (pass (a)): one thread per pixel; white balance, bilinear Retinex gain, tone
-  table, composite, rounding; reads the uint8 image (1, 3 or 4 channels) and the alpha (mask,
-  or the image's own 4th channel) once, writes the uint8 output once.
+* ``lb_correct`` (pass (a)): one thread per 4 pixels of a row; white balance, bilinear Retinex
+  gain, tone table, composite, rounding; reads the uint8 image (1, 3 or 4 channels) and the
+  alpha (mask, or the image's own 4th channel) once, writes the uint8 output once.
 * ``lb_render`` (pass (b)): one launch per preset for a whole batch of images of any sizes (a
   table of device pointers); 16x16 output tiles, each block resamples its tile plus a 1-pixel
   halo into shared memory (area or cubic gather straight from the uint8 source, premultiplied),
@@ -32,7 +32,7 @@ from gpu_kernels.retouch.config import RetouchConfig
 from gpu_kernels.retouch.correction import ColorPlan, correct_reference, plan_correction
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import placement, subject_box
-from gpu_kernels.retouch.illumination import gaussian_matrix
+from gpu_kernels.retouch.illumination import gain_columns, gaussian_matrix
 from gpu_kernels.retouch.render import render_reference
 from schemas.errors import LightboxError, ProcessingFailed
 
@@ -40,6 +40,7 @@ __all__ = ["KERNEL_SOURCE", "CupyRetoucher", "correct_launch", "render_launch"]
 
 KERNEL_SOURCE = r"""
 #define LB_TILE 16
+#define LB_PX 4
 #define LB_HALO (LB_TILE + 2)
 
 extern "C" {
@@ -58,69 +59,75 @@ __device__ __forceinline__ float lb_tone(const float v, const float* __restrict_
     return lo + f * (lut[i + 1] - lo);
 }
 
-// Pass (a): white balance + Retinex gain + tone table + composite, one thread per pixel.
-// mode: 0 keep (RGB out), 1 white (RGB out, needs alpha), 2 transparent (RGBA out).
+// Pass (a): white balance + Retinex gain + tone table + composite. A thread handles LB_PX
+// consecutive pixels of one row. mode: 0 keep (RGB out), 1 white (RGB out, needs alpha),
+// 2 transparent (RGBA out). gcols: the gain map interpolated along x, (gh, width); alpha_tab:
+// a / 255 for a = 0..255 (the same float32 values as the division).
 __global__ void lb_correct(
     const unsigned char* __restrict__ src, const int cin,
     const unsigned char* __restrict__ alpha, const long long alpha_offset, const int alpha_step,
-    const int has_alpha,
+    const int has_alpha, const float* __restrict__ alpha_tab,
     unsigned char* __restrict__ dst, const int mode, const int height, const int width,
     const float* __restrict__ wb,
-    const float* __restrict__ gmap, const int has_gain, const int gh, const int gw,
-    const float gstep,
+    const float* __restrict__ gcols, const int has_gain, const int gh, const float gstep,
     const float* __restrict__ lut, const int nlut, const float* __restrict__ lut_scale,
     const int has_lut)
 {
-    const int x = blockIdx.x * blockDim.x + threadIdx.x;
     const int y = blockIdx.y * blockDim.y + threadIdx.y;
-    if (x >= width || y >= height) return;
-    const long long p = (long long)y * width + x;
-    const unsigned char* s = src + p * cin;
-    float v0, v1, v2;
-    if (cin == 1) {
-        v0 = (float)s[0]; v1 = v0; v2 = v0;
-    } else {
-        v0 = (float)s[0]; v1 = (float)s[1]; v2 = (float)s[2];
-    }
-    v0 = v0 * wb[0]; v1 = v1 * wb[1]; v2 = v2 * wb[2];
+    const int xs = (blockIdx.x * blockDim.x + threadIdx.x) * LB_PX;
+    if (y >= height || xs >= width) return;
+    const float* grow0 = gcols;
+    const float* grow1 = gcols;
+    float fy = 0.0f;
     if (has_gain) {
         const float gy = fminf((float)y / gstep, (float)(gh - 1));
         const int y0 = (int)gy;
         const int y1 = min(y0 + 1, gh - 1);
-        const float fy = gy - (float)y0;
-        const float gx = fminf((float)x / gstep, (float)(gw - 1));
-        const int x0 = (int)gx;
-        const int x1 = min(x0 + 1, gw - 1);
-        const float fx = gx - (float)x0;
-        const float top = gmap[y0 * gw + x0] * (1.0f - fx) + gmap[y0 * gw + x1] * fx;
-        const float bot = gmap[y1 * gw + x0] * (1.0f - fx) + gmap[y1 * gw + x1] * fx;
-        const float g = top * (1.0f - fy) + bot * fy;
-        v0 = v0 * g; v1 = v1 * g; v2 = v2 * g;
+        fy = gy - (float)y0;
+        grow0 = gcols + (long long)y0 * width;
+        grow1 = gcols + (long long)y1 * width;
     }
-    if (has_lut) {
-        const float scale = lut_scale[0];
-        v0 = lb_tone(v0, lut, nlut, scale);
-        v1 = lb_tone(v1, lut, nlut, scale);
-        v2 = lb_tone(v2, lut, nlut, scale);
-    }
-    if (mode == 1) {
-        const float af = (float)alpha[alpha_offset + p * alpha_step] / 255.0f;
-        const float bg = 255.0f * (1.0f - af);
-        unsigned char* o = dst + p * 3;
-        o[0] = lb_round(v0 * af + bg);
-        o[1] = lb_round(v1 * af + bg);
-        o[2] = lb_round(v2 * af + bg);
-    } else if (mode == 2) {
-        unsigned char* o = dst + p * 4;
-        o[0] = lb_round(v0);
-        o[1] = lb_round(v1);
-        o[2] = lb_round(v2);
-        o[3] = has_alpha ? alpha[alpha_offset + p * alpha_step] : (unsigned char)255;
-    } else {
-        unsigned char* o = dst + p * 3;
-        o[0] = lb_round(v0);
-        o[1] = lb_round(v1);
-        o[2] = lb_round(v2);
+    const float wb0 = wb[0], wb1 = wb[1], wb2 = wb[2];
+    const float scale = has_lut ? lut_scale[0] : 0.0f;
+    const int xe = min(xs + LB_PX, width);
+    for (int x = xs; x < xe; ++x) {
+        const long long p = (long long)y * width + x;
+        const unsigned char* s = src + p * cin;
+        float v0, v1, v2;
+        if (cin == 1) {
+            v0 = (float)s[0]; v1 = v0; v2 = v0;
+        } else {
+            v0 = (float)s[0]; v1 = (float)s[1]; v2 = (float)s[2];
+        }
+        v0 = v0 * wb0; v1 = v1 * wb1; v2 = v2 * wb2;
+        if (has_gain) {
+            const float g = grow0[x] * (1.0f - fy) + grow1[x] * fy;
+            v0 = v0 * g; v1 = v1 * g; v2 = v2 * g;
+        }
+        if (has_lut) {
+            v0 = lb_tone(v0, lut, nlut, scale);
+            v1 = lb_tone(v1, lut, nlut, scale);
+            v2 = lb_tone(v2, lut, nlut, scale);
+        }
+        if (mode == 1) {
+            const float af = alpha_tab[alpha[alpha_offset + p * alpha_step]];
+            const float bg = 255.0f * (1.0f - af);
+            unsigned char* o = dst + p * 3;
+            o[0] = lb_round(v0 * af + bg);
+            o[1] = lb_round(v1 * af + bg);
+            o[2] = lb_round(v2 * af + bg);
+        } else if (mode == 2) {
+            unsigned char* o = dst + p * 4;
+            o[0] = lb_round(v0);
+            o[1] = lb_round(v1);
+            o[2] = lb_round(v2);
+            o[3] = has_alpha ? alpha[alpha_offset + p * alpha_step] : (unsigned char)255;
+        } else {
+            unsigned char* o = dst + p * 3;
+            o[0] = lb_round(v0);
+            o[1] = lb_round(v1);
+            o[2] = lb_round(v2);
+        }
     }
 }
 
@@ -285,11 +292,20 @@ _MODES = {"keep": 0, "white": 1, "transparent": 2}
 Launch = tuple[tuple[int, int, int], tuple[int, int, int], tuple[Any, ...], Any]
 
 
+def _checked(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Kernels index arrays as C-contiguous buffers: refuse anything else (a programming error)."""
+    for i, a in enumerate(args):
+        if hasattr(a, "flags") and not a.flags.c_contiguous:
+            raise ValueError(f"kernel argument {i} is not C-contiguous (strides {a.strides})")
+    return args
+
+
 def correct_launch(
     xp: Any, pixels: Any, alpha: Any, own: bool, plan: ColorPlan, background: str,
     dummy_u8: Any, dummy_f32: Any,
 ) -> Launch:
-    """``(grid, block, args, out)`` for ``lb_correct``; ``xp`` allocates ``out``.
+    """``(grid, block, args, out)`` for ``lb_correct``; ``xp`` allocates ``out`` and the small
+    tables (the gain map interpolated along x, ``a / 255``).
 
     ``pixels``: contiguous ``(H, W, 1|3|4)`` uint8; ``alpha``: the mask (``(H, W)`` uint8), or
     None, or (``own``) the image's 4th channel, read in place. Array-module generic so that
@@ -303,19 +319,22 @@ def correct_launch(
         alpha_arr, offset, step = pixels, 3, 4
     else:
         alpha_arr, offset, step = xp.ascontiguousarray(alpha), 0, 1
+    alpha_tab = xp.arange(256, dtype=xp.float32) / xp.float32(255)
     gmap, lut, scale = plan.gain_map, plan.lut, plan.lut_scale
-    gh, gw = (1, 1) if gmap is None else gmap.shape
+    gcols = dummy_f32 if gmap is None else xp.ascontiguousarray(
+        gain_columns(xp, gmap, w, plan.stride))
     args = (
         pixels, np.int32(c),
-        alpha_arr, np.int64(offset), np.int32(step), np.int32(alpha is not None),
+        alpha_arr, np.int64(offset), np.int32(step), np.int32(alpha is not None), alpha_tab,
         out, np.int32(_MODES[background]), np.int32(h), np.int32(w),
         plan.wb,
-        dummy_f32 if gmap is None else gmap, np.int32(gmap is not None),
-        np.int32(gh), np.int32(gw), np.float32(plan.stride),
+        gcols, np.int32(gmap is not None), np.int32(1 if gmap is None else gmap.shape[0]),
+        np.float32(plan.stride),
         dummy_f32 if lut is None else lut, np.int32(1 if lut is None else lut.shape[0]),
         dummy_f32 if scale is None else scale, np.int32(lut is not None),
     )
-    return (math.ceil(w / 32), math.ceil(h / 8), 1), (32, 8, 1), args, out
+    grid = (math.ceil(math.ceil(w / 4) / 32), math.ceil(h / 8), 1)
+    return grid, (32, 8, 1), _checked(args), out
 
 
 def render_launch(
@@ -334,7 +353,7 @@ def render_launch(
     args = (ptrs, dims, params, out, np.int32(preset.height), np.int32(preset.width),
             np.int32(channels == 4), np.float32(preset.sharpen), coeffs)
     grid = (math.ceil(preset.width / 16), math.ceil(preset.height / 16), n)
-    return grid, (16, 16, 1), args, out
+    return grid, (16, 16, 1), _checked(args), out
 
 
 class CupyRetoucher:
