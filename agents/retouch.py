@@ -59,7 +59,8 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None) ->
     topics = Topics.declare(app, settings)
     device = settings.resolved_device()
     overrides = {"max_batch": settings.max_batch, "slo_s": settings.slo_ms and settings.slo_ms / 1000,
-                 "max_wait_s": settings.max_wait_ms and settings.max_wait_ms / 1000}
+                 "max_wait_s": settings.max_wait_ms and settings.max_wait_ms / 1000,
+                 "fixed_batch": settings.fixed_batch}
     config = BatchingConfig.for_device(device, **{k: v for k, v in overrides.items() if v is not None})
     # a running batch plus a filling one must fit, or batches never reach the allowed size
     max_in_flight = max(settings.max_in_flight, 2 * config.max_batch + 8)

@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     max_batch: int | None = Field(None, ge=1, description="largest micro-batch (device default if unset)")
     slo_ms: float | None = Field(None, gt=0, description="latency SLO; 250 ms on GPU, 2000 ms on CPU if unset")
     max_wait_ms: float | None = Field(None, ge=0, description="longest a batch waits to fill (device default)")
+    fixed_batch: int | None = Field(None, ge=1, description="turn the adaptive controller off: always this size")
     max_in_flight: int = Field(64, ge=1, description="images held by a worker before it stops consuming")
 
     worker_id: str = Field(default_factory=_default_worker_id)
