@@ -511,6 +511,46 @@ def test_render_kernel_source_equals_the_numpy_twin_for_a_mixed_batch(
         assert np.array_equal(out[j], r.render(image, mask, preset)), j
 
 
+def find_nvrtc() -> ctypes.CDLL | None:
+    """NVRTC from the ``nvidia-cuda-nvrtc`` wheel (compiles CUDA without a GPU), if installed."""
+    try:
+        import nvidia
+    except ImportError:
+        return None
+    for base in getattr(nvidia, "__path__", []):
+        for lib in sorted(Path(base).glob("cu*/lib/libnvrtc.so.*")):
+            for builtins in sorted(lib.parent.glob("libnvrtc-builtins.so.*")):
+                ctypes.CDLL(str(builtins), mode=ctypes.RTLD_GLOBAL)  # dlopen'ed by name later
+            return ctypes.CDLL(str(lib))
+    return None
+
+
+def test_kernel_source_compiles_with_nvrtc_as_cupy_will() -> None:
+    """The exact source and options CuPy uses (``--fmad=false``), for the H200 (sm_90): no
+    errors, no warnings, both entry points, no fused multiply-adds, no local-memory arrays."""
+    lib = find_nvrtc()
+    if lib is None:
+        pytest.skip("NVRTC is not installed (pip install nvidia-cuda-nvrtc)")
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), KERNEL_SOURCE.encode(), b"retouch.cu",
+                                  0, None, None) == 0
+    opts = [b"--fmad=false", b"-arch=compute_90"]
+    rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    assert rc == 0, log.value.decode()
+    assert log.value.decode().strip() == ""
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    text = ptx.value.decode()
+    assert ".entry lb_correct" in text and ".entry lb_render" in text
+    assert "fma.rn" not in text and ".local" not in text
+
+
 # -- robustness -----------------------------------------------------------------------------------
 
 def test_inputs_are_never_modified() -> None:
