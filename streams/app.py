@@ -31,6 +31,8 @@ def create_app(settings: Settings) -> faust.App:
         consumer_auto_offset_reset="earliest",
         stream_buffer_maxsize=max(8, settings.max_in_flight),
         broker_commit_every=64,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         broker_commit_interval=1.0,
     )
 

@@ -51,6 +51,8 @@ class Settings(BaseSettings):
     fixed_batch: int | None = Field(None, ge=1, description="turn the adaptive controller off: always this size")
     max_in_flight: int = Field(64, ge=1, description="images held by a worker before it stops consuming")
 
+    session_timeout_s: float = Field(30.0, gt=0, description="how long the group waits for a silent worker "
+                                                            "before its partitions move to the others")
     worker_id: str = Field(default_factory=_default_worker_id)
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
     log_level: str = "WARNING"

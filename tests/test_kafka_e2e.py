@@ -114,3 +114,53 @@ def test_every_input_yields_exactly_one_output(settings: Settings, catalog: list
     finally:
         rc = worker.stop()
     assert rc is not None
+
+
+def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Settings, catalog: list[Path],
+                                                                tmp_path: Path) -> None:
+    """SIGKILL a worker mid-stream; its successor in the group redoes what was not committed.
+    Every input ends with an output, and a duplicate carries the same event id and bytes."""
+    import signal
+
+    from streams.consume import read_events
+
+    env = {**worker_env(settings), "LIGHTBOX_SESSION_TIMEOUT_S": "8"}
+    first = WorkerProcess(env, tmp_path / "w1.log").start()
+    second = None
+    try:
+        by_id, _ = asyncio.run(publish_all(settings, catalog, {}))
+        good = {eid for eid, what in by_id.items() if what.startswith("SKU-")}
+
+        async def until(n: int) -> None:
+            async for _ in read_events(settings.kafka_bootstrap, [settings.output_topic], limit=n, idle_s=240):
+                pass
+
+        asyncio.run(until(6))
+        assert first.proc is not None
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(30)
+        second = WorkerProcess(env, tmp_path / "w2.log").start()
+
+        async def all_outputs() -> list[dict]:
+            seen: dict[str, int] = {}
+            out = []
+            async for kind, ev in read_events(settings.kafka_bootstrap, [settings.output_topic], idle_s=120):
+                out.append(ev)
+                seen[ev["source_event_id"]] = 1
+                if good <= set(seen):
+                    break
+            return out
+
+        outputs = asyncio.run(asyncio.wait_for(all_outputs(), 400))
+        assert good <= {ev["source_event_id"] for ev in outputs}, second.log_tail()
+        by_source: dict[str, list[dict]] = {}
+        for ev in outputs:
+            by_source.setdefault(ev["source_event_id"], []).append(ev)
+        for evs in by_source.values():
+            assert len({e["event_id"] for e in evs}) == 1
+            assert len({tuple(v["sha256"] for v in e["variants"]) for e in evs}) == 1
+            assert len({tuple(v["data"] for v in e["variants"]) for e in evs}) == 1
+    finally:
+        first.stop()
+        if second is not None:
+            second.stop()
