@@ -259,7 +259,7 @@ def render_preset(cp: Any, timer: Timer, gpu: Any, preset: Any, images: list[Any
 
     out_mp = len(images) * preset.width * preset.height / 1e6
     coeffs = gpu.config.geometry.cubic_coefficients()
-    params = [gpu._placement(i, m, preset) for i, m in zip(images, masks, strict=True)]
+    params = [gpu.placement(i, m, preset) for i, m in zip(images, masks, strict=True)]
     host = [cp.asnumpy(q) for q in params]
 
     def fused() -> Any:

@@ -456,6 +456,11 @@ class CupyRetoucher:
             raise result
         return result
 
+    def placement(self, image: Array, mask: Array | None, preset: Preset) -> Any:
+        """``(3,)`` float32 ``[inv_k, ox, oy]`` on the device (see :mod:`.geometry`)."""
+        pixels, alpha, _ = self._inputs(image, mask, "retouch.render")
+        return self._placement(pixels, alpha, preset)
+
     def _placement(self, pixels: Any, alpha: Any, preset: Preset) -> Any:
         h, w = pixels.shape[:2]
         box = subject_box(self.cp, alpha, h, w, self.config.geometry.mask_threshold)
