@@ -246,6 +246,66 @@ def print_latency_table(events: list[dict[str, Any]]) -> None:
         console.print(f"end to end (created_at → output): p50 {e2e['p50_ms']:.0f} ms, p99 {e2e['p99_ms']:.0f} ms")
 
 
+@app.command()
+def report(
+    bootstrap: Bootstrap = None,
+    count: Annotated[int | None, typer.Option("--count", "-n", help="use at most this many events")] = None,
+    idle: Annotated[float, typer.Option(help="stop reading after this many seconds without an event")] = 5.0,
+    png: Annotated[Path | None, typer.Option(help="also draw the breakdown as a PNG here")] = None,
+) -> None:
+    """The latency report: read processed events from the output topic's start and print the
+    per-stage breakdown (mean, p50, p99 ms and share) and end-to-end latency; --png draws it."""
+    from streams.consume import read_events
+
+    settings = Settings()
+
+    async def go() -> list[dict[str, Any]]:
+        return [ev async for kind, ev in read_events(_bootstrap(bootstrap), [settings.output_topic],
+                                                      limit=count, idle_s=idle) if kind == "processed"]
+
+    events = asyncio.run(go())
+    if not events:
+        err.print(f"no processed events on {settings.output_topic}")
+        raise typer.Exit(1)
+    print_latency_table(events)
+    if png:
+        from streams.report import draw_stage_chart
+
+        console.print(f"wrote {draw_stage_chart(events, png)}")
+
+
+@app.command("contact-sheet")
+def contact_sheet(
+    paths: Annotated[list[Path], typer.Argument(help="image files and/or folders")],
+    out: Annotated[Path, typer.Option(help="PNG to write")] = Path("out/contact-sheet.png"),
+    segmenter: Annotated[str, typer.Option(help="model (u2netp) or classical")] = "model",
+    limit: Annotated[int, typer.Option(help="at most this many images")] = 24,
+) -> None:
+    """Before | mask | cutout on white, one row per image: a sheet to look at the segmentation."""
+    from gpu_kernels.codec import make_decoder
+    from gpu_kernels.segment import make_segmenter
+    from gpu_kernels.segment.contact_sheet import write_contact_sheet
+    from streams.producer import iter_image_files
+
+    files = list(iter_image_files(paths))[:limit]
+    decoder = make_decoder("cpu")
+    decoded = decoder.decode_batch([f.read_bytes() for f in files], max_side=1024)
+    good = [(f, im) for f, im in zip(files, decoded, strict=True) if not isinstance(im, Exception)]
+    for f, im in zip(files, decoded, strict=True):
+        if isinstance(im, Exception):
+            err.print(f"[yellow]skipped {f.name}: {im}[/]")
+    if not good:
+        err.print("[red]no decodable images[/]")
+        raise typer.Exit(1)
+    seg = make_segmenter("model" if segmenter == "model" else "classical", "cpu")
+    try:
+        path = write_contact_sheet([im for _, im in good], out, segmenter=seg, labels=[f.name for f, _ in good])
+    finally:
+        seg.close()
+        decoder.close()
+    console.print(f"wrote {path} ({len(good)} rows)")
+
+
 # ---------------------------------------------------------------------------------- samples / demo
 @app.command()
 def samples(out: Annotated[Path, typer.Argument(help="folder to write into")] = Path("out/samples"),

@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["StageStats", "stage_family", "stage_table"]
+__all__ = ["StageStats", "draw_stage_chart", "per_event_stage_ms", "stage_family", "stage_table"]
 
 ORDER = ("fetch", "decode", "segment", "correct", "render", "encode", "produce")
 
@@ -65,3 +66,30 @@ def stage_table(events: Iterable[Mapping[str, Any]]) -> tuple[list[StageStats], 
 
 def stage_total_ms(rows: Sequence[StageStats]) -> float:
     return sum(r.mean_ms for r in rows)
+
+
+def draw_stage_chart(events: Sequence[Mapping[str, Any]], out_png: str | Path) -> Path:
+    """A horizontal bar chart of mean ms per stage with p50–p99 whiskers, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, e2e = stage_table(events)
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.6))
+    names = [r.stage for r in rows][::-1]
+    means = [r.mean_ms for r in rows][::-1]
+    lo = [max(0.0, r.mean_ms - r.p50_ms) for r in rows][::-1]
+    hi = [max(0.0, r.p99_ms - r.mean_ms) for r in rows][::-1]
+    ax.barh(names, means, xerr=[lo, hi], color="#4c72b0", capsize=3)
+    for y, r in enumerate(rows[::-1]):
+        ax.text(r.mean_ms, y, f"  {r.mean_ms:.1f} ms ({r.share:.0%})", va="center", fontsize=8)
+    ax.set_xlabel("ms per image (bar: mean; whisker: p50 to p99)")
+    ax.set_title(f"lightbox stage latency, {e2e['n']} images; end to end p50 {e2e.get('p50_ms', 0):.0f} ms, "
+                 f"p99 {e2e.get('p99_ms', 0):.0f} ms", fontsize=9)
+    fig.tight_layout()
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
