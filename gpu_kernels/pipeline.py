@@ -11,7 +11,7 @@ import functools
 import hashlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -156,27 +156,56 @@ class RetouchPipeline:
             corrected.update({i: c for i, c in zip(idx, out, strict=True) if not isinstance(c, LightboxError)})
         live = [i for i in live if results[i].ok]
 
-        # 6-7. per preset: render (crop, resize, pad, sharpen) then encode
+        # 6-7. per preset, one batched render over every image that asked for it, then encode
+        live = [i for i in live if i in corrected]
+        rendered: dict[tuple[int, str], Array] = {}
+        encoded: dict[tuple[int, str], bytes] = {}
+
+        def render_group(ix: list[int], preset: Preset) -> list[object]:
+            return self._render_batch([corrected[i] for i in ix], [masks[i] for i in ix], preset)
+
+        def encode_group(ix: list[int], preset: Preset) -> list[object]:
+            return _per_item(lambda i: self.encoder.encode(rendered[i, preset.name], preset), ix)
+        for preset in dict.fromkeys(p for i in live for p in jobs[i].presets):
+            idx = [i for i in live if preset in jobs[i].presets and results[i].ok]
+            if not idx:
+                continue
+            out = stage(f"preset:{preset.name}", idx, functools.partial(render_group, preset=preset),
+                        self.retoucher.device)
+            done = [(i, r) for i, r in zip(idx, out, strict=True) if not isinstance(r, LightboxError)]
+            rendered.update({(i, preset.name): r for i, r in done})
+            blobs = stage(f"encode:{preset.name}", [i for i, _ in done], functools.partial(encode_group, preset=preset),
+                          self.encoder.device)
+            encoded.update({(i, preset.name): d for (i, _), d in zip(done, blobs, strict=True)
+                            if isinstance(d, bytes)})
         for i in live:
-            job, first = jobs[i], None
-            try:
-                for preset in job.presets:
-                    with job.spans.span(f"preset:{preset.name}", device=self.retoucher.device):
-                        rendered = self.retoucher.render(corrected[i], masks[i], preset)
-                    with job.spans.span(f"encode:{preset.name}", device=self.encoder.device):
-                        data = self.encoder.encode(rendered, preset)
-                    first = rendered if first is None else first
-                    h, w = rendered.shape[:2]
-                    results[i].variants.append(Variant(preset.name, int(w), int(h), preset.format, data,
-                                                       hashlib.sha256(data).hexdigest()))
-                if first is not None:
-                    results[i].quality = measure_quality(masks[i], first)
-            except LightboxError as exc:
-                results[i].error, results[i].variants = exc, []
-            except Exception as exc:
-                results[i].error = ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="render")
-                results[i].variants = []
+            if not results[i].ok:
+                continue
+            for preset in jobs[i].presets:
+                img, data = rendered[i, preset.name], encoded[i, preset.name]
+                h, w = img.shape[:2]
+                results[i].variants.append(Variant(preset.name, int(w), int(h), preset.format, data,
+                                                   hashlib.sha256(data).hexdigest()))
+            results[i].quality = measure_quality(masks[i], rendered[i, jobs[i].presets[0].name])
         return results
+
+    def _render_batch(self, images: list[Array], masks: list[Array | None], preset: Preset) -> list[object]:
+        """The retoucher's batched render when it has one (one launch per preset on the GPU)."""
+        batch = getattr(self.retoucher, "render_batch", None)
+        if batch is not None:
+            return list(batch(images, masks, preset))
+        return _per_item(lambda k: self.retoucher.render(images[k], masks[k], preset), range(len(images)))
+
+
+def _per_item(fn: Callable[[int], object], items: Iterable[int]) -> list[object]:
+    """``fn`` over ``items``; an item's :class:`LightboxError` is returned in its place."""
+    out: list[object] = []
+    for item in items:
+        try:
+            out.append(fn(item))
+        except LightboxError as exc:
+            out.append(exc)
+    return out
 
 
 def spans_records(spans: Sequence[Span]) -> list[dict[str, object]]:

@@ -144,7 +144,7 @@ def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Setting
         async def all_outputs() -> list[dict]:
             seen: dict[str, int] = {}
             out = []
-            async for kind, ev in read_events(settings.kafka_bootstrap, [settings.output_topic], idle_s=120):
+            async for _kind, ev in read_events(settings.kafka_bootstrap, [settings.output_topic], idle_s=120):
                 out.append(ev)
                 seen[ev["source_event_id"]] = 1
                 if good <= set(seen):

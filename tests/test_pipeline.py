@@ -1,0 +1,46 @@
+"""The batch pipeline's per-item failure isolation and span bookkeeping (real CPU stages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpu_kernels.backends import RetouchOptions
+from gpu_kernels.codec import CpuEncoder, make_decoder
+from gpu_kernels.pipeline import Job, RetouchPipeline
+from gpu_kernels.presets import Preset, load_presets
+from gpu_kernels.retouch import CpuRetoucher
+from gpu_kernels.spans import SpanRecorder
+from schemas.errors import ProcessingFailed
+
+
+class EncoderFailingOn(CpuEncoder):
+    """The real CPU encoder, except that it fails for images of one exact size."""
+
+    def __init__(self, bad_shape: tuple[int, int]) -> None:
+        super().__init__()
+        self.bad_shape = bad_shape
+
+    def encode(self, image, preset: Preset) -> bytes:  # type: ignore[no-untyped-def]
+        if image.shape[:2] == self.bad_shape:
+            raise ProcessingFailed("refused on purpose")
+        return super().encode(image, preset)
+
+
+def test_one_items_failure_leaves_its_batch_mates_whole(catalog: list[Path]) -> None:
+    presets = load_presets().resolve(["jd_main", "thumb_webp"])
+    custom = Preset("odd", 321, 123)
+    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), EncoderFailingOn((123, 321)))
+    jobs = [Job(p.read_bytes(), presets, RetouchOptions(), SpanRecorder()) for p in catalog[:3]]
+    jobs[1] = Job(catalog[1].read_bytes(), [*presets, custom], RetouchOptions(), SpanRecorder())
+    results = pipe.run_batch(jobs)
+    assert [r.ok for r in results] == [True, False, True]
+    assert results[1].error is not None and results[1].error.stage == "encode:odd"
+    assert results[1].variants == []
+    for r in (results[0], results[2]):
+        assert [(v.preset, v.width, v.height) for v in r.variants] == [("jd_main", 800, 800), ("thumb_webp", 400, 400)]
+        assert r.quality is not None and 0 < r.quality.background_whiteness <= 1
+    # batched stages record the batch they ran in
+    decode = next(s for s in jobs[0].spans.spans if s.stage == "decode")
+    render = next(s for s in jobs[0].spans.spans if s.stage == "preset:jd_main")
+    assert decode.batch_size == 3 and render.batch_size == 3
+    pipe.close()
