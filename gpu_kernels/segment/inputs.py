@@ -16,14 +16,7 @@ Array = Any
 def validate_image(i: int, img: Array) -> None:
     """Raise ProcessingFailed unless ``img`` is ``(H, W, 3|4)`` uint8 with H, W >= 1."""
     shape, dtype = getattr(img, "shape", None), getattr(img, "dtype", None)
-    if (
-        shape is None
-        or len(shape) != 3
-        or shape[2] not in (3, 4)
-        or shape[0] < 1
-        or shape[1] < 1
-        or dtype != np.uint8
-    ):
+    if shape is None or len(shape) != 3 or shape[2] not in (3, 4) or shape[0] < 1 or shape[1] < 1 or dtype != np.uint8:
         raise ProcessingFailed(
             f"image {i}: expected (H, W, 3|4) uint8, got shape {shape} dtype {dtype}",
             stage="segment",

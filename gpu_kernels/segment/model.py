@@ -69,37 +69,21 @@ class ModelSpec:
     def __post_init__(self) -> None:
         h, w = self.input_size
         if h < 1 or w < 1:
-            raise ValueError(
-                f"model spec {self.name!r}: input_size must be positive, got {self.input_size}"
-            )
+            raise ValueError(f"model spec {self.name!r}: input_size must be positive, got {self.input_size}")
         if self.channel_order not in ("RGB", "BGR"):
-            raise ValueError(
-                f"model spec {self.name!r}: channel_order must be RGB or BGR, "
-                f"got {self.channel_order!r}"
-            )
+            raise ValueError(f"model spec {self.name!r}: channel_order must be RGB or BGR, got {self.channel_order!r}")
         if self.layout not in ("NCHW", "NHWC"):
-            raise ValueError(
-                f"model spec {self.name!r}: layout must be NCHW or NHWC, got {self.layout!r}"
-            )
+            raise ValueError(f"model spec {self.name!r}: layout must be NCHW or NHWC, got {self.layout!r}")
         if len(self.mean) != 3 or len(self.std) != 3 or min(self.std) <= 0:
             raise ValueError(
-                f"model spec {self.name!r}: mean and std need 3 values, std > 0; "
-                f"got mean={self.mean}, std={self.std}"
+                f"model spec {self.name!r}: mean and std need 3 values, std > 0; got mean={self.mean}, std={self.std}"
             )
         if self.activation not in ("none", "sigmoid"):
-            raise ValueError(
-                f"model spec {self.name!r}: activation must be none or sigmoid, "
-                f"got {self.activation!r}"
-            )
+            raise ValueError(f"model spec {self.name!r}: activation must be none or sigmoid, got {self.activation!r}")
         if self.normalize not in ("minmax", "clip"):
-            raise ValueError(
-                f"model spec {self.name!r}: normalize must be minmax or clip, "
-                f"got {self.normalize!r}"
-            )
+            raise ValueError(f"model spec {self.name!r}: normalize must be minmax or clip, got {self.normalize!r}")
         if self.output_index < 0 or self.output_channel < 0:
-            raise ValueError(
-                f"model spec {self.name!r}: output_index and output_channel must be >= 0"
-            )
+            raise ValueError(f"model spec {self.name!r}: output_index and output_channel must be >= 0")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], base: ModelSpec | None = None) -> ModelSpec:
@@ -143,17 +127,13 @@ def load_model_config(source: Path | str | Mapping[str, Any]) -> tuple[Path | No
             with open(source, "rb") as fh:
                 doc = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ProcessingFailed(
-                f"cannot read model config {str(source)!r}: {exc}", stage="segment"
-            ) from exc
+            raise ProcessingFailed(f"cannot read model config {str(source)!r}: {exc}", stage="segment") from exc
         table = doc.get("segment", {}).get("model", doc)
     values = dict(table)
     path = values.pop("path", None)
     base_name = values.pop("spec", "u2netp")
     if base_name not in KNOWN_SPECS:
-        raise ProcessingFailed(
-            f"unknown model spec {base_name!r}; known: {sorted(KNOWN_SPECS)}", stage="segment"
-        )
+        raise ProcessingFailed(f"unknown model spec {base_name!r}; known: {sorted(KNOWN_SPECS)}", stage="segment")
     base = KNOWN_SPECS[base_name]
     values.setdefault("name", base.name)
     try:
@@ -193,8 +173,7 @@ def output_to_probability(raw: Array, spec: ModelSpec, xp: Any) -> Array:
         a = a[:, spec.output_channel]
     if a.ndim != 3:
         raise ProcessingFailed(
-            f"model {spec.name!r}: output must be (N, C, h, w) or (N, h, w); "
-            f"got shape {tuple(raw.shape)}",
+            f"model {spec.name!r}: output must be (N, C, h, w) or (N, h, w); got shape {tuple(raw.shape)}",
             stage="segment",
         )
     a = a.astype(xp.float32)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from gpu_kernels.segment.fetch_model import model_cache_dir
+from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import U2NETP, ModelSpec, output_to_probability, preprocess
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops
@@ -127,22 +127,16 @@ class OnnxSegmenter:
     ) -> None:
         device = "gpu" if device in ("gpu", "cuda") else device
         if device not in ("cpu", "gpu"):
-            raise ProcessingFailed(
-                f"OnnxSegmenter: device must be 'cpu' or 'gpu', got {device!r}", stage=STAGE
-            )
+            raise ProcessingFailed(f"OnnxSegmenter: device must be 'cpu' or 'gpu', got {device!r}", stage=STAGE)
         self.device, self.device_id, self.spec = device, device_id, spec
         self.post = post or MaskPostprocess()
         self.io_binding = io_binding and device == "gpu"
         self._ops: ArrayOps = ops or (cupy_ops() if device == "gpu" else CpuOps())
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
-            raise ProcessingFailed(
-                f"model file {str(self.model_path)!r} does not exist", stage=STAGE
-            )
+            raise ProcessingFailed(f"model file {str(self.model_path)!r} does not exist", stage=STAGE)
         wanted = max_batch or DEFAULT_MAX_BATCH[device]
-        self._session: ort.InferenceSession | None = self._create_session(
-            threads, use_tensorrt, trt_cache_dir, wanted
-        )
+        self._session: ort.InferenceSession | None = self._create_session(threads, use_tensorrt, trt_cache_dir, wanted)
         session = self._live_session()
         inputs = session.get_inputs()
         names = [i.name for i in inputs]
@@ -171,6 +165,7 @@ class OnnxSegmenter:
                 )
             wanted = fixed
         self.buckets = batch_buckets(wanted)
+        self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"  # for the output events
         self.providers: list[str] = list(session.get_providers())
         if warmup:
             self.warm_up()
@@ -189,9 +184,7 @@ class OnnxSegmenter:
         try:
             session = ort.InferenceSession(str(self.model_path), opts, providers=providers)
         except ORT_ERRORS as exc:
-            raise ProcessingFailed(
-                f"cannot load model {str(self.model_path)!r}: {exc}", stage=STAGE
-            ) from exc
+            raise ProcessingFailed(f"cannot load model {str(self.model_path)!r}: {exc}", stage=STAGE) from exc
         if self.device == "gpu" and not {
             "CUDAExecutionProvider",
             "TensorrtExecutionProvider",
@@ -203,17 +196,13 @@ class OnnxSegmenter:
             )
         return session
 
-    def _gpu_providers(
-        self, use_tensorrt: bool, trt_cache_dir: Path | None, max_batch: int
-    ) -> list[Any]:
+    def _gpu_providers(self, use_tensorrt: bool, trt_cache_dir: Path | None, max_batch: int) -> list[Any]:
         if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from nvidia-* wheels, where they came so
             with contextlib.suppress(OSError, RuntimeError):
                 ort.preload_dlls()
         available = ort.get_available_providers()
         if "CUDAExecutionProvider" not in available:
-            raise ProcessingFailed(
-                f"device 'gpu' needs onnxruntime-gpu; this onnxruntime has {available}", stage=STAGE
-            )
+            raise ProcessingFailed(f"device 'gpu' needs onnxruntime-gpu; this onnxruntime has {available}", stage=STAGE)
         cuda = (
             "CUDAExecutionProvider",
             {"device_id": self.device_id, "cudnn_conv_algo_search": "EXHAUSTIVE"},
@@ -242,9 +231,7 @@ class OnnxSegmenter:
         xp = self._ops.xp
         for b in self.buckets:
             h, w = self.spec.input_size
-            self._infer(
-                xp.zeros((b, 3, h, w) if self.spec.layout == "NCHW" else (b, h, w, 3), xp.float32)
-            )
+            self._infer(xp.zeros((b, 3, h, w) if self.spec.layout == "NCHW" else (b, h, w, 3), xp.float32))
 
     # -- inference ---------------------------------------------------------------------------
     def _infer(self, x: Array) -> Array:
@@ -274,9 +261,7 @@ class OnnxSegmenter:
         x = cupy.ascontiguousarray(x, dtype=cupy.float32)
         cupy.cuda.get_current_stream().synchronize()  # x is complete before onnxruntime reads it
         binding = session.io_binding()
-        binding.bind_input(
-            self._input_name, "cuda", self.device_id, np.float32, tuple(x.shape), x.data.ptr
-        )
+        binding.bind_input(self._input_name, "cuda", self.device_id, np.float32, tuple(x.shape), x.data.ptr)
         binding.bind_output(self._output_name, "cuda", self.device_id)
         session.run_with_iobinding(binding)
         binding.synchronize_outputs()

@@ -106,9 +106,7 @@ class CpuOps:
         self.xp: Any = np
 
     def resize_image(self, img: Array, out_h: int, out_w: int) -> Array:
-        small = cv2.resize(
-            np.ascontiguousarray(img), (out_w, out_h), interpolation=_interp(img, out_h, out_w)
-        )
+        small = cv2.resize(np.ascontiguousarray(img), (out_w, out_h), interpolation=_interp(img, out_h, out_w))
         return small.astype(np.float32)
 
     def resize_map(self, a: Array, out_h: int, out_w: int) -> Array:
@@ -134,9 +132,7 @@ class CpuOps:
         )
 
     def keep_large_components(self, mask: Array, min_fraction: float) -> Array:
-        n, labels, stats, _ = cv2.connectedComponentsWithStats(
-            mask.astype(np.uint8), connectivity=8
-        )
+        n, labels, stats, _ = cv2.connectedComponentsWithStats(mask.astype(np.uint8), connectivity=8)
         if n <= 2 or min_fraction <= 0:
             return mask
         areas = stats[:, cv2.CC_STAT_AREA].copy()
@@ -197,14 +193,10 @@ class XpOps:
     def erode(self, mask: Array, radius: int) -> Array:
         if radius <= 0:
             return mask
-        return self.ndi.binary_erosion(
-            mask, structure=self.xp.asarray(disk(radius).astype(bool)), border_value=1
-        )
+        return self.ndi.binary_erosion(mask, structure=self.xp.asarray(disk(radius).astype(bool)), border_value=1)
 
     def blur(self, a: Array, sigma: float) -> Array:
-        return self.ndi.gaussian_filter(
-            a.astype(self.xp.float32, copy=False), sigma, mode="mirror", truncate=4.0
-        )
+        return self.ndi.gaussian_filter(a.astype(self.xp.float32, copy=False), sigma, mode="mirror", truncate=4.0)
 
     def keep_large_components(self, mask: Array, min_fraction: float) -> Array:
         xp = self.xp

@@ -36,13 +36,10 @@ class MaskPostprocess:
             raise ValueError(f"mask postprocess: threshold must be in (0, 1), got {self.threshold}")
         if self.erode_px < 0 or self.feather_px < 0:
             raise ValueError(
-                f"mask postprocess: erode_px and feather_px must be >= 0, "
-                f"got {self.erode_px}, {self.feather_px}"
+                f"mask postprocess: erode_px and feather_px must be >= 0, got {self.erode_px}, {self.feather_px}"
             )
         if not 0.0 <= self.min_component <= 1.0:
-            raise ValueError(
-                f"mask postprocess: min_component must be in [0, 1], got {self.min_component}"
-            )
+            raise ValueError(f"mask postprocess: min_component must be in [0, 1], got {self.min_component}")
 
 
 def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:

@@ -108,9 +108,7 @@ def make_composite(
     image = make_background(background, h, w)
     y0, x0 = (h - bh) // 2 + offset[0], (w - bw) // 2 + offset[1]
     if not (y0 >= 0 and y0 + bh <= h and x0 >= 0 and x0 + bw <= w):
-        raise ValueError(
-            f"composite {obj}/{shape}: box {bh}x{bw} at ({y0}, {x0}) leaves the {h}x{w} frame"
-        )
+        raise ValueError(f"composite {obj}/{shape}: box {bh}x{bw} at ({y0}, {x0}) leaves the {h}x{w} frame")
     region = image[y0 : y0 + bh, x0 : x0 + bw]
     region[cut] = crop[cut]
     mask = np.zeros((h, w), bool)
