@@ -92,7 +92,8 @@ class BatchProcessor:
             if not presets:
                 raise ProcessingFailed("event requests no presets", stage="presets")
             opts = event["retouch"]
-            options = RetouchOptions(background=opts["background"].lower(), lighting=opts["lighting"].lower())
+            options = RetouchOptions(background=opts["background"].lower(), lighting=opts["lighting"].lower(),
+                                     segmentation=opts["segmentation"].lower())
             with spans.span("fetch"):
                 data = fetch_source(event["source"], max_bytes=self.max_image_bytes, file_roots=self.file_roots)
         except LightboxError as exc:

@@ -24,20 +24,24 @@ def _retoucher(device: str) -> Retoucher:
     return CupyRetoucher() if device == "gpu" else CpuRetoucher()
 
 
-def _segmenter(settings: Settings, device: str) -> tuple[Segmenter | None, str]:
+def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segmenter | None, str]:
+    """(model, classical fallback, model version) as configured."""
     if settings.segmenter == "none":
-        return None, "none"
+        return None, None, "none"
     from gpu_kernels.segment import make_segmenter
 
-    seg = make_segmenter(settings.segmenter, device, model_path=settings.model_path)
-    return seg, getattr(seg, "version", settings.segmenter)
+    classical = make_segmenter("classical", device)
+    if settings.segmenter == "classical":
+        return None, classical, str(getattr(classical, "version", "classical"))
+    model = make_segmenter("model", device, model_path=settings.model_path)
+    return model, classical, str(getattr(model, "version", "model"))
 
 
 def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:
     """The pipeline and its model version string."""
     decoder = make_decoder(device, max_pixels=settings.max_pixels, max_bytes=settings.max_image_bytes)
-    segmenter, model_version = _segmenter(settings, device)
-    return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), segmenter), model_version
+    model, classical, model_version = _segmenters(settings, device)
+    return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), model, classical), model_version
 
 
 def build_processor(settings: Settings, device: str | None = None) -> BatchProcessor:

@@ -33,6 +33,7 @@ Array = Any  # numpy.ndarray on the CPU backend, cupy.ndarray on the GPU backend
 class RetouchOptions:
     background: Literal["white", "transparent", "keep"] = "white"
     lighting: Literal["auto", "off"] = "auto"
+    segmentation: Literal["auto", "model", "classical"] = "auto"  # auto: the model when configured
 
 
 @runtime_checkable

@@ -11,7 +11,7 @@ import functools
 import hashlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -87,10 +87,20 @@ class RetouchPipeline:
     """Runs one batch through the injected stages. Build one with ``gpu_kernels.build``."""
 
     def __init__(self, decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
-                 segmenter: Segmenter | None = None,
+                 segmenter: Segmenter | None = None, classical: Segmenter | None = None,
                  clock: Callable[[], int] = time.monotonic_ns) -> None:
-        self.decoder, self.retoucher, self.encoder, self.segmenter = decoder, retoucher, encoder, segmenter
+        """``segmenter`` is the model; ``classical`` the fallback for plain backgrounds, used for
+        events that ask for it and for every event when no model is configured."""
+        self.decoder, self.retoucher, self.encoder = decoder, retoucher, encoder
+        self.segmenter, self.classical = segmenter, classical
         self.clock = clock
+
+    def _segmenter_for(self, options: RetouchOptions) -> Segmenter | None:
+        if options.background == "keep":
+            return None
+        if options.segmentation == "classical" or self.segmenter is None:
+            return self.classical
+        return self.segmenter
 
     @property
     def device(self) -> str:
@@ -99,8 +109,9 @@ class RetouchPipeline:
     def close(self) -> None:
         self.decoder.close()
         self.encoder.close()
-        if self.segmenter is not None:
-            self.segmenter.close()
+        for seg in (self.segmenter, self.classical):
+            if seg is not None:
+                seg.close()
 
     def run_batch(self, jobs: Sequence[Job]) -> list[JobResult]:
         results = [JobResult() for _ in jobs]
@@ -133,15 +144,17 @@ class RetouchPipeline:
                                     if not isinstance(d, LightboxError)}
         live = [i for i in live if i in images]
 
-        # 3. segment, once per image (skipped for "keep" backgrounds)
+        # 3. segment, once per image, by the model or the classical fallback (none for "keep")
         masks: dict[int, Array | None] = {i: None for i in live}
-        seg_idx = [i for i in live if jobs[i].options.background != "keep"]
-        if self.segmenter is not None and seg_idx:
-            segmenter = self.segmenter
-            out = stage("segment", seg_idx,
-                        lambda idx: list(segmenter.segment_batch([images[i] for i in idx])), segmenter.device)
+        by_segmenter: dict[int, tuple[Segmenter, list[int]]] = {}
+        for i in live:
+            seg = self._segmenter_for(jobs[i].options)
+            if seg is not None:
+                by_segmenter.setdefault(id(seg), (seg, []))[1].append(i)
+        for seg, seg_idx in by_segmenter.values():
+            out = stage("segment", seg_idx, functools.partial(_segment, seg, images), seg.device)
             masks.update({i: m for i, m in zip(seg_idx, out, strict=True) if not isinstance(m, LightboxError)})
-            live = [i for i in live if results[i].ok]
+        live = [i for i in live if results[i].ok]
 
         # 4-5. colour + composite, one fused pass per image, grouped by options
         groups: dict[RetouchOptions, list[int]] = defaultdict(list)
@@ -195,6 +208,10 @@ class RetouchPipeline:
         if batch is not None:
             return list(batch(images, masks, preset))
         return _per_item(lambda k: self.retoucher.render(images[k], masks[k], preset), range(len(images)))
+
+
+def _segment(seg: Segmenter, images: Mapping[int, Array], idx: list[int]) -> list[object]:
+    return list(seg.segment_batch([images[i] for i in idx]))
 
 
 def _per_item(fn: Callable[[int], object], items: Iterable[int]) -> list[object]:

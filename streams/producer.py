@@ -71,10 +71,11 @@ class ImageProducer:
     def event(source: dict[str, Any], *, sku: str, image_id: str, presets: Sequence[str],
               merchant_id: str = "demo-merchant", content_type: str | None = None,
               background: str = "WHITE", lighting: str = "AUTO", priority: int = 0,
-              event_id: str | None = None) -> dict[str, Any]:
+              event_id: str | None = None, segmentation: str = "AUTO") -> dict[str, Any]:
         return {"event_id": event_id or str(uuid.uuid4()), "sku": sku, "image_id": image_id,
                 "merchant_id": merchant_id, "source": source, "content_type": content_type,
-                "presets": list(presets), "retouch": {"background": background.upper(), "lighting": lighting.upper()},
+                "presets": list(presets), "retouch": {"background": background.upper(), "lighting": lighting.upper(),
+                            "segmentation": segmentation.upper()},
                 "priority": priority, "created_at": time.time_ns() // 1_000_000}
 
     async def publish(self, event: dict[str, Any], *, traceparent: str | None = None) -> Awaitable[Any]:

@@ -44,3 +44,35 @@ def test_one_items_failure_leaves_its_batch_mates_whole(catalog: list[Path]) -> 
     render = next(s for s in jobs[0].spans.spans if s.stage == "preset:jd_main")
     assert decode.batch_size == 3 and render.batch_size == 3
     pipe.close()
+
+
+class CountingSegmenter:
+    """Wraps a real segmenter and counts the images it was given."""
+
+    def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+        self.inner, self.device, self.seen = inner, inner.device, 0
+
+    def segment_batch(self, images):  # type: ignore[no-untyped-def]
+        self.seen += len(images)
+        return self.inner.segment_batch(images)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_segmentation_is_chosen_per_event(catalog: list[Path]) -> None:
+    from gpu_kernels.segment import make_segmenter
+
+    model = CountingSegmenter(make_segmenter("classical", "cpu"))  # stands in for the model: counts only
+    classical = CountingSegmenter(make_segmenter("classical", "cpu"))
+    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), model, classical)
+    presets = load_presets().resolve(["thumb_webp"])
+    opts = [RetouchOptions(), RetouchOptions(segmentation="classical"), RetouchOptions(background="keep"),
+            RetouchOptions(segmentation="model")]
+    jobs = [Job(catalog[k].read_bytes(), presets, o, SpanRecorder()) for k, o in enumerate(opts)]
+    assert all(r.ok for r in pipe.run_batch(jobs))
+    assert (model.seen, classical.seen) == (2, 1)  # "keep" is not segmented at all
+    assert not any(s.stage == "segment" for s in jobs[2].spans.spans)
+    no_model = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), None, classical)
+    assert no_model.run_batch([Job(catalog[0].read_bytes(), presets, RetouchOptions(), SpanRecorder())])[0].ok
+    assert classical.seen == 2  # no model configured: the fallback serves "auto"

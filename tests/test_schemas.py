@@ -34,7 +34,7 @@ def test_every_event_round_trips_with_confluent_framing() -> None:
     assert data[0] == 0 and struct.unpack(">I", data[1:5])[0] == codecs.product.writer_id
     back = codecs.product.decode(data)
     assert back["sku"] == "SKU-1" and back["source"] == {"data": b"\xff\xd8jpeg"}
-    assert back["retouch"] == {"background": "WHITE", "lighting": "AUTO"}
+    assert back["retouch"] == {"background": "WHITE", "lighting": "AUTO", "segmentation": "AUTO"}
     assert int(back["created_at"].timestamp() * 1000) == ev["created_at"]
 
 
