@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gpu_kernels.backends import RetouchOptions
-from gpu_kernels.pipeline import Job, JobResult, RetouchPipeline, Variant
+from gpu_kernels.pipeline import Decoded, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
 from schemas.errors import LightboxError, ProcessingFailed
@@ -102,10 +102,24 @@ class BatchProcessor:
 
     # -- a batch of jobs -> one output per job --------------------------------------------------
     def run(self, batch: Sequence[Prepared]) -> list[OutRecord]:
+        return self.finish(batch, self.decode(batch))
+
+    def decode(self, batch: Sequence[Prepared]) -> Decoded | ProcessingFailed:
+        """The decode half of :meth:`run` (a runner overlaps it with the previous batch's finish)."""
         try:
-            results = self.pipeline.run_batch([p.job for p in batch])
+            return self.pipeline.decode([p.job for p in batch])
         except Exception as exc:  # the pipeline catches per item; this is the last line of defence
-            err = ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="pipeline")
+            return ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="decode")
+
+    def finish(self, batch: Sequence[Prepared], decoded: Decoded | ProcessingFailed) -> list[OutRecord]:
+        """Everything after decode, and one serialized output per item."""
+        try:
+            if isinstance(decoded, ProcessingFailed):
+                raise decoded
+            results = self.pipeline.finish(decoded)
+        except Exception as exc:
+            err = exc if isinstance(exc, LightboxError) else ProcessingFailed(f"{type(exc).__name__}: {exc}",
+                                                                              stage="pipeline")
             results = [JobResult(error=err) for _ in batch]
         out = []
         for p, res in zip(batch, results, strict=True):

@@ -6,8 +6,9 @@ after its processed event or dead letter is acknowledged by the brokers (acks=al
 producer). Bounded in flight: at most ``max_in_flight`` inputs are held; past that ``submit``
 waits, the agent stops pulling, and Faust pauses the partitions' fetch.
 
-Double buffering: the device thread works on one batch while the event loop keeps preparing
-(fetching) the next items and the batcher keeps filling; at most one closed batch waits.
+Double buffering: while the device thread finishes batch N (segment, retouch, render, encode),
+the decode thread decodes batch N+1 and the event loop keeps fetching and filling the batcher;
+at most one closed batch waits for decode and one decoded batch waits for the device.
 """
 
 from __future__ import annotations
@@ -66,8 +67,10 @@ class BatchRunner:
         self.stats = RunnerStats()
         self._slots = asyncio.Semaphore(max_in_flight)
         self._ready: asyncio.Queue[Batch[tuple[Prepared, Any, Ack]]] = asyncio.Queue(maxsize=1)
+        self._decoded: asyncio.Queue[tuple[Sequence[tuple[Prepared, Any, Ack]], Any, float]] = asyncio.Queue(maxsize=1)
         self._wake = asyncio.Event()
         self._device = ThreadPoolExecutor(1, thread_name_prefix="lightbox-device")
+        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode")
         self._io = ThreadPoolExecutor(2, thread_name_prefix="lightbox-io")
         self._tasks: list[asyncio.Task[None]] = []
         self._sends: set[asyncio.Task[None]] = set()
@@ -76,6 +79,7 @@ class BatchRunner:
     async def start(self) -> None:
         await self.sink.start()
         self._tasks = [asyncio.create_task(self._timer_loop(), name="lightbox-batch-timer"),
+                       asyncio.create_task(self._decode_loop(), name="lightbox-decode-loop"),
                        asyncio.create_task(self._device_loop(), name="lightbox-device-loop")]
 
     async def submit(self, event: Any, ack: Ack) -> None:
@@ -104,16 +108,27 @@ class BatchRunner:
             for batch in self.batcher.poll(self.clock()):
                 await self._ready.put(batch)
 
-    async def _device_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+    async def _decode_loop(self) -> None:
         while True:
             batch = await self._ready.get()
-            await self._run(loop, batch.items)
+            await self._decoded.put(await self._decode(batch.items))
 
-    async def _run(self, loop: asyncio.AbstractEventLoop, items: Sequence[tuple[Prepared, Any, Ack]]) -> None:
+    async def _device_loop(self) -> None:
+        while True:
+            await self._finish(*await self._decoded.get())
+
+    async def _decode(self, items: Sequence[tuple[Prepared, Any, Ack]]) -> tuple[Sequence[Any], Any, float]:
+        loop = asyncio.get_running_loop()
         t0 = self.clock()
-        outs = await loop.run_in_executor(self._device, self.processor.run, [p for p, _, _ in items])
-        self.batcher.record_service(len(items), self.clock() - t0)
+        decoded = await loop.run_in_executor(self._decoder, self.processor.decode, [p for p, _, _ in items])
+        return items, decoded, self.clock() - t0
+
+    async def _finish(self, items: Sequence[tuple[Prepared, Any, Ack]], decoded: Any, decode_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        t0 = self.clock()
+        outs = await loop.run_in_executor(self._device, self.processor.finish, [p for p, _, _ in items], decoded)
+        # the batch's service time: its decode plus its device work (they overlap other batches)
+        self.batcher.record_service(len(items), decode_s + self.clock() - t0)
         self._wake.set()  # a new service estimate can move deadlines
         self.stats.batches += 1
         self.stats.batch_items += len(items)
@@ -141,19 +156,27 @@ class BatchRunner:
             self._slots.release()
 
     async def drain(self, timeout_s: float = 30.0) -> None:
-        """Graceful stop: run what the batcher holds, wait for its outputs, then stop."""
-        loop = asyncio.get_running_loop()
+        """Graceful stop: run what the batcher and the queues hold, wait for their outputs.
+
+        A batch caught inside the decode or device thread at this moment is not waited for: its
+        inputs stay unacknowledged, so the partition's next owner processes them again (same
+        event ids and bytes)."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        decoded = []
+        while not self._decoded.empty():
+            decoded.append(self._decoded.get_nowait())
         pending = []
         while not self._ready.empty():
             pending.append(self._ready.get_nowait())
         pending.extend(self.batcher.flush())
         try:
             async with asyncio.timeout(timeout_s):
+                for args in decoded:
+                    await self._finish(*args)
                 for batch in pending:
-                    await self._run(loop, batch.items)
+                    await self._finish(*await self._decode(batch.items))
                 if self._sends:
                     await asyncio.gather(*list(self._sends), return_exceptions=True)
         except TimeoutError:
@@ -162,5 +185,6 @@ class BatchRunner:
     async def stop(self) -> None:
         await self.sink.stop()
         self._device.shutdown(wait=False, cancel_futures=True)
+        self._decoder.shutdown(wait=False, cancel_futures=True)
         self._io.shutdown(wait=False, cancel_futures=True)
         self.processor.pipeline.close()

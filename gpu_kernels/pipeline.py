@@ -21,7 +21,7 @@ from gpu_kernels.presets import Preset
 from gpu_kernels.spans import Span, SpanRecorder
 from schemas.errors import LightboxError, ProcessingFailed
 
-__all__ = ["Job", "JobResult", "Quality", "RetouchPipeline", "Variant"]
+__all__ = ["Decoded", "Job", "JobResult", "Quality", "RetouchPipeline", "Variant"]
 
 
 @dataclass(slots=True)
@@ -83,6 +83,39 @@ def measure_quality(mask: Array | None, first: Array) -> Quality:
     return Quality(coverage, float(border.mean() / 255.0), sharp)
 
 
+class _Batch:
+    """One batch's jobs and results, and the per-stage bookkeeping shared by all stages."""
+
+    def __init__(self, jobs: Sequence[Job], results: list[JobResult], clock: Callable[[], int]) -> None:
+        self.jobs, self.results, self.clock = jobs, results, clock
+
+    def stage(self, name: str, idx: list[int], fn: Callable[[list[int]], list[object]], device: str) -> list[object]:
+        """Run ``fn`` over items ``idx``; record one span per item; catch per-item failures."""
+        start = self.clock()
+        try:
+            out = fn(idx)
+        except LightboxError as exc:
+            out = [exc] * len(idx)
+        except Exception as exc:  # a stage bug must not take the batch-mates down with it
+            out = [ProcessingFailed(f"{type(exc).__name__}: {exc}", stage=name)] * len(idx)
+        end = self.clock()
+        for i, o in zip(idx, out, strict=True):
+            self.jobs[i].spans.add(name, start, end, batch_size=len(idx), device=device)
+            if isinstance(o, LightboxError):
+                if not o.stage:
+                    o.stage = name
+                self.results[i].error = o
+        return out
+
+
+@dataclass(slots=True)
+class Decoded:
+    """A batch after decode: the images that decoded, by item index (the rest carry errors)."""
+
+    batch: _Batch
+    images: dict[int, Array]
+
+
 class RetouchPipeline:
     """Runs one batch through the injected stages. Build one with ``gpu_kernels.build``."""
 
@@ -114,35 +147,25 @@ class RetouchPipeline:
                 seg.close()
 
     def run_batch(self, jobs: Sequence[Job]) -> list[JobResult]:
-        results = [JobResult() for _ in jobs]
-        live = list(range(len(jobs)))
+        """All stages for one batch; results in input order."""
+        return self.finish(self.decode(jobs))
 
-        def stage(name: str, idx: list[int], fn: Callable[[list[int]], list[object]], device: str) -> list[object]:
-            """Run ``fn`` over items ``idx``; record one span per item; catch per-item failures."""
-            start = self.clock()
-            try:
-                out = fn(idx)
-            except LightboxError as exc:
-                out = [exc] * len(idx)
-            except Exception as exc:  # a stage bug must not take the batch-mates down with it
-                out = [ProcessingFailed(f"{type(exc).__name__}: {exc}", stage=name)] * len(idx)
-            end = self.clock()
-            for i, o in zip(idx, out, strict=True):
-                jobs[i].spans.add(name, start, end, batch_size=len(idx), device=device)
-                if isinstance(o, LightboxError):
-                    if not o.stage:
-                        o.stage = name
-                    results[i].error = o
-            return out
-
-        # 2. decode, once per image, at the size the largest preset needs
+    def decode(self, jobs: Sequence[Job]) -> Decoded:
+        """Step 2 alone, so a runner can decode the next batch while this one finishes."""
+        batch = _Batch(jobs, [JobResult() for _ in jobs], self.clock)
+        # decode once per image, at the size the largest preset needs
         max_side = max((max(p.width, p.height) for j in jobs for p in j.presets), default=None)
-        decoded = stage("decode", live,
-                        lambda idx: list(self.decoder.decode_batch([jobs[i].data for i in idx], max_side=max_side)),
-                        self.decoder.device)
-        images: dict[int, Array] = {i: d for i, d in zip(live, decoded, strict=True)
-                                    if not isinstance(d, LightboxError)}
-        live = [i for i in live if i in images]
+        idx = list(range(len(jobs)))
+        out = batch.stage("decode", idx,
+                          lambda ix: list(self.decoder.decode_batch([jobs[i].data for i in ix], max_side=max_side)),
+                          self.decoder.device)
+        return Decoded(batch, {i: d for i, d in zip(idx, out, strict=True) if not isinstance(d, LightboxError)})
+
+    def finish(self, decoded: Decoded) -> list[JobResult]:
+        """Steps 3-7 for a decoded batch."""
+        batch, images = decoded.batch, decoded.images
+        jobs, results, stage = batch.jobs, batch.results, batch.stage
+        live = [i for i in range(len(jobs)) if i in images]
 
         # 3. segment, once per image, by the model or the classical fallback (none for "keep")
         masks: dict[int, Array | None] = {i: None for i in live}
