@@ -1,0 +1,500 @@
+"""QPS–latency of adaptive micro-batching vs fixed batch sizes, on a real broker and the real
+CPU pipeline (issue 6, "Benchmark").
+
+    PYTHONPATH=. .venv/bin/python bench/bench_batching.py [--quick] [--seconds S] [--seed 6]
+        [--presets jd_main,thumb_webp] [--segmenter classical] [--max-side 800] [--out bench/results]
+
+About 11 minutes on a 2-core machine (``--quick``: about 4). The sample catalog
+(:func:`streams.samples.make_catalog`, 1.2-1.9 MP photos) is shrunk to ``--max-side`` pixels
+(0 keeps it) so a shared 2-core CPU does a few images/s and each point gets enough events.
+
+One local Kafka broker for the whole benchmark; every run gets a fresh ``lightbox worker``
+process (``LIGHTBOX_DEVICE=cpu``) on fresh, uniquely named topics and consumer group.
+
+1. Capacity (closed loop): an adaptive worker gets a backlog of events at once; capacity is the
+   steady-state output rate (outputs 20 %..100 % of the backlog over their append times).
+2. Open loop: Poisson arrivals (seeded per load level, so every config sees the same arrival
+   times and images) at 25 / 50 / 90 / 120 % of capacity (``--quick``: 25 and 120 %) for
+   ``LIGHTBOX_FIXED_BATCH`` 1, 4, 16 and the adaptive controller (all with
+   ``LIGHTBOX_MAX_BATCH=16``). Arrival windows: 40 / 25 / 20 / 20 s (quick: 20 / 12 s; so
+   the light loads get enough events for a p99). Warm-up events are published first, waited
+   for and excluded.
+   End-to-end latency of an event = the processed record's broker append time (the output
+   topic is created with ``message.timestamp.type=LogAppendTime``) minus the event's
+   ``created_at`` (set when the benchmark sends it; one machine, one wall clock). Throughput =
+   measured outputs / (last append - first created_at). A run waits for all its outputs.
+3. Writes ``<out>/bench_batching.json`` (every figure, the goal ratios) and
+   ``<out>/bench_batching.png`` (p50 and p99 vs offered load, one line per config).
+
+A benchmark, not a test: it asserts nothing and reports what it measured (the machine is
+shared; the load average is recorded per run). Outputs under bench/results/ are not committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from schemas.events import EventCodecs
+from streams.demo import WorkerProcess
+from streams.kafka_local import LocalKafka
+from streams.producer import ImageProducer
+from streams.samples import make_catalog
+
+__all__ = ["CONFIGS", "RunResult", "main", "summarize"]
+
+# name -> worker environment on top of the common one
+CONFIGS: dict[str, dict[str, str]] = {
+    "fixed-1": {"LIGHTBOX_FIXED_BATCH": "1"},
+    "fixed-4": {"LIGHTBOX_FIXED_BATCH": "4"},
+    "fixed-16": {"LIGHTBOX_FIXED_BATCH": "16"},
+    "adaptive": {},
+}
+MAX_BATCH = 16
+PARTITIONS = 4
+LOG_APPEND_TIME = 1  # aiokafka ConsumerRecord.timestamp_type
+
+
+@dataclass
+class RunResult:
+    """One worker run. Times in ms, rates in images/s."""
+
+    config: str
+    load: float | None  # share of capacity; None for the capacity run
+    offered_per_s: float | None
+    events: int
+    outputs: int
+    dead_letters: int
+    missing: int
+    throughput_per_s: float
+    latency_ms: dict[str, float]
+    worker_latency_ms_p50: float  # ProcessedImageEvent.latency_us (created_at -> produce), for reference
+    mean_batch: float
+    batch_sizes: dict[str, int]
+    drain_s: float  # last output appended - last event created: grows with the backlog under overload
+    wall_s: float
+    startup_s: float  # worker start until the warm-up outputs arrived
+    load_average_1min: float
+    timestamp_types: list[int] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------------ plumbing
+async def create_topics(bootstrap: str, names: dict[str, str]) -> None:
+    """The run's four topics; the output's timestamps are the brokers' append times."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        append = {"message.timestamp.type": "LogAppendTime"}
+        await admin.create_topics([
+            NewTopic(names[k], PARTITIONS, 1, topic_configs=append if k == "output" else {})
+            for k in ("input", "backfill", "output", "dlq")])
+    finally:
+        await admin.close()
+
+
+class OutputReader:
+    """Reads a run's output and dead-letter topics from the start, in the background."""
+
+    def __init__(self, bootstrap: str, output: str, dlq: str, codecs: EventCodecs) -> None:
+        self.codecs, self.output = codecs, output
+        self.consumer = AIOKafkaConsumer(output, dlq, bootstrap_servers=bootstrap, group_id=None,
+                                         enable_auto_commit=False, auto_offset_reset="earliest",
+                                         max_partition_fetch_bytes=64 << 20, fetch_max_bytes=128 << 20)
+        self.processed: dict[str, dict[str, Any]] = {}  # source event id -> figures
+        self.dead: list[str | None] = []
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        self._task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        while True:
+            batch = await self.consumer.getmany(timeout_ms=100, max_records=200)
+            for records in batch.values():
+                for r in records:
+                    if r.topic == self.output:
+                        ev = self.codecs.processed.decode(r.value)
+                        decode = next((s for s in ev["spans"] if s["stage"] == "decode"), None)
+                        self.processed[ev["source_event_id"]] = {
+                            "appended_ms": r.timestamp, "timestamp_type": r.timestamp_type,
+                            "worker_latency_ms": ev["latency_us"] / 1000,
+                            "batch": decode["batch_size"] if decode else 0}
+                    else:
+                        self.dead.append(self.codecs.dead_letter.decode(r.value)["source_event_id"])
+            if batch:
+                self.changed.set()
+
+    async def wait_for(self, ids: set[str], timeout_s: float, alive: Any) -> bool:
+        """Until every id in ``ids`` has an output (or a dead letter), the worker dies, or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while not ids <= (self.processed.keys() | set(self.dead)):
+            if time.monotonic() > deadline or not alive():
+                return False
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), 1.0)
+        return True
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.consumer.stop()
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
+    a = np.asarray(values, dtype=float)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "max": float(a.max()), "n": int(a.size)}
+
+
+# ------------------------------------------------------------------------------------ one run
+@dataclass(frozen=True)
+class Bench:
+    bootstrap: str
+    images: list[bytes]
+    names: list[str]
+    presets: list[str]
+    segmenter: str
+    workdir: Path
+    warmup: int
+    drain_s: float
+    start_timeout_s: float
+
+
+async def one_run(b: Bench, config: str, schedule: Sequence[tuple[float, int]], *, load: float | None,
+                  offered: float | None, closed_loop: bool = False) -> RunResult:
+    """A fresh worker on fresh topics; ``schedule``: (seconds after start, image index) per event."""
+    tag = f"{config}-{'cap' if load is None else int(load * 100)}-{uuid.uuid4().hex[:6]}"
+    topics = {k: f"bench.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
+    await create_topics(b.bootstrap, topics)
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": b.bootstrap, "LIGHTBOX_GROUP_ID": f"bench-{tag}",
+           "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
+           "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
+           "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(b.workdir / "data" / tag),
+           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": b.segmenter, "LIGHTBOX_MAX_BATCH": str(MAX_BATCH),
+           "LIGHTBOX_WORKER_ID": f"bench-{tag}", **CONFIGS[config]}
+    worker = WorkerProcess(env, b.workdir / "logs" / f"{tag}.log").start()
+    codecs = EventCodecs.create()
+    reader = OutputReader(b.bootstrap, topics["output"], topics["dlq"], codecs)
+    t_wall = time.monotonic()
+    try:
+        await reader.start()
+        async with ImageProducer(b.bootstrap, topics["input"], codecs=codecs) as prod:
+            def event(i: int, warm: bool = False) -> dict[str, Any]:
+                return prod.event({"data": b.images[i]}, sku=f"{'WARM' if warm else 'SKU'}-{i}",
+                                  image_id=b.names[i], presets=b.presets)
+
+            # warm-up: the worker joins its group, loads the pipeline, sees a few batches
+            warm = [event(i % len(b.images), warm=True) for i in range(b.warmup)]
+            await prod.flush([await prod.publish(ev) for ev in warm])
+            if not await reader.wait_for({ev["event_id"] for ev in warm}, b.start_timeout_s, worker.running):
+                raise RuntimeError(f"{tag}: warm-up outputs did not arrive; worker log:\n{worker.log_tail()}")
+            startup_s = time.monotonic() - t_wall
+
+            created: dict[str, int] = {}
+            futs = []
+            t0 = time.monotonic()
+            for at, idx in schedule:
+                delay = t0 + at - time.monotonic()
+                if delay > 0 and not closed_loop:
+                    await asyncio.sleep(delay)
+                ev = event(idx)
+                created[ev["event_id"]] = ev["created_at"]
+                futs.append(await prod.publish(ev))
+            await prod.flush(futs)
+            done = await reader.wait_for(set(created), b.drain_s, worker.running)
+        load_avg = os.getloadavg()[0]
+    finally:
+        await reader.stop()
+        worker.stop()
+    if not done:
+        print(f"  ! {tag}: not every output arrived; worker log tail:\n{worker.log_tail(10)}", flush=True)
+    return summarize(config, load, offered, created, reader.processed, reader.dead,
+                     wall_s=time.monotonic() - t_wall, startup_s=startup_s, load_avg=load_avg,
+                     closed_loop=closed_loop)
+
+
+def summarize(config: str, load: float | None, offered: float | None, created: dict[str, int],
+              processed: dict[str, dict[str, Any]], dead: Sequence[str | None], *, wall_s: float,
+              startup_s: float, load_avg: float, closed_loop: bool = False) -> RunResult:
+    """Figures of one run from ``created`` (event id -> created_at ms) and the outputs read."""
+    outs = {eid: processed[eid] for eid in created if eid in processed}
+    lat = [outs[eid]["appended_ms"] - created[eid] for eid in outs]
+    appended = sorted(o["appended_ms"] for o in outs.values())
+    if closed_loop and len(appended) >= 5:  # steady state: skip the first fifth (first batches)
+        k = len(appended) // 5
+        thr = (len(appended) - 1 - k) / max(1e-3, (appended[-1] - appended[k]) / 1000)
+    elif appended:
+        thr = len(appended) / max(1e-3, (appended[-1] - min(created.values())) / 1000)
+    else:
+        thr = 0.0
+    drain_s = (appended[-1] - max(created.values())) / 1000 if appended else float("nan")
+    sizes: dict[str, int] = {}
+    for o in outs.values():
+        sizes[str(o["batch"])] = sizes.get(str(o["batch"]), 0) + 1
+    n_dead = sum(1 for d in dead if d in created)
+    return RunResult(
+        config=config, load=load, offered_per_s=offered, events=len(created), outputs=len(outs),
+        dead_letters=n_dead, missing=len(created) - len(outs) - n_dead, throughput_per_s=thr,
+        latency_ms=percentiles(lat),
+        worker_latency_ms_p50=percentiles([o["worker_latency_ms"] for o in outs.values()])["p50"],
+        # per item: the size of the batch each image ran in (so mean over images, not batches)
+        mean_batch=float(np.mean([o["batch"] for o in outs.values()])) if outs else 0.0,
+        batch_sizes=dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))), drain_s=drain_s, wall_s=wall_s,
+        startup_s=startup_s, load_average_1min=load_avg,
+        timestamp_types=sorted({o["timestamp_type"] for o in outs.values()}))
+
+
+def shrink(files: list[Path], max_side: int) -> list[Path]:
+    """Downscale each image in place (same format) so its longer side is at most ``max_side``."""
+    from PIL import Image
+
+    if max_side <= 0:
+        return files
+    for f in files:
+        with Image.open(f) as im:
+            fmt = im.format
+            im.load()
+            small = im.copy()
+        small.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+        small.save(f, format=fmt, **({"quality": 90} if fmt in ("JPEG", "WEBP") else {}))
+    return files
+
+
+def megapixels(files: list[Path]) -> float:
+    from PIL import Image
+
+    sizes = []
+    for f in files:
+        with Image.open(f) as im:
+            sizes.append(im.size[0] * im.size[1] / 1e6)
+    return float(np.mean(sizes))
+
+
+def git_state() -> dict[str, Any]:
+    """The commit the workers ran, and whether the worker's code differed from it."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
+
+    dirty = git("status", "--porcelain", "--", "agents", "streams", "gpu_kernels", "schemas")
+    return {"commit": git("rev-parse", "HEAD"), "worker_code_dirty": bool(dirty)}
+
+
+def poisson_schedule(rate: float, seconds: float, n_images: int, seed: int) -> list[tuple[float, int]]:
+    """Arrival times (s) of a Poisson process of ``rate``/s over ``seconds``, conditioned on its
+    expected count ``n = round(rate * seconds)`` (so the offered rate is the nominal one even in
+    short windows): given ``n`` arrivals, a Poisson process's times are ``n`` sorted uniform
+    draws. Each arrival gets a random image index."""
+    rng = np.random.default_rng(seed)
+    n = max(1, round(rate * seconds))
+    times = np.sort(rng.uniform(0.0, seconds, size=n))
+    return [(float(t), int(i)) for t, i in zip(times, rng.integers(0, n_images, size=n), strict=True)]
+
+
+# ------------------------------------------------------------------------------------ report
+def goals(runs: list[RunResult]) -> dict[str, Any]:
+    def get(config: str, load: float) -> RunResult | None:
+        return next((r for r in runs if r.config == config and r.load == load), None)
+
+    out: dict[str, Any] = {}
+    sat = [r for r in runs if r.load == 1.2 and r.config != "adaptive"]
+    ad = get("adaptive", 1.2)
+    if sat and ad:
+        best = max(sat, key=lambda r: r.throughput_per_s)
+        ratio = ad.throughput_per_s / best.throughput_per_s
+        out["adaptive_vs_best_fixed_throughput_at_120"] = {
+            "ratio": ratio, "goal": ">= 0.9", "met": ratio >= 0.9, "best_fixed": best.config,
+            "adaptive_per_s": ad.throughput_per_s, "best_fixed_per_s": best.throughput_per_s}
+    one, ad25 = get("fixed-1", 0.25), get("adaptive", 0.25)
+    if one and ad25:
+        ratio = ad25.latency_ms["p99"] / one.latency_ms["p99"]
+        out["adaptive_p99_vs_batch1_p99_at_25"] = {
+            "ratio": ratio, "goal": "<= 1.25", "met": ratio <= 1.25,
+            "adaptive_p99_ms": ad25.latency_ms["p99"], "batch1_p99_ms": one.latency_ms["p99"]}
+    return out
+
+
+def plot(runs: list[RunResult], capacity: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.9), gridspec_kw={"width_ratios": [1, 1, 0.8]})
+    styles = {"fixed-1": ("tab:blue", "o"), "fixed-4": ("tab:orange", "s"),
+              "fixed-16": ("tab:green", "^"), "adaptive": ("tab:red", "D")}
+    series = {c: sorted((r for r in runs if r.config == c and r.load is not None), key=lambda r: r.load or 0)
+              for c in styles}
+    ms = FuncFormatter(lambda v, _: f"{v / 1000:g} s" if v >= 1000 else f"{v:g} ms")
+    lo = min((r.latency_ms[q] for rs in series.values() for r in rs for q in ("p50", "p99")), default=1.0)
+    hi = max((r.latency_ms[q] for rs in series.values() for r in rs for q in ("p50", "p99")), default=1e4)
+    for ax, what in zip(axes, ("p50", "p99", "throughput"), strict=True):
+        for config, (color, marker) in styles.items():
+            rs = series[config]
+            ys = [r.throughput_per_s if what == "throughput" else r.latency_ms[what] for r in rs]
+            if rs:
+                ax.plot([r.offered_per_s for r in rs], ys, marker=marker, color=color,
+                        lw=2.4 if config == "adaptive" else 1.4, label=config, alpha=0.9)
+        ax.axvline(capacity, color="grey", ls="--", lw=1)
+        ax.text(capacity, 0.02, f" capacity {capacity:.2f}/s", transform=ax.get_xaxis_transform(),
+                va="bottom", fontsize=8, color="grey")
+        ax.set_xlabel("offered load (images/s, Poisson)")
+        ax.grid(True, which="both", alpha=0.3)
+        secax = ax.secondary_xaxis("top", functions=(lambda x: 100 * x / capacity, lambda p: p * capacity / 100))
+        secax.set_xlabel("% of measured capacity", fontsize=8)
+        if what == "throughput":
+            top = max([capacity, *(r.offered_per_s or 0 for rs in series.values() for r in rs)]) * 1.1
+            ax.plot([0, top], [0, top], color="grey", lw=0.8, ls=":", label="= offered")
+            ax.set_xlim(0, top)
+            ax.set_ylim(0, top)
+            ax.set_ylabel("throughput (images/s)")
+            ax.set_title("throughput")
+            ax.legend(fontsize=8, loc="upper left")
+        else:
+            ax.set_yscale("log")
+            ax.set_ylim(lo / 1.3, hi * 1.3)
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(ms)
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.set_ylabel("end-to-end latency (log scale)")
+            ax.set_title(f"{what} latency (created_at → output appended)")
+    axes[0].legend(title="batch size", fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------ main
+def line(r: RunResult, i: int, n: int) -> str:
+    where = "capacity" if r.load is None else f"{r.load:4.0%} = {r.offered_per_s:5.2f}/s"
+    lat = r.latency_ms
+    return (f"[{i:2d}/{n}] {r.config:9s} {where:>16s}  thr {r.throughput_per_s:5.2f}/s  "
+            f"p50 {lat['p50']:7.0f} ms  p99 {lat['p99']:7.0f} ms  batch {r.mean_batch:4.1f}  "
+            f"n={r.outputs}/{r.events}{f' dead={r.dead_letters}' if r.dead_letters else ''}"
+            f"{f' MISSING={r.missing}' if r.missing else ''}  drain {r.drain_s:4.1f} s  "
+            f"({r.wall_s:.0f} s, load {r.load_average_1min:.1f})")
+
+
+async def bench(args: argparse.Namespace) -> dict[str, Any]:
+    windows = {0.25: 20.0, 1.2: 12.0} if args.quick else {0.25: 40.0, 0.5: 25.0, 0.9: 20.0, 1.2: 20.0}
+    if args.seconds:
+        windows = dict.fromkeys(windows, args.seconds)
+    loads = tuple(windows)
+    cap_events = args.capacity_events or (30 if args.quick else 60)
+    workdir = Path(tempfile.mkdtemp(prefix="lightbox-bench-batching-"))
+    files = shrink(make_catalog(workdir / "catalog", args.images), args.max_side)
+    mp = megapixels(files)
+    git_at_start = git_state()  # workers run the working tree: note if it changes under the run
+    t_start = time.monotonic()
+    kafka = LocalKafka.start()
+    print(f"broker {kafka.bootstrap} up; catalog {len(files)} images "
+          f"({sum(f.stat().st_size for f in files) / len(files) / 1e6:.2f} MB avg); work dir {workdir}", flush=True)
+    b = Bench(kafka.bootstrap, [f.read_bytes() for f in files], [f.name for f in files],
+              args.presets.split(","), args.segmenter, workdir, args.warmup, args.drain_s, 180.0)
+    runs: list[RunResult] = []
+    n = 1 + len(loads) * len(CONFIGS)
+    try:
+        rng = np.random.default_rng(args.seed)
+        backlog = [(0.0, int(i)) for i in rng.integers(0, len(files), cap_events)]
+        cap = await one_run(b, "adaptive", backlog, load=None, offered=None, closed_loop=True)
+        runs.append(cap)
+        capacity = cap.throughput_per_s
+        print(line(cap, 1, n), flush=True)
+        i = 1
+        for li, load in enumerate(loads):
+            rate = load * capacity
+            schedule = poisson_schedule(rate, windows[load], len(files), args.seed * 100 + li)
+            for config in CONFIGS:
+                i += 1
+                r = await one_run(b, config, schedule, load=load, offered=len(schedule) / windows[load])
+                runs.append(r)
+                print(line(r, i, n), flush=True)
+    finally:
+        kafka.stop()
+        if args.keep:
+            print(f"work dir kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    open_runs = [r for r in runs if r.load is not None]
+    return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
+        "git": {"start": git_at_start, "end": git_state()},
+        "setup": {"device": "cpu", "segmenter": args.segmenter, "presets": b.presets, "max_batch": MAX_BATCH,
+                  "partitions": PARTITIONS, "images": len(files), "max_side": args.max_side,
+                  "image_megapixels_mean": mp, "seed": args.seed,
+                  "arrival_window_s": {f"{int(k * 100)}%": v for k, v in windows.items()},
+                  "warmup_events": args.warmup, "capacity_backlog": cap_events, "loads": list(loads),
+                  "latency": "output LogAppendTime - created_at (ms)", "quick": args.quick},
+        "capacity_per_s": capacity,
+        "capacity_run": asdict(cap),
+        "runs": [asdict(r) for r in open_runs],
+        "goals": goals(open_runs),
+        "total_s": time.monotonic() - t_start,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    p.add_argument("--quick", action="store_true", help="loads 25 and 120 %% only, shorter runs (~3-4 min)")
+    p.add_argument("--seconds", type=float, default=None, help="one arrival window for every load (smoke runs)")
+    p.add_argument("--max-side", type=int, default=800, help="shrink catalog images to this side (0: keep)")
+    p.add_argument("--capacity-events", type=int, default=None, help="backlog for capacity (default 60, quick 30)")
+    p.add_argument("--warmup", type=int, default=6, help="warm-up events per run (excluded)")
+    p.add_argument("--drain-s", type=float, default=120.0, help="longest wait for a run's last outputs")
+    p.add_argument("--images", type=int, default=16, help="catalog images (cycled at random)")
+    p.add_argument("--presets", default="jd_main,thumb_webp")
+    p.add_argument("--segmenter", default="classical", choices=("classical", "model", "none"))
+    p.add_argument("--seed", type=int, default=6)
+    p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
+    p.add_argument("--keep", action="store_true", help="keep the work dir (worker logs)")
+    args = p.parse_args(argv)
+    # fresh topics make aiokafka log transient NotLeaderForPartition errors while leaders settle
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    result = asyncio.run(bench(args))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_batching.json").write_text(json.dumps(result, indent=2))
+    runs = [RunResult(**r) for r in result["runs"]]
+    title = (f"lightbox worker on CPU ({result['machine']['cpu_count']} cores, shared), segmenter "
+             f"{args.segmenter}, presets {args.presets}, images <= {args.max_side or 'full'} px; "
+             f"Poisson arrivals; capacity {result['capacity_per_s']:.2f} img/s")
+    plot(runs, result["capacity_per_s"], args.out / "bench_batching.png", title)
+    print(json.dumps(result["goals"], indent=2))
+    print(f"wrote {args.out / 'bench_batching.json'} and {args.out / 'bench_batching.png'} "
+          f"({result['total_s']:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
