@@ -185,7 +185,8 @@ def tail(
     dead_letters: Annotated[bool, typer.Option("--dlq", help="tail the dead-letter topic instead")] = False,
     save: Annotated[Path | None, typer.Option(help="write inline variants into this folder")] = None,
 ) -> None:
-    """Print processed events as a table (sku, variants, per-stage ms), or dead letters with --dlq."""
+    """Print processed events as a table (sku, variants, milliseconds per stage, end to end), or
+    dead letters (code, source record, stage, reason) with --dlq."""
     from streams.consume import read_events
 
     settings = Settings()
@@ -193,13 +194,15 @@ def tail(
     stop_after = count if count is not None else None
 
     async def go() -> None:
+        shown = 0
         async for kind, ev in read_events(_bootstrap(bootstrap), [topic], from_beginning=from_beginning,
                                           limit=stop_after, idle_s=idle or None):
             if kind == "dead_letter":
                 console.print(f"[red]{ev['error_code']}[/] {ev['original']['topic']}:{ev['original']['partition']}:"
                               f"{ev['original']['offset']} {ev['stage']}: {ev['message']}")
                 continue
-            console.print(event_row(ev))
+            console.print(event_table(ev, header=not shown))
+            shown += 1
             if save:
                 save_variants(ev, save)
 
@@ -207,13 +210,24 @@ def tail(
         asyncio.run(go())
 
 
-def event_row(ev: dict[str, Any]) -> str:
+TAIL_STAGES = ("decode", "segment", "correct", "render", "encode")  # fetch and produce: see `report`
+
+
+def event_table(ev: dict[str, Any], *, header: bool) -> Table:
+    """One processed event as a table row (fixed widths, so rows printed one by one line up)."""
     from streams.report import per_event_stage_ms
 
     stages = per_event_stage_ms(ev)
-    variants = ", ".join(f"{v['preset']} {v['width']}x{v['height']}" for v in ev["variants"])
-    timing = " ".join(f"{k}={v:.1f}" for k, v in stages.items())
-    return f"[bold]{ev['sku']}[/]  {variants}  [dim]{timing} ms  e2e={ev['latency_us'] / 1000:.0f} ms[/]"
+    table = Table(show_header=header, box=None, pad_edge=False, collapse_padding=True, padding=(0, 1))
+    table.add_column("sku", width=18, no_wrap=True, style="bold")
+    table.add_column("variants", width=10, no_wrap=True, overflow="ellipsis")
+    for s in TAIL_STAGES:  # milliseconds
+        table.add_column(s, justify="right", width=7)
+    table.add_column("e2e ms", justify="right", width=6)
+    variants = f"{len(ev['variants'])}: " + " ".join(f"{v['width']}" for v in ev["variants"])
+    table.add_row(ev["sku"], variants, *(f"{stages.get(s, 0.0):.1f}" for s in TAIL_STAGES),
+                  f"{ev['latency_us'] / 1000:.0f}")
+    return table
 
 
 def save_variants(ev: dict[str, Any], folder: Path) -> list[Path]:

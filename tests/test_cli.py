@@ -78,3 +78,36 @@ def test_produce_then_tail(kafka_bootstrap: str, catalog: list[Path], settings, 
     events = asyncio.run(read())
     assert sorted(e["sku"] for e in events) == sorted(p.stem for p in catalog[:2])
     assert all(e["presets"] == ["jd_main"] and e["source"]["data"] for e in events)
+
+
+@pytest.mark.kafka
+def test_tail_prints_processed_events_as_table_rows(kafka_bootstrap: str, settings) -> None:  # type: ignore[no-untyped-def]
+    import time
+
+    from aiokafka import AIOKafkaProducer
+
+    from schemas.events import EventCodecs
+
+    event = {"event_id": "p-1", "source_event_id": "s-1", "sku": "SKU-TAIL-1", "image_id": "i", "merchant_id": "m",
+             "variants": [{"preset": "jd_main", "width": 800, "height": 800, "format": "jpeg", "data": b"x",
+                           "uri": None, "sha256": "0" * 64, "size": 1}],
+             "quality": {"subject_coverage": 0.5, "background_whiteness": 1.0, "sharpness": 3.0},
+             "spans": [{"stage": "decode", "start_us": 0, "duration_us": 12_340, "batch_size": 2, "device": "cpu"},
+                       {"stage": "preset:jd_main", "start_us": 20_000, "duration_us": 56_780, "batch_size": 2,
+                        "device": "cpu"}],
+             "latency_us": 432_000, "worker_id": "w", "model_version": "m", "pipeline_version": "0",
+             "processed_at": int(time.time() * 1000)}
+
+    async def publish() -> None:
+        prod = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
+        await prod.start()
+        await prod.send_and_wait(settings.output_topic, EventCodecs.create().processed.encode(event))
+        await prod.stop()
+
+    asyncio.run(publish())
+    result = runner.invoke(app, ["tail", "--from-beginning", "-n", "1", "--bootstrap", kafka_bootstrap],
+                           env={"LIGHTBOX_OUTPUT_TOPIC": settings.output_topic, "COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    header, row = [line.split() for line in result.output.strip().splitlines()[:2]]
+    assert header[:3] == ["sku", "variants", "decode"]
+    assert row[0] == "SKU-TAIL-1" and "12.3" in row and "56.8" in row and row[-1] == "432"
