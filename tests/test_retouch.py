@@ -392,6 +392,21 @@ def test_render_fused_equals_unfused_bit_exactly(preset: Preset) -> None:
         assert np.array_equal(fused, unfused), name
 
 
+@pytest.mark.parametrize("preset", [
+    Preset("flat", 640, 480, fill=0.3, sharpen=0.0),                          # no unsharp mask
+    Preset("padded", 300, 900, format="png", background="transparent", fill=0.2),  # empty bands
+])
+def test_render_fast_paths_equal_unfused_bit_exactly(preset: Preset) -> None:
+    """The CPU twin's shortcuts (sharpen 0 skipped, bands wholly in the pad filled) change no
+    bit; a small subject in a corner leaves whole bands of the canvas empty."""
+    image, hard = product_shot()
+    corner = np.zeros_like(hard)
+    corner[500:560, 20:90] = 255
+    r = CpuRetoucher()
+    for mask in (soft_mask(hard), corner):
+        assert np.array_equal(r.render(image, mask, preset), r.render_unfused(image, mask, preset))
+
+
 # -- the CUDA source, compiled for the CPU --------------------------------------------------------
 
 PRELUDE = r"""

@@ -132,22 +132,149 @@ def correct_reference(
     return out
 
 
+def _gain_runs(h: int, gh: int, stride: int, band_rows: int) -> list[tuple[int, int, int, int]]:
+    """Bands ``(y_start, y_stop, j0, j1)`` of image rows that read the same two rows ``j0, j1``
+    of the gain columns (the ``y0``/``y1`` of :func:`gain_rows`, same float32 formulas), at most
+    ``band_rows`` rows each."""
+    gy = np.minimum(np.arange(h, dtype=np.float32) / np.float32(stride), np.float32(gh - 1))
+    y0 = gy.astype(np.int32)
+    y1 = np.minimum(y0 + 1, gh - 1)
+    cuts = np.flatnonzero(np.diff(y0)) + 1
+    bands = []
+    for start, stop in zip([0, *cuts.tolist()], [*cuts.tolist(), h], strict=True):
+        for a in range(start, stop, band_rows):
+            bands.append((a, min(stop, a + band_rows), int(y0[a]), int(y1[a])))
+    return bands
+
+
+def _band_gain(cols3: np.ndarray, band: tuple[int, int, int, int], stride: int) -> np.ndarray:
+    """:func:`gain_rows` for one band of :func:`_gain_runs` on the gain columns repeated per
+    channel: ``(rows, 3 * width)`` float32, the same operations on the same values."""
+    y_start, y_stop, j0, j1 = band
+    gh = cols3.shape[0]
+    ys = np.arange(y_start, y_stop, dtype=np.float32)
+    gy = np.minimum(ys / np.float32(stride), np.float32(gh - 1))
+    fy = (gy - np.float32(j0))[:, None]
+    g: np.ndarray = cols3[j0] * (np.float32(1) - fy)
+    g += cols3[j1] * fy
+    return g
+
+
+def _tone_pairs(plan: ColorPlan) -> np.ndarray | None:
+    """The tone table as ``(n - 1,)`` float64 *bit containers* of ``(lut[i], lut[i+1] - lut[i])``
+    float32 pairs, so one 8-byte gather fetches both (same float32 values as
+    :func:`apply_tone_lut`)."""
+    if plan.lut is None:
+        return None
+    lut = np.asarray(plan.lut, np.float32)
+    pairs = np.empty((lut.shape[0] - 1, 2), np.float32)
+    pairs[:, 0] = lut[:-1]
+    pairs[:, 1] = lut[1:] - lut[:-1]
+    return pairs.view(np.float64).reshape(-1)
+
+
+def _levels(src: np.ndarray, plan: ColorPlan, wb3: np.ndarray, cols3: np.ndarray | None,
+            pairs: np.ndarray | None, band: tuple[int, int, int, int]) -> np.ndarray:
+    """Colour-corrected float32 levels ``(rows, 3 * width)`` of uint8 ``src`` ``(rows, width,
+    1|3|4)``: the float32 operations of :func:`white_balance_stage`, :func:`illumination_stage`
+    and :func:`tone_stage`, in the same order (flattened channels, no broadcast on the last axis).
+    """
+    rows, width, c = src.shape
+    if c == 3:
+        v = src.reshape(rows, width * 3).astype(np.float32)
+    else:
+        v = np.empty((rows, width, 3), np.float32)
+        v[...] = src[..., :1] if c == 1 else src[..., :3]
+        v = v.reshape(rows, width * 3)
+    v *= wb3
+    if cols3 is not None:
+        v *= _band_gain(cols3, band, plan.stride)
+    if pairs is None or plan.lut_scale is None:
+        return v
+    t = v
+    t *= np.asarray(plan.lut_scale, np.float32)[0]
+    # i = min(int(t), n - 2) (t >= 0; truncation commutes with the min against an integer)
+    i = np.minimum(t, np.float32(pairs.shape[0] - 1)).astype(np.int32)
+    f = i.astype(np.float32)
+    np.subtract(t, f, out=f)
+    lo_d = np.take(pairs, i.astype(np.intp), mode="clip").view(np.float32).reshape(rows, -1, 2)
+    f *= lo_d[..., 1]
+    f += lo_d[..., 0]
+    return f
+
+
+def _round_into(dst: np.ndarray, v: np.ndarray) -> None:
+    """``dst[...] = round_levels(v)`` for float32 ``v`` (clobbered): ``clip(v + 0.5, 0, 255)``
+    truncated equals ``clip(floor(v + 0.5), 0, 255)`` for every float (NaN included)."""
+    v += np.float32(0.5)
+    np.clip(v, np.float32(0), np.float32(255), out=v)
+    np.copyto(dst, v.reshape(dst.shape), casting="unsafe")
+
+
+def _live_columns(alpha: np.ndarray) -> tuple[int, int]:
+    """``[c0, c1)``: the columns of ``alpha`` ``(rows, width)`` holding any non-zero value."""
+    cols: np.ndarray = np.asarray(alpha.any(axis=0))
+    if not bool(cols.any()):
+        return 0, 0
+    return int(cols.argmax()), int(cols.shape[0] - cols[::-1].argmax())
+
+
 def correct_fused_cpu(
     pixels: np.ndarray, alpha: np.ndarray | None, plan: ColorPlan, background: Background,
-    band_rows: int = 128,
+    band_rows: int = 16,
 ) -> np.ndarray:
     """Pass (a) on the CPU: all stages per band of ``band_rows`` rows (cache-sized temporaries).
 
-    Returns ``(H, W, 3)`` uint8, or ``(H, W, 4)`` for a transparent background.
+    Returns ``(H, W, 3)`` uint8, or ``(H, W, 4)`` for a transparent background; bit-identical
+    to :func:`correct_reference`. A white composite computes the colour only where it shows:
+    alpha 0 gives exactly 255 (``y * 0 + 255 * 1``, ``y`` finite) and alpha 255 gives
+    ``round(y)`` (``y * 1 + 255 * 0``), so the blend runs on the soft edge pixels alone and
+    columns without any alpha in a band are filled with 255.
     """
     h, w = pixels.shape[:2]
-    out = np.empty((h, w, 4 if background == "transparent" else 3), np.uint8)
-    cols = None if plan.gain_map is None else gain_columns(np, plan.gain_map, w, plan.stride)
-    for y0 in range(0, h, band_rows):
-        y1 = min(h, y0 + band_rows)
-        v = white_balance_stage(np, pixels[y0:y1], plan.wb)
-        if cols is not None:
-            v *= gain_rows(np, cols, y0, y1, plan.stride)[..., None]
-        y = tone_stage(np, v, plan)
-        out[y0:y1] = composite(np, y, None if alpha is None else alpha[y0:y1], background)
+    transparent = background == "transparent"
+    white = background == "white" and alpha is not None
+    out = np.empty((h, w, 4 if transparent else 3), np.uint8)
+    wb3 = np.tile(np.asarray(plan.wb, np.float32), w)
+    cols3 = None if plan.gain_map is None else np.repeat(
+        gain_columns(np, plan.gain_map, w, plan.stride), 3, axis=1)
+    pairs = _tone_pairs(plan)
+    bands = [(y, min(h, y + band_rows), 0, 0) for y in range(0, h, band_rows)] \
+        if cols3 is None else _gain_runs(h, cols3.shape[0], plan.stride, band_rows)
+    for band in bands:
+        y0, y1 = band[:2]
+        if not white:
+            y = _levels(pixels[y0:y1], plan, wb3, cols3, pairs, band)
+            if transparent:
+                rgb = np.empty((y1 - y0, w, 3), np.uint8)
+                _round_into(rgb, y)
+                out[y0:y1, :, :3] = rgb
+                out[y0:y1, :, 3] = 255 if alpha is None else alpha[y0:y1]
+            else:
+                _round_into(out[y0:y1], y)
+            continue
+        assert alpha is not None
+        a = alpha[y0:y1]
+        c0, c1 = _live_columns(a)
+        out[y0:y1, :c0] = 255
+        out[y0:y1, c1:] = 255
+        if c1 <= c0:
+            continue
+        a = a[:, c0:c1]
+        dst = out[y0:y1, c0:c1]
+        sub = pixels[y0:y1, c0:c1]
+        y = _levels(sub, plan, wb3[: 3 * (c1 - c0)],
+                    None if cols3 is None else cols3[:, 3 * c0:3 * c1], pairs, band)
+        edge = (a != 0) & (a != 255)
+        ey, ex = np.nonzero(edge)
+        if ey.size:
+            ae = a[ey, ex].astype(np.float32) / np.float32(255)
+            ye = y.reshape(y1 - y0, c1 - c0, 3)[ey, ex]
+            blend = ye * ae[:, None] + np.float32(255) * (np.float32(1) - ae)[:, None]
+        _round_into(dst, y)
+        dst[a == 0] = 255
+        if ey.size:
+            rounded = np.empty(blend.shape, np.uint8)
+            _round_into(rounded, blend)
+            dst[ey, ex] = rounded
     return out
