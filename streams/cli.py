@@ -356,6 +356,10 @@ def demo(
 def main() -> None:
     import logging
 
+    # The retouch twins' small matrix products gain nothing from BLAS threads and lose a lot when
+    # those threads fight the decode and device threads for the cores (must precede numpy's import).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
     # aiokafka warns about topics that do not exist *yet* (they are created a moment later)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     app()
