@@ -4,7 +4,7 @@ CPU pipeline (issue 6, "Benchmark").
     PYTHONPATH=. .venv/bin/python bench/bench_batching.py [--quick] [--seconds S] [--seed 6]
         [--presets jd_main,thumb_webp] [--segmenter classical] [--max-side 800] [--out bench/results]
 
-About 11 minutes on a 2-core machine (``--quick``: about 4). The sample catalog
+About 10 minutes on a 2-core machine (``--quick``: about 4). The sample catalog
 (:func:`streams.samples.make_catalog`, 1.2-1.9 MP photos) is shrunk to ``--max-side`` pixels
 (0 keeps it) so a shared 2-core CPU does a few images/s and each point gets enough events.
 
@@ -23,11 +23,15 @@ process (``LIGHTBOX_DEVICE=cpu``) on fresh, uniquely named topics and consumer g
    topic is created with ``message.timestamp.type=LogAppendTime``) minus the event's
    ``created_at`` (set when the benchmark sends it; one machine, one wall clock). Throughput =
    measured outputs / (last append - first created_at). A run waits for all its outputs.
+   The config order is rotated per load level so slow drift of the machine spreads out.
 3. Writes ``<out>/bench_batching.json`` (every figure, the goal ratios) and
-   ``<out>/bench_batching.png`` (p50 and p99 vs offered load, one line per config).
+   ``<out>/bench_batching.png`` (p50 and p99 latency and throughput vs offered load, one line
+   per config).
 
-A benchmark, not a test: it asserts nothing and reports what it measured (the machine is
-shared; the load average is recorded per run). Outputs under bench/results/ are not committed.
+A benchmark, not a test: it asserts nothing and reports what it measured. The machine is
+shared: per run it records the worker's CPU time per image (robust to contention) and the mean
+number of cores other processes kept busy (``other_cpu_cores``); a run with a high value was
+slowed down by someone else. Outputs under bench/results/ are not committed.
 """
 
 from __future__ import annotations
@@ -96,6 +100,12 @@ class RunResult:
     wall_s: float
     startup_s: float  # worker start until the warm-up outputs arrived
     load_average_1min: float
+    # CPU over the measured window (first event sent .. last output read), from /proc: the worker's
+    # CPU time per image (contention-robust: what batching saves or costs), and the mean number of
+    # cores busy with processes other than the worker, the broker and this benchmark (the machine
+    # is shared; its other users slow runs down unpredictably).
+    worker_cpu_ms_per_image: float = float("nan")
+    other_cpu_cores: float = float("nan")
     timestamp_types: list[int] = field(default_factory=list)
 
 
@@ -173,10 +183,47 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
             "p99": float(np.percentile(a, 99)), "max": float(a.max()), "n": int(a.size)}
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its reaped children (0 if gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / _TICK  # utime stime cutime cstime
+
+
+def _busy_s() -> float:
+    """CPU seconds all cores spent not idle since boot."""
+    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / _TICK  # minus idle and iowait; guest is in user
+
+
+class CpuMeter:
+    """CPU used between construction and :meth:`read` by the worker, and by everything else."""
+
+    def __init__(self, worker_pid: int, broker_pid: int) -> None:
+        self.pids = {"worker": worker_pid, "broker": broker_pid, "bench": os.getpid()}
+        self.start = self._sample()
+
+    def _sample(self) -> dict[str, float]:
+        return {"wall": time.monotonic(), "busy": _busy_s(), **{k: _proc_cpu_s(p) for k, p in self.pids.items()}}
+
+    def read(self) -> dict[str, float]:
+        end = self._sample()
+        d = {k: end[k] - self.start[k] for k in end}
+        others = d["busy"] - d["worker"] - d["broker"] - d["bench"]
+        return {"worker_s": d["worker"], "broker_s": d["broker"], "bench_s": d["bench"],
+                "other_cores": max(0.0, others) / max(1e-3, d["wall"])}
+
+
 # ------------------------------------------------------------------------------------ one run
 @dataclass(frozen=True)
 class Bench:
     bootstrap: str
+    broker_pid: int
     images: list[bytes]
     names: list[str]
     presets: list[str]
@@ -219,6 +266,8 @@ async def one_run(b: Bench, config: str, schedule: Sequence[tuple[float, int]], 
 
             created: dict[str, int] = {}
             futs = []
+            assert worker.proc is not None
+            meter = CpuMeter(worker.proc.pid, b.broker_pid)
             t0 = time.monotonic()
             for at, idx in schedule:
                 delay = t0 + at - time.monotonic()
@@ -229,6 +278,7 @@ async def one_run(b: Bench, config: str, schedule: Sequence[tuple[float, int]], 
                 futs.append(await prod.publish(ev))
             await prod.flush(futs)
             done = await reader.wait_for(set(created), b.drain_s, worker.running)
+            cpu = meter.read()
         load_avg = os.getloadavg()[0]
     finally:
         await reader.stop()
@@ -237,12 +287,13 @@ async def one_run(b: Bench, config: str, schedule: Sequence[tuple[float, int]], 
         print(f"  ! {tag}: not every output arrived; worker log tail:\n{worker.log_tail(10)}", flush=True)
     return summarize(config, load, offered, created, reader.processed, reader.dead,
                      wall_s=time.monotonic() - t_wall, startup_s=startup_s, load_avg=load_avg,
-                     closed_loop=closed_loop)
+                     cpu=cpu, closed_loop=closed_loop)
 
 
 def summarize(config: str, load: float | None, offered: float | None, created: dict[str, int],
               processed: dict[str, dict[str, Any]], dead: Sequence[str | None], *, wall_s: float,
-              startup_s: float, load_avg: float, closed_loop: bool = False) -> RunResult:
+              startup_s: float, load_avg: float, cpu: dict[str, float] | None = None,
+              closed_loop: bool = False) -> RunResult:
     """Figures of one run from ``created`` (event id -> created_at ms) and the outputs read."""
     outs = {eid: processed[eid] for eid in created if eid in processed}
     lat = [outs[eid]["appended_ms"] - created[eid] for eid in outs]
@@ -268,7 +319,9 @@ def summarize(config: str, load: float | None, offered: float | None, created: d
         mean_batch=float(np.mean([o["batch"] for o in outs.values()])) if outs else 0.0,
         batch_sizes=dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))), drain_s=drain_s, wall_s=wall_s,
         startup_s=startup_s, load_average_1min=load_avg,
-        timestamp_types=sorted({o["timestamp_type"] for o in outs.values()}))
+        timestamp_types=sorted({o["timestamp_type"] for o in outs.values()}),
+        worker_cpu_ms_per_image=1000 * cpu["worker_s"] / max(1, len(outs)) if cpu else float("nan"),
+        other_cpu_cores=cpu["other_cores"] if cpu else float("nan"))
 
 
 def shrink(files: list[Path], max_side: int) -> list[Path]:
@@ -332,7 +385,10 @@ def goals(runs: list[RunResult]) -> dict[str, Any]:
         ratio = ad.throughput_per_s / best.throughput_per_s
         out["adaptive_vs_best_fixed_throughput_at_120"] = {
             "ratio": ratio, "goal": ">= 0.9", "met": ratio >= 0.9, "best_fixed": best.config,
-            "adaptive_per_s": ad.throughput_per_s, "best_fixed_per_s": best.throughput_per_s}
+            "adaptive_per_s": ad.throughput_per_s, "best_fixed_per_s": best.throughput_per_s,
+            # contention-robust companions: the worker's CPU per image, the machine's other load
+            "cpu_ms_per_image": {r.config: r.worker_cpu_ms_per_image for r in [*sat, ad]},
+            "other_cpu_cores": {r.config: r.other_cpu_cores for r in [*sat, ad]}}
     one, ad25 = get("fixed-1", 0.25), get("adaptive", 0.25)
     if one and ad25:
         ratio = ad25.latency_ms["p99"] / one.latency_ms["p99"]
@@ -402,7 +458,7 @@ def line(r: RunResult, i: int, n: int) -> str:
             f"p50 {lat['p50']:7.0f} ms  p99 {lat['p99']:7.0f} ms  batch {r.mean_batch:4.1f}  "
             f"n={r.outputs}/{r.events}{f' dead={r.dead_letters}' if r.dead_letters else ''}"
             f"{f' MISSING={r.missing}' if r.missing else ''}  drain {r.drain_s:4.1f} s  "
-            f"({r.wall_s:.0f} s, load {r.load_average_1min:.1f})")
+            f"cpu/img {r.worker_cpu_ms_per_image:4.0f} ms  others {r.other_cpu_cores:3.1f} cores  ({r.wall_s:.0f} s)")
 
 
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -419,7 +475,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     kafka = LocalKafka.start()
     print(f"broker {kafka.bootstrap} up; catalog {len(files)} images "
           f"({sum(f.stat().st_size for f in files) / len(files) / 1e6:.2f} MB avg); work dir {workdir}", flush=True)
-    b = Bench(kafka.bootstrap, [f.read_bytes() for f in files], [f.name for f in files],
+    b = Bench(kafka.bootstrap, kafka.pid, [f.read_bytes() for f in files], [f.name for f in files],
               args.presets.split(","), args.segmenter, workdir, args.warmup, args.drain_s, 180.0)
     runs: list[RunResult] = []
     n = 1 + len(loads) * len(CONFIGS)
@@ -434,7 +490,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         for li, load in enumerate(loads):
             rate = load * capacity
             schedule = poisson_schedule(rate, windows[load], len(files), args.seed * 100 + li)
-            for config in CONFIGS:
+            names = list(CONFIGS)
+            for config in names[li % len(names):] + names[:li % len(names)]:  # rotate: spread drift
                 i += 1
                 r = await one_run(b, config, schedule, load=load, offered=len(schedule) / windows[load])
                 runs.append(r)
