@@ -9,15 +9,15 @@ agent only moves these records between Kafka and this class.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
 from gpu_kernels.backends import RetouchOptions
+from gpu_kernels.codec.sniff import ImageInfo, sniff
 from gpu_kernels.pipeline import Decoded, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
@@ -25,7 +25,7 @@ from schemas.errors import LightboxError, ProcessingFailed
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
 from streams.fetch import fetch_source
 
-__all__ = ["BatchProcessor", "InRecord", "OutRecord", "Prepared"]
+__all__ = ["BatchProcessor", "InRecord", "OutRecord", "Prepared", "resolution_bin"]
 
 Headers = list[tuple[str, bytes | None]]
 PASS_HEADERS = ("traceparent", "tracestate")
@@ -54,16 +54,28 @@ class OutRecord:
     error_code: str | None = None
 
 
+def resolution_bin(width: int, height: int) -> int:
+    """The longer side's bin: 0 up to 1024 px, 1 up to 2048, 2 up to 4096, 3 beyond."""
+    longer = max(width, height)
+    return next((i for i, edge in enumerate((1024, 2048, 4096)) if longer <= edge), 3)
+
+
 @dataclass(slots=True)
 class Prepared:
     record: InRecord
     event: dict[str, Any]
     job: Job
+    info: ImageInfo
 
     @property
-    def shape_class(self) -> tuple[str, ...]:
-        """Items that may share a batch: same preset set (resolution bins come with the decoder)."""
-        return tuple(p.name for p in self.job.presets)
+    def shape_class(self) -> tuple[int, tuple[str, ...]]:
+        """Items that may share a batch: same resolution bin and same preset set."""
+        return resolution_bin(self.info.width, self.info.height), tuple(p.name for p in self.job.presets)
+
+    @property
+    def nbytes(self) -> int:
+        """Decoded size, for the batcher's memory budget."""
+        return self.info.pixels * (4 if self.info.has_alpha else 3)
 
 
 def _now_ms() -> int:
@@ -73,11 +85,12 @@ def _now_ms() -> int:
 class BatchProcessor:
     def __init__(self, pipeline: RetouchPipeline, presets: PresetBook, codecs: EventCodecs, *,
                  worker_id: str, pipeline_version: str, model_version: str = "none",
-                 max_image_bytes: int = 40 << 20, file_roots: Sequence[Path] = (),
+                 max_image_bytes: int = 40 << 20, max_pixels: int = 64_000_000, file_roots: Sequence[Path] = (),
                  output_dir: Path | None = None, wall_ms: Callable[[], int] = _now_ms) -> None:
         self.pipeline, self.presets, self.codecs = pipeline, presets, codecs
         self.worker_id, self.pipeline_version, self.model_version = worker_id, pipeline_version, model_version
-        self.max_image_bytes, self.file_roots, self.output_dir = max_image_bytes, file_roots, output_dir
+        self.max_image_bytes, self.max_pixels = max_image_bytes, max_pixels
+        self.file_roots, self.output_dir = file_roots, output_dir
         self.wall_ms = wall_ms
 
     # -- one record -> a job or a dead letter ------------------------------------------------
@@ -94,11 +107,12 @@ class BatchProcessor:
             opts = event["retouch"]
             options = RetouchOptions(background=opts["background"].lower(), lighting=opts["lighting"].lower(),
                                      segmentation=opts["segmentation"].lower())
-            with spans.span("fetch"):
+            with spans.span("fetch"):  # the bytes, and what their header says (guards run here)
                 data = fetch_source(event["source"], max_bytes=self.max_image_bytes, file_roots=self.file_roots)
+                info = sniff(data, self.max_image_bytes, self.max_pixels)
         except LightboxError as exc:
             return self.dead_letter(rec, exc, event)
-        return Prepared(rec, event, Job(data, presets, options, spans))
+        return Prepared(rec, event, Job(data, presets, options, spans), info)
 
     # -- a batch of jobs -> one output per job --------------------------------------------------
     def run(self, batch: Sequence[Prepared]) -> list[OutRecord]:
@@ -191,11 +205,3 @@ class BatchProcessor:
         kept = [(k, v) for k, v in (rec.headers or []) if k in PASS_HEADERS]
         src = f"{rec.topic}:{rec.partition}:{rec.offset}".encode()
         return [*kept, ("lightbox-source", src)]
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def utc_ms(dt: datetime | None = None) -> int:
-    return int((dt or datetime.now(UTC)).timestamp() * 1000)

@@ -93,7 +93,7 @@ class BatchRunner:
             self._spawn_send([(prepared, event, ack)])
             return
         closed = self.batcher.add((prepared, event, ack), prepared.shape_class, self.clock(),
-                                  nbytes=len(prepared.job.data))
+                                  nbytes=prepared.nbytes)
         for batch in closed:
             await self._ready.put(batch)
         self._wake.set()

@@ -50,4 +50,5 @@ def build_processor(settings: Settings, device: str | None = None) -> BatchProce
     return BatchProcessor(
         pipeline, load_presets(settings.presets_file), EventCodecs.create(FileSchemaStore(settings.schema_store)),
         worker_id=settings.worker_id, pipeline_version=PIPELINE_VERSION, model_version=model_version,
-        max_image_bytes=settings.max_image_bytes, file_roots=settings.file_roots, output_dir=settings.output_dir)
+        max_image_bytes=settings.max_image_bytes, max_pixels=settings.max_pixels,
+        file_roots=settings.file_roots, output_dir=settings.output_dir)

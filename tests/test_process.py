@@ -125,3 +125,22 @@ def test_output_dir_turns_variants_into_content_addressed_uris(catalog: list[Pat
     for v in ev["variants"]:
         assert v["data"] is None and v["uri"].startswith("file://") and v["sha256"] in v["uri"]
         assert Path(v["uri"][len("file://"):]).stat().st_size == v["size"]
+
+
+def test_shape_class_bins_resolution_and_preset_set(processor: BatchProcessor, catalog: list[Path]) -> None:
+    from agents.process import resolution_bin
+
+    assert [resolution_bin(w, h) for w, h in ((800, 600), (1024, 10), (1025, 900), (3000, 4000), (6000, 4000))] == [
+        0, 0, 1, 2, 3]
+    a = processor.prepare(record(event_bytes(catalog[0])))
+    b = processor.prepare(record(event_bytes(catalog[0], presets=["jd_main"])))
+    assert isinstance(a, Prepared) and isinstance(b, Prepared)
+    assert a.shape_class[0] == b.shape_class[0] == resolution_bin(a.info.width, a.info.height)
+    assert a.shape_class != b.shape_class  # another preset set, another bucket
+    assert a.nbytes == a.info.width * a.info.height * (4 if a.info.has_alpha else 3)
+
+
+def test_header_guards_run_before_batching(processor: BatchProcessor, bad_files: dict[str, Path]) -> None:
+    """A pixel bomb is refused when the record is prepared: it never takes a batch slot."""
+    out = processor.prepare(record(event_bytes(bad_files["pixel-bomb.png"])))
+    assert isinstance(out, OutRecord) and out.error_code == "TOO_LARGE"
