@@ -7,6 +7,7 @@ from gpu_kernels.backends import Retoucher, Segmenter
 from gpu_kernels.codec import make_decoder, make_encoder
 from gpu_kernels.pipeline import RetouchPipeline
 from gpu_kernels.presets import load_presets
+from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
 from schemas.codec import FileSchemaStore
 from schemas.events import EventCodecs
 from streams.settings import PIPELINE_VERSION, Settings
@@ -15,12 +16,6 @@ __all__ = ["build_pipeline", "build_processor"]
 
 
 def _retoucher(device: str) -> Retoucher:
-    try:
-        from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
-    except ImportError:
-        from gpu_kernels.plain import PlainRetoucher
-
-        return PlainRetoucher()
     return CupyRetoucher() if device == "gpu" else CpuRetoucher()
 
 
