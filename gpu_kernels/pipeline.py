@@ -18,7 +18,7 @@ import numpy as np
 
 from gpu_kernels.backends import Array, Decoder, Encoder, Retoucher, RetouchOptions, Segmenter
 from gpu_kernels.presets import Preset
-from gpu_kernels.spans import Span, SpanRecorder
+from gpu_kernels.spans import SpanRecorder
 from schemas.errors import LightboxError, ProcessingFailed
 
 __all__ = ["Decoded", "Job", "JobResult", "Quality", "RetouchPipeline", "Variant"]
@@ -246,7 +246,3 @@ def _per_item(fn: Callable[[int], object], items: Iterable[int]) -> list[object]
         except LightboxError as exc:
             out.append(exc)
     return out
-
-
-def spans_records(spans: Sequence[Span]) -> list[dict[str, object]]:
-    return [s.as_record() for s in spans]

@@ -71,10 +71,6 @@ def stage_table(events: Iterable[Mapping[str, Any]]) -> tuple[list[StageStats], 
                   "mean_ms": float(arr.mean())}
 
 
-def stage_total_ms(rows: Sequence[StageStats]) -> float:
-    return sum(r.mean_ms for r in rows)
-
-
 def draw_stage_chart(events: Sequence[Mapping[str, Any]], out_png: str | Path) -> Path:
     """A horizontal bar chart of mean ms per stage with p50–p99 whiskers, as a PNG."""
     import matplotlib
