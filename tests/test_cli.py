@@ -81,7 +81,7 @@ def test_produce_then_tail(kafka_bootstrap: str, catalog: list[Path], settings, 
 
 
 @pytest.mark.kafka
-def test_tail_prints_processed_events_as_table_rows(kafka_bootstrap: str, settings) -> None:  # type: ignore[no-untyped-def]
+def test_tail_and_report_read_processed_events(kafka_bootstrap: str, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     import time
 
     from aiokafka import AIOKafkaProducer
@@ -111,3 +111,10 @@ def test_tail_prints_processed_events_as_table_rows(kafka_bootstrap: str, settin
     header, row = [line.split() for line in result.output.strip().splitlines()[:2]]
     assert header[:3] == ["sku", "variants", "decode"]
     assert row[0] == "SKU-TAIL-1" and "12.3" in row and "56.8" in row and row[-1] == "432"
+
+    png = tmp_path / "report.png"
+    result = runner.invoke(app, ["report", "--idle", "3", "--png", str(png), "--bootstrap", kafka_bootstrap],
+                           env={"LIGHTBOX_OUTPUT_TOPIC": settings.output_topic, "COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert "decode" in result.output and "render" in result.output and "1 processed images" in result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
