@@ -79,15 +79,20 @@ def draw_stage_chart(events: Sequence[Mapping[str, Any]], out_png: str | Path) -
     import matplotlib.pyplot as plt
 
     rows, e2e = stage_table(events)
-    fig, ax = plt.subplots(figsize=(8, 0.5 * len(rows) + 1.6))
-    names = [r.stage for r in rows][::-1]
-    means = [r.mean_ms for r in rows][::-1]
-    lo = [max(0.0, r.mean_ms - r.p50_ms) for r in rows][::-1]
-    hi = [max(0.0, r.p99_ms - r.mean_ms) for r in rows][::-1]
-    ax.barh(names, means, xerr=[lo, hi], color="#4c72b0", capsize=3)
-    for y, r in enumerate(rows[::-1]):
-        ax.text(r.mean_ms, y, f"  {r.mean_ms:.1f} ms ({r.share:.0%})", va="center", fontsize=8)
-    ax.set_xlabel("ms per image (bar: mean; whisker: p50 to p99)")
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(rows) + 1.8))
+    ys = np.arange(len(rows))[::-1]
+    ax.barh(ys + 0.2, [r.mean_ms for r in rows], height=0.4, color="#a6bddb",
+            label="the image waited (the stage's whole batch), mean")
+    ax.barh(ys - 0.2, [r.per_image_ms for r in rows], height=0.4, color="#2b6ca3",
+            label="its share of the work (batch time ÷ batch size)")
+    for y, r in zip(ys, rows, strict=True):
+        ax.text(r.per_image_ms, y - 0.2, f"  {r.per_image_ms:.1f} ms", va="center", fontsize=8)
+        ax.text(r.mean_ms, y + 0.2, f"  {r.mean_ms:.1f} ms (p99 {r.p99_ms:.0f}, {r.share:.0%})", va="center",
+                fontsize=8, color="#555555")
+    ax.set_yticks(ys, [r.stage for r in rows])
+    ax.set_xlabel("milliseconds")
+    ax.margins(x=0.25)
+    ax.legend(loc="lower right", fontsize=8, frameon=False)
     ax.set_title(f"lightbox stage latency, {e2e['n']} images; end to end p50 {e2e.get('p50_ms', 0):.0f} ms, "
                  f"p99 {e2e.get('p99_ms', 0):.0f} ms", fontsize=9)
     fig.tight_layout()
