@@ -21,15 +21,11 @@ from gpu_kernels.backends import Decoder, Encoder
 from gpu_kernels.codec import CpuEncoder, DaliDecoder, make_decoder, make_encoder
 from gpu_kernels.presets import Preset
 from schemas.errors import ErrorCode
+from tests.gpu import cupy_or_skip
 
 pytestmark = pytest.mark.gpu
 
-cp: Any = pytest.importorskip("cupy")
-try:
-    if cp.cuda.runtime.getDeviceCount() < 1:
-        pytest.skip("no CUDA device", allow_module_level=True)
-except cp.cuda.runtime.CUDARuntimeError:
-    pytest.skip("no CUDA device", allow_module_level=True)
+cp: Any = cupy_or_skip()
 
 
 def _save(array: np.ndarray, fmt: str, **kw: object) -> bytes:

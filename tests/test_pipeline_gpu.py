@@ -14,15 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests.gpu import cupy_or_skip
+
 pytestmark = pytest.mark.gpu
 
-cp: Any = pytest.importorskip("cupy")
-try:
-    _DEVICES = cp.cuda.runtime.getDeviceCount()
-except Exception:  # no driver / no device: CuPy raises CUDARuntimeError
-    _DEVICES = 0
-if _DEVICES == 0:
-    pytest.skip("no CUDA device", allow_module_level=True)
+cupy_or_skip()
 
 from agents.wiring import build_pipeline  # noqa: E402
 from gpu_kernels.backends import RetouchOptions  # noqa: E402

@@ -17,17 +17,12 @@ from gpu_kernels.backends import Retoucher, RetouchOptions
 from gpu_kernels.presets import Preset
 from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
 from schemas.errors import ProcessingFailed
+from tests.gpu import cupy_or_skip
 from tests.test_retouch import BOOK, ODD_BAD, ODD_OK, variants
 
 pytestmark = pytest.mark.gpu
 
-cp: Any = pytest.importorskip("cupy")
-try:
-    _DEVICES = cp.cuda.runtime.getDeviceCount()
-except Exception:  # no driver / no device: CuPy raises CUDARuntimeError
-    _DEVICES = 0
-if _DEVICES == 0:
-    pytest.skip("no CUDA device", allow_module_level=True)
+cp: Any = cupy_or_skip()
 
 PRESETS = [
     BOOK["taobao_main"],

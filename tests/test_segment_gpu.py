@@ -24,16 +24,11 @@ from gpu_kernels.segment import (
 from gpu_kernels.segment.ops import CpuOps, XpOps, cupy_ops
 from gpu_kernels.segment.samples import make_composite
 from schemas.errors import FetchFailed
+from tests.gpu import cupy_or_skip
 
 pytestmark = pytest.mark.gpu
 
-cupy = pytest.importorskip("cupy")
-try:
-    _devices = cupy.cuda.runtime.getDeviceCount()
-except cupy.cuda.runtime.CUDARuntimeError:
-    _devices = 0
-if _devices == 0:
-    pytest.skip("no CUDA device", allow_module_level=True)
+cupy = cupy_or_skip()
 
 needs_ort_gpu = pytest.mark.skipif(
     "CUDAExecutionProvider" not in ort.get_available_providers(),
