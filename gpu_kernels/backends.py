@@ -83,6 +83,12 @@ class Retoucher(Protocol):
         """Subject-aware crop + resize + pad + sharpen for one preset (step 6), ready to encode."""
         ...
 
+    def render_batch(self, images: Sequence[Array], masks: Sequence[Array | None],
+                     preset: Preset) -> list[Array | LightboxError]:
+        """:meth:`render` for many images (one launch per preset on the GPU); an item's error
+        takes its place."""
+        ...
+
 
 @runtime_checkable
 class Encoder(Protocol):

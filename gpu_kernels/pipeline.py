@@ -11,7 +11,7 @@ import functools
 import hashlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +19,7 @@ import numpy as np
 from gpu_kernels.backends import Array, Decoder, Encoder, Retoucher, RetouchOptions, Segmenter
 from gpu_kernels.presets import Preset
 from gpu_kernels.spans import SpanRecorder
-from schemas.errors import LightboxError, ProcessingFailed
+from schemas.errors import LightboxError, ProcessingFailed, per_item
 
 __all__ = ["Decoded", "Job", "JobResult", "Quality", "RetouchPipeline", "Variant"]
 
@@ -198,10 +198,10 @@ class RetouchPipeline:
         encoded: dict[tuple[int, str], bytes] = {}
 
         def render_group(ix: list[int], preset: Preset) -> list[object]:
-            return self._render_batch([corrected[i] for i in ix], [masks[i] for i in ix], preset)
+            return list(self.retoucher.render_batch([corrected[i] for i in ix], [masks[i] for i in ix], preset))
 
         def encode_group(ix: list[int], preset: Preset) -> list[object]:
-            return _per_item(lambda i: self.encoder.encode(rendered[i, preset.name], preset), ix)
+            return list(per_item(lambda i: self.encoder.encode(rendered[i, preset.name], preset), ix))
         for preset in dict.fromkeys(p for i in live for p in jobs[i].presets):
             idx = [i for i in live if preset in jobs[i].presets and results[i].ok]
             if not idx:
@@ -225,24 +225,7 @@ class RetouchPipeline:
             results[i].quality = measure_quality(masks[i], rendered[i, jobs[i].presets[0].name])
         return results
 
-    def _render_batch(self, images: list[Array], masks: list[Array | None], preset: Preset) -> list[object]:
-        """The retoucher's batched render when it has one (one launch per preset on the GPU)."""
-        batch = getattr(self.retoucher, "render_batch", None)
-        if batch is not None:
-            return list(batch(images, masks, preset))
-        return _per_item(lambda k: self.retoucher.render(images[k], masks[k], preset), range(len(images)))
 
 
 def _segment(seg: Segmenter, images: Mapping[int, Array], idx: list[int]) -> list[object]:
     return list(seg.segment_batch([images[i] for i in idx]))
-
-
-def _per_item(fn: Callable[[int], object], items: Iterable[int]) -> list[object]:
-    """``fn`` over ``items``; an item's :class:`LightboxError` is returned in its place."""
-    out: list[object] = []
-    for item in items:
-        try:
-            out.append(fn(item))
-        except LightboxError as exc:
-            out.append(exc)
-    return out

@@ -16,7 +16,9 @@ onnxruntime, fastavro) are translated at the boundary of the stage that called t
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from enum import StrEnum
+from typing import TypeVar
 
 __all__ = [
     "DecodeFailed",
@@ -28,7 +30,11 @@ __all__ = [
     "TooLarge",
     "UnknownPreset",
     "UnsupportedFormat",
+    "per_item",
 ]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class ErrorCode(StrEnum):
@@ -85,3 +91,15 @@ class UnknownPreset(LightboxError):
 
 class ProcessingFailed(LightboxError):
     code = ErrorCode.PROCESSING_FAILED
+
+
+def per_item(fn: Callable[[T], R], items: Iterable[T]) -> list[R | LightboxError]:
+    """``fn`` over ``items``; an item's :class:`LightboxError` takes its place in the result,
+    so one bad item never fails its batch-mates."""
+    out: list[R | LightboxError] = []
+    for item in items:
+        try:
+            out.append(fn(item))
+        except LightboxError as exc:
+            out.append(exc)
+    return out

@@ -20,7 +20,7 @@ from gpu_kernels.retouch.correction import (
 from gpu_kernels.retouch.geometry import placement, subject_box
 from gpu_kernels.retouch.illumination import gaussian_matrix
 from gpu_kernels.retouch.render import render_fused_cpu, render_reference
-from schemas.errors import LightboxError
+from schemas.errors import per_item
 
 __all__ = ["CpuRetoucher", "effective_background"]
 
@@ -47,13 +47,7 @@ class CpuRetoucher:
     def correct(
         self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
     ) -> list[Array]:
-        out: list[Array] = []
-        for image, mask in zip(images, masks, strict=True):
-            try:
-                out.append(self.correct_one(image, mask, options))
-            except LightboxError as exc:
-                out.append(exc)
-        return out
+        return per_item(lambda im: self.correct_one(im[0], im[1], options), zip(images, masks, strict=True))
 
     @staticmethod
     def _inputs(
@@ -111,10 +105,4 @@ class CpuRetoucher:
         self, images: Sequence[Array], masks: Sequence[Array | None], preset: Preset
     ) -> list[Array]:
         """:meth:`render` per item; an item's ``ProcessingFailed`` is returned in its place."""
-        out: list[Array] = []
-        for image, mask in zip(images, masks, strict=True):
-            try:
-                out.append(self.render(image, mask, preset))
-            except LightboxError as exc:
-                out.append(exc)
-        return out
+        return per_item(lambda im: self.render(im[0], im[1], preset), zip(images, masks, strict=True))

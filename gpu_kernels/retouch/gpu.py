@@ -34,7 +34,7 @@ from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import placement, subject_box
 from gpu_kernels.retouch.illumination import gain_columns, gaussian_matrix
 from gpu_kernels.retouch.render import render_reference
-from schemas.errors import LightboxError, ProcessingFailed
+from schemas.errors import LightboxError, ProcessingFailed, per_item
 
 __all__ = ["KERNEL_SOURCE", "CupyRetoucher", "correct_launch", "render_launch"]
 
@@ -409,15 +409,13 @@ class CupyRetoucher:
     def correct(
         self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
     ) -> list[Array]:
-        out: list[Array] = []
-        for image, mask in zip(images, masks, strict=True):
+        def one(item: tuple[Array, Array | None]) -> Any:
             try:
-                out.append(self.correct_one(image, mask, options))
-            except LightboxError as exc:
-                out.append(exc)
+                return self.correct_one(item[0], item[1], options)
             except self._cuda_errors() as exc:
-                out.append(self._translate(exc, "retouch.correct"))
-        return out
+                raise self._translate(exc, "retouch.correct") from exc
+
+        return per_item(one, zip(images, masks, strict=True))
 
     def plan(self, image: Array, mask: Array | None, options: RetouchOptions) -> ColorPlan:
         """Pass (a)'s parameters for one image, on the device (no host synchronisation)."""
