@@ -19,7 +19,7 @@ from agents.batching import BatchingConfig, MicroBatcher
 from agents.process import BatchProcessor, OutRecord
 from agents.runner import BatchRunner
 from agents.wiring import build_processor
-from streams.app import Topics, create_app
+from streams.app import create_app, input_topic
 from streams.settings import Settings
 
 __all__ = ["KafkaSink", "build_worker"]
@@ -56,7 +56,6 @@ class KafkaSink:
 def build_worker(settings: Settings, processor: BatchProcessor | None = None) -> faust.App:
     """The Faust app with the retouch agent registered; run it with ``lightbox worker``."""
     app = create_app(settings)
-    topics = Topics.declare(app, settings)
     device = settings.resolved_device()
     overrides = {"max_batch": settings.max_batch, "slo_s": settings.slo_ms and settings.slo_ms / 1000,
                  "max_wait_s": settings.max_wait_ms and settings.max_wait_ms / 1000,
@@ -65,7 +64,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None) ->
     # a running batch plus a filling one must fit, or batches never reach the allowed size
     max_in_flight = max(settings.max_in_flight, 2 * config.max_batch + 8)
 
-    @app.agent(topics.input, name="lightbox.retouch")
+    @app.agent(input_topic(app, settings), name="lightbox.retouch")
     async def retouch(stream: faust.StreamT[bytes]) -> None:
         manual = stream.noack()  # type: ignore[attr-defined]  # on Stream, not in StreamT
         runner = BatchRunner(processor or build_processor(settings, device), KafkaSink(settings),

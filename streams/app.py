@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import faust
 
 from streams.settings import Settings
 
-__all__ = ["Topics", "create_app"]
+__all__ = ["create_app", "ensure_topics", "input_topic"]
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -37,18 +35,10 @@ def create_app(settings: Settings) -> faust.App:
     )
 
 
-@dataclass(frozen=True)
-class Topics:
-    input: faust.TopicT
-    output: faust.TopicT
-    dlq: faust.TopicT
-
-    @classmethod
-    def declare(cls, app: faust.App, settings: Settings) -> Topics:
-        def topic(name: str) -> faust.TopicT:
-            return app.topic(name, value_type=bytes, key_type=bytes, partitions=settings.topic_partitions)
-
-        return cls(topic(settings.input_topic), topic(settings.output_topic), topic(settings.dlq_topic))
+def input_topic(app: faust.App, settings: Settings) -> faust.TopicT:
+    """The input topic as raw bytes. Outputs and dead letters are sent by the agent's own
+    idempotent producer (``agents.retouch.KafkaSink``), so they need no Faust topic."""
+    return app.topic(settings.input_topic, value_type=bytes, key_type=bytes, partitions=settings.topic_partitions)
 
 
 async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:

@@ -201,20 +201,22 @@ class LocalKafka:
                 os.kill(self.pid, sig)
             except ProcessLookupError:
                 break
-            end = time.monotonic() + wait
-            while time.monotonic() < end:
-                try:
-                    done, _ = os.waitpid(self.pid, os.WNOHANG)
-                except ChildProcessError:  # not our child (started by another process)
-                    done = 0 if _pid_exists(self.pid) else self.pid
-                if done:
-                    break
-                time.sleep(0.1)
-            else:
-                continue
-            break
+            if self._wait_gone(wait):
+                break
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _wait_gone(self, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                if os.waitpid(self.pid, os.WNOHANG)[0]:
+                    return True
+            except ChildProcessError:  # not our child (started by another process)
+                if not _pid_exists(self.pid):
+                    return True
+            time.sleep(0.1)
+        return False
 
     # The CLI keeps the broker it started in a small state file, so `down` and `status`
     # from another shell find it.

