@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from streams.samples import make_bad_inputs, make_catalog
+from lightbox.samples import make_bad_inputs, make_catalog
 from streams.settings import Settings
 
 
@@ -20,7 +20,7 @@ def kafka_bootstrap() -> Iterator[str]:
     if os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP"):
         yield os.environ["LIGHTBOX_KAFKA_BOOTSTRAP"]
         return
-    from streams.kafka_local import LocalKafka
+    from lightbox.kafka_local import LocalKafka
 
     kafka = LocalKafka.start()
     try:
