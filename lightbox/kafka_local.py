@@ -1,6 +1,6 @@
 """A local single-node Apache Kafka (KRaft broker + controller) without Docker.
 
-The jars come from Maven Central through ``infra/kafka/pom.xml`` into a cache folder; the
+The jars come from Maven Central through the packaged ``lightbox/data/kafka-pom.xml`` into a cache folder; the
 broker runs as ``java -cp '<cache>/lib/*' kafka.Kafka server.properties`` on 127.0.0.1 with
 free ports and a temporary data dir. Used by ``lightbox kafka up|down|status`` and by the
 pytest session fixture. Imports no Kafka client: readiness is read from the broker's log and
@@ -19,6 +19,7 @@ import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from importlib import resources
 from pathlib import Path
 
 __all__ = [
@@ -32,7 +33,8 @@ __all__ = [
 ]
 
 KAFKA_VERSION = "4.4.0"
-POM = Path(__file__).resolve().parent.parent / "infra" / "kafka" / "pom.xml"
+# package data, so an installed wheel can fetch Kafka too (a regular install unpacks it as a file)
+POM = Path(str(resources.files("lightbox") / "data" / "kafka-pom.xml"))
 READY_LINE = "Kafka Server started"
 
 
