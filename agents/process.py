@@ -22,10 +22,10 @@ from gpu_kernels.fetch import fetch_source
 from gpu_kernels.pipeline import Decoded, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
-from schemas.errors import LightboxError, ProcessingFailed
+from schemas.errors import LightboxError, OutputTooLarge, ProcessingFailed, SchemaInvalid
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
 
-__all__ = ["BatchProcessor", "InRecord", "OutRecord", "Prepared", "resolution_bin"]
+__all__ = ["BatchProcessor", "BatchState", "InRecord", "OutRecord", "Prepared", "resolution_bin"]
 
 Headers = list[tuple[str, bytes | None]]
 PASS_HEADERS = ("traceparent", "tracestate")
@@ -78,6 +78,18 @@ class Prepared:
         return self.info.pixels * (4 if self.info.has_alpha else 3)
 
 
+@dataclass(slots=True)
+class BatchState:
+    """A batch between lanes; opaque to the runner beyond ``items`` and ``len``."""
+
+    items: list[Prepared]
+    decoded: Decoded | ProcessingFailed
+    results: list[JobResult] | None = None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -92,6 +104,9 @@ class BatchProcessor:
         self.max_image_bytes, self.max_pixels = max_image_bytes, max_pixels
         self.file_roots, self.output_dir = file_roots, output_dir
         self.wall_ms = wall_ms
+
+    def close(self) -> None:
+        self.pipeline.close()
 
     # -- one record -> a job or a dead letter ------------------------------------------------
     def prepare(self, rec: InRecord) -> Prepared | OutRecord:
@@ -115,33 +130,54 @@ class BatchProcessor:
         return Prepared(rec, event, Job(data, presets, options, spans), info)
 
     # -- a batch of jobs -> one output per job --------------------------------------------------
+    # The lanes a runner drives: decode (own thread) -> device (one thread) -> output (CPU threads).
+    # Minimal shims over the pipeline's decode/finish until `stages` brings the stage list.
     def run(self, batch: Sequence[Prepared]) -> list[OutRecord]:
-        return self.finish(batch, self.decode(batch))
+        return self.output(self.device(self.decode(batch)))
 
-    def decode(self, batch: Sequence[Prepared]) -> Decoded | ProcessingFailed:
-        """The decode half of :meth:`run` (a runner overlaps it with the previous batch's finish)."""
+    def decode(self, batch: Sequence[Prepared]) -> BatchState:
+        """Decode lane. Never raises: a batch-level exception becomes every item's error."""
         try:
-            return self.pipeline.decode([p.job for p in batch])
+            decoded: Decoded | ProcessingFailed = self.pipeline.decode([p.job for p in batch])
         except Exception as exc:  # the pipeline catches per item; this is the last line of defence
-            return ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="decode")
+            decoded = ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="decode")
+        return BatchState(list(batch), decoded)
 
-    def finish(self, batch: Sequence[Prepared], decoded: Decoded | ProcessingFailed) -> list[OutRecord]:
-        """Everything after decode, and one serialized output per item."""
+    def device(self, state: BatchState) -> BatchState:
+        """Device lane: everything after decode up to encoded variants. Never raises."""
         try:
-            if isinstance(decoded, ProcessingFailed):
-                raise decoded
-            results = self.pipeline.finish(decoded)
+            if isinstance(state.decoded, ProcessingFailed):
+                raise state.decoded
+            state.results = self.pipeline.finish(state.decoded)
         except Exception as exc:
             err = exc if isinstance(exc, LightboxError) else ProcessingFailed(f"{type(exc).__name__}: {exc}",
                                                                               stage="pipeline")
-            results = [JobResult(error=err) for _ in batch]
+            state.results = [JobResult(error=err) for _ in state.items]
+        return state
+
+    def output(self, state: BatchState, *, max_record_bytes: int | None = None) -> list[OutRecord]:
+        """Output lane: one serialized output per item, in batch order (file writes happen here)."""
+        results = state.results if state.results is not None else self.device(state).results
+        assert results is not None
         out = []
-        for p, res in zip(batch, results, strict=True):
+        for p, res in zip(state.items, results, strict=True):
             if res.error is not None:
                 out.append(self.dead_letter(p.record, res.error, p.event))
-            else:
-                out.append(self.processed(p, res))
+                continue
+            rec = self.processed(p, res)
+            if max_record_bytes is not None and len(rec.value) > max_record_bytes:
+                rec = self.too_large(p.record, "processed event", len(rec.value), max_record_bytes, p.event)
+            out.append(rec)
         return out
+
+    def too_large(self, rec: InRecord, what: str, size: int, limit: int,
+                  event: dict[str, Any] | None = None) -> OutRecord:
+        """A dead letter for an output the topic would refuse (OUTPUT_TOO_LARGE where the schema has it)."""
+        message = f"{what} of {size} bytes exceeds the topic's limit of {limit} bytes"
+        try:
+            return self.dead_letter(rec, OutputTooLarge(message, stage="output"), event)
+        except SchemaInvalid:  # DeadLetterEvent v1 has no OUTPUT_TOO_LARGE symbol yet
+            return self.dead_letter(rec, ProcessingFailed(message, stage="output"), event)
 
     def processed(self, p: Prepared, res: JobResult) -> OutRecord:
         ev, spans = p.event, p.job.spans
