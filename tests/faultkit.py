@@ -259,6 +259,16 @@ class Worker(WorkerProcess):
             pass
         return 0
 
+    def bytes_read(self) -> int:
+        """Bytes the process has read through read(2)/recv(2), sockets included (``rchar``)."""
+        try:
+            for line in Path(f"/proc/{self.pid}/io").read_text().splitlines():
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+        except OSError:
+            pass
+        return 0
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
