@@ -48,9 +48,12 @@ def _bootstrap(explicit: str | None) -> str:
 @kafka_app.command("up")
 def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default: a free one)")] = None,
              data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, "
-                                                                    "removed by `down`)")] = None) -> None:
+                                                                    "removed by `down`)")] = None,
+             secure: Annotated[bool, typer.Option(help="SASL_SSL with SCRAM-SHA-512: a CA and broker certificate "
+                                                       "made at start, a user `lightbox` with a password in a "
+                                                       "file")] = False) -> None:
     """Fetch Kafka's jars with Maven (once), format a KRaft log dir and start a broker+controller
-    on 127.0.0.1 in the background. Prints the bootstrap address."""
+    on 127.0.0.1 in the background. Prints the settings a client needs."""
     from lightbox.kafka_local import KafkaLaunchError, LocalKafka, read_state
 
     state = read_state()
@@ -60,14 +63,15 @@ def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default
     t0 = time.monotonic()
     try:
         with console.status("starting Kafka (first run fetches its jars with Maven)…"):
-            kafka = LocalKafka.start(port=port, data_dir=data_dir)
+            kafka = LocalKafka.start(port=port, data_dir=data_dir, secure=secure)
     except KafkaLaunchError as exc:
         err.print(f"[red]kafka up failed:[/] {exc}")
         raise typer.Exit(1) from None
     kafka.save_state()
     console.print(f"Kafka up at [bold]{kafka.bootstrap}[/] in {time.monotonic() - t0:.1f} s "
                   f"(pid {kafka.pid}, log {kafka.log_file})")
-    console.print(f"export LIGHTBOX_KAFKA_BOOTSTRAP={kafka.bootstrap}")
+    for key, value in kafka.client_env().items():  # a secure broker: also protocol, user, CA and password files
+        console.print(f"export {key}={value}", soft_wrap=True)
 
 
 @kafka_app.command("down")
@@ -311,7 +315,13 @@ def main() -> None:
 
     # aiokafka warns about topics that do not exist *yet* (they are created a moment later)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
-    app()
+    from streams.security import KafkaSecurityError
+
+    try:
+        app()
+    except KafkaSecurityError as exc:  # a refused password, an untrusted certificate, a missing setting
+        err.print(f"[red]kafka security:[/] {exc}", soft_wrap=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
