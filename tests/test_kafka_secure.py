@@ -109,7 +109,7 @@ def test_wrong_password_fails_at_once_with_the_cause(secure_settings: Settings) 
         async with ImageProducer(s.kafka_bootstrap, s.input_topic, security=aiokafka_kwargs(s)):
             pass
 
-    with pytest.raises(KafkaSecurityError, match="SASL authentication failed for user 'lightbox'.*SCRAM-SHA-512"):
+    with pytest.raises(KafkaSecurityError, match=r"SASL authentication failed for user 'lightbox'.*SCRAM-SHA-512"):
         asyncio.run(asyncio.wait_for(produce(), BOUND_S))
     with pytest.raises(KafkaSecurityError, match="SASL authentication failed"):
         asyncio.run(read_all(s, 1, BOUND_S))
