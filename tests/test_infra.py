@@ -35,7 +35,7 @@ def _compose_errors(text: str) -> list[str]:
         pytest.skip("check-jsonschema (a dev dependency) is not installed")
     schema_file = Path(spec.submodule_search_locations[0]) / "builtin_schemas" / "vendor" / "compose-spec.json"
     schema = json.loads(schema_file.read_text())
-    validator = jsonschema.Draft7Validator(schema)
+    validator = jsonschema.validators.validator_for(schema)(schema)  # the draft the schema names
     return [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(yaml.safe_load(text))]
 
 
