@@ -95,3 +95,29 @@ def test_readyz_needs_the_model_and_partitions(served: tuple[Metrics, Health, Cl
     assert _get(f"{base}/readyz")[0] == 503
     health.assigned = True
     assert _get(f"{base}/readyz") == (200, "ok\n")
+
+
+def test_json_logs_are_one_object_per_line_with_trace_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+    import logging
+    import logging.config
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from agents.logs import logging_config
+
+    logging.config.dictConfig(logging_config("json", "INFO"))
+    try:
+        log = logging.getLogger("lightbox.test")
+        tracer = TracerProvider().get_tracer("test")
+        with tracer.start_as_current_span("batch") as span:
+            log.warning("dead letter\nwith a newline", extra={"code": "DECODE_FAILED", "offset": 7})
+        log.info("no span")
+        lines = capsys.readouterr().err.strip().splitlines()
+    finally:
+        logging.config.dictConfig(logging_config("text", "WARNING"))
+    first, second = (json.loads(line) for line in lines[-2:])
+    assert first["msg"] == "dead letter\nwith a newline" and first["level"] == "warning"
+    assert first["code"] == "DECODE_FAILED" and first["offset"] == 7
+    assert first["trace_id"] == f"{span.get_span_context().trace_id:032x}"
+    assert "trace_id" not in second
