@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from lightbox.show import event_table, print_latency_table, save_variants
 from streams.settings import Settings
@@ -24,6 +25,21 @@ app = typer.Typer(help="lightbox: marketplace-ready product images from raw supp
 kafka_app = typer.Typer(help="A local single-node Apache Kafka (KRaft) for development, demos and tests; no Docker.",
                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from lightbox import __version__
+        from streams.settings import PIPELINE_VERSION
+
+        typer.echo(f"lightbox {__version__} (pipeline {PIPELINE_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """lightbox: marketplace-ready product images from raw supplier photos, as a stream."""
 console = Console()
 err = Console(stderr=True)
 
@@ -99,6 +115,28 @@ def kafka_status() -> None:
         return
     console.print("not running")
     raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------- doctor
+@app.command()
+def doctor(bootstrap: Bootstrap = None) -> None:
+    """Check what this installation has and lacks (Python, JDK and Maven for the local broker,
+    DALI, CuPy and the GPU, ONNX Runtime providers, the cached model and its checksum, the broker
+    it would connect to), each with a one-line fix. Exits 1 when something required is missing."""
+    from rich.markup import escape
+
+    from lightbox.doctor import run_checks
+
+    checks = run_checks(_bootstrap(bootstrap))
+    table = Table(box=None, show_header=True, padding=(0, 2))
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    colour = {"ok": "green", "warn": "yellow", "missing": "red"}
+    for c in checks:
+        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(c.detail), escape(c.fix))
+    console.print(table)
+    if any(c.status == "missing" for c in checks):
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------------------------- worker
