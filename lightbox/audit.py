@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -201,17 +201,19 @@ def output_of(codecs: EventCodecs, value: bytes | None, headers: Sequence[tuple[
 
 async def run_audit(bootstrap: str, input_topics: Sequence[str], output_topics: Sequence[str], *,
                     from_offset: int | None = None, to_offset: int | None = None, since_ms: int | None = None,
-                    until_ms: int | None = None, codecs: EventCodecs | None = None) -> AuditReport:
+                    until_ms: int | None = None, codecs: EventCodecs | None = None,
+                    security: Mapping[str, Any] | None = None) -> AuditReport:
     """Read the inputs in the range and every output that can belong to them; reconcile.
 
     Outputs are read from the topics' start, or from ``since_ms`` (outputs are produced after
-    their inputs) when a time range is given."""
+    their inputs) when a time range is given. ``security``: aiokafka keyword arguments
+    (``streams.security.aiokafka_kwargs``); from the ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
     from streams.consume import read_records
 
     codecs = codecs or EventCodecs.create()
     ins = await read_records(bootstrap, input_topics, from_offset=from_offset, to_offset=to_offset,
-                             since_ms=since_ms, until_ms=until_ms)
-    outs_raw = await read_records(bootstrap, output_topics, since_ms=since_ms)
+                             since_ms=since_ms, until_ms=until_ms, security=security)
+    outs_raw = await read_records(bootstrap, output_topics, since_ms=since_ms, security=security)
     inputs = [input_of(codecs, r.topic, r.partition, r.offset, r.value, r.headers) for r in ins]
     outputs, unreadable = [], 0
     for r in outs_raw:

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from lightbox.kafka_secure import client_env, secure_setup
+
 __all__ = [
     "KAFKA_VERSION",
     "KafkaLaunchError",
@@ -130,6 +132,7 @@ class LocalKafka:
     controller_port: int
     data_dir: str
     owns_data_dir: bool = True
+    secure: bool = False  # a SASL_SSL listener (lightbox.kafka_secure); clients need client_env()
 
     @property
     def bootstrap(self) -> str:
@@ -149,6 +152,7 @@ class LocalKafka:
         max_message_bytes: int = 20 * 1024 * 1024,
         heap: str = "512m",
         timeout_s: float = 90.0,
+        secure: bool = False,
         controller_port: int | None = None,
     ) -> LocalKafka:
         """Format storage (keeping the data dir's cluster id) and start the broker; return once it
@@ -160,22 +164,25 @@ class LocalKafka:
         port = port or _free_port()
         controller_port = controller_port or _free_port()
         props = ddir / "server.properties"
+        secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
+        props.touch(mode=0o600)
+        props.chmod(0o600)  # the secure config holds the inter-broker password
         props.write_text(SERVER_PROPERTIES.format(
             port=port, controller_port=controller_port, data_dir=ddir,
-            partitions=partitions, max_message_bytes=max_message_bytes))
+            partitions=partitions, max_message_bytes=max_message_bytes) + secure_props)
         java, cp = _java(), f"{lib}/*"
         fmt = subprocess.run(
             [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-             "-t", cluster_id(ddir), "-c", str(props)],
+             "-t", cluster_id(ddir), "-c", str(props), *secure_fmt],
             capture_output=True, text=True, check=False)
         if fmt.returncode != 0:
             raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
         return cls._launch(props, port=port, controller_port=controller_port, data_dir=ddir, owns=owns,
-                           heap=heap, timeout_s=timeout_s)
+                           heap=heap, timeout_s=timeout_s, secure=secure)
 
     @classmethod
     def _launch(cls, props: Path, *, port: int, controller_port: int, data_dir: Path, owns: bool, heap: str,
-                timeout_s: float) -> LocalKafka:
+                timeout_s: float, secure: bool) -> LocalKafka:
         """Run the broker on an already formatted data dir; return once it accepts connections."""
         ddir, cp = data_dir, f"{ensure_jars()}/*"
         java = _java()
@@ -189,7 +196,7 @@ class LocalKafka:
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         kafka = cls(pid=proc.pid, port=port, controller_port=controller_port,
-                    data_dir=str(ddir), owns_data_dir=owns)
+                    data_dir=str(ddir), owns_data_dir=owns, secure=secure)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -217,9 +224,16 @@ class LocalKafka:
         if not props.exists():
             raise KafkaLaunchError(f"nothing to restart: {props} is missing")
         new = self._launch(props, port=self.port, controller_port=self.controller_port,
-                           data_dir=Path(self.data_dir), owns=self.owns_data_dir, heap=heap, timeout_s=timeout_s)
+                           data_dir=Path(self.data_dir), owns=self.owns_data_dir, heap=heap, timeout_s=timeout_s,
+                           secure=self.secure)
         self.pid = new.pid
         return self
+
+    def client_env(self) -> dict[str, str]:
+        """The ``LIGHTBOX_KAFKA_*`` settings a client needs for this broker."""
+        if not self.secure:
+            return {"LIGHTBOX_KAFKA_BOOTSTRAP": self.bootstrap}
+        return client_env(self.bootstrap, Path(self.data_dir))
 
     def log_tail(self, lines: int = 20) -> str:
         try:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +14,7 @@ from aiokafka.structs import TopicPartition
 from schemas.codec import split_frame
 from schemas.errors import SchemaInvalid
 from schemas.events import EventCodecs
+from streams.security import client_kwargs, preflight
 
 __all__ = ["RawRecord", "read_events", "read_records"]
 
@@ -31,14 +32,17 @@ def decode_any(codecs: EventCodecs, value: bytes) -> tuple[str, dict[str, Any]]:
 
 async def read_events(bootstrap: str, topics: Sequence[str], *, from_beginning: bool = True,
                       limit: int | None = None, idle_s: float | None = None,
-                      codecs: EventCodecs | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                      codecs: EventCodecs | None = None,
+                      security: Mapping[str, Any] | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Decoded events from every partition of ``topics`` (no consumer group, nothing committed).
 
-    Stops after ``limit`` events, or ``idle_s`` seconds without one."""
+    Stops after ``limit`` events, or ``idle_s`` seconds without one. ``security``: aiokafka keyword
+    arguments (``streams.security.aiokafka_kwargs``); from the ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
     codecs = codecs or EventCodecs.create()
     # No group: the consumer reads every partition of the topics (and picks up topics that
     # appear later), from the start or the end, and commits nothing.
-    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    await preflight(bootstrap, kw := client_kwargs(security))
+    consumer = AIOKafkaConsumer(*topics, **kw, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest" if from_beginning else "latest",
                                 max_partition_fetch_bytes=64 << 20, fetch_max_bytes=128 << 20,
                                 metadata_max_age_ms=2000)
@@ -77,13 +81,15 @@ class RawRecord:
 
 async def read_records(bootstrap: str, topics: Sequence[str], *, from_offset: int | None = None,
                        to_offset: int | None = None, since_ms: int | None = None,
-                       until_ms: int | None = None) -> list[RawRecord]:
+                       until_ms: int | None = None, security: Mapping[str, Any] | None = None) -> list[RawRecord]:
     """Every record of ``topics`` (all partitions) in a range, read up to the log end as it was
     when the read began (no consumer group, nothing committed; a missing topic reads as empty).
 
     Offsets ``[from_offset, to_offset)`` apply to each partition; ``[since_ms, until_ms)`` to
-    record timestamps (the read starts at the first offset at or after ``since_ms``)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    record timestamps (the read starts at the first offset at or after ``since_ms``). ``security``
+    as for :func:`read_events`."""
+    await preflight(bootstrap, kw := client_kwargs(security))
+    admin = AIOKafkaAdminClient(**kw, bootstrap_servers=bootstrap)
     await admin.start()
     try:
         described = await admin.describe_topics(list(topics))
@@ -93,7 +99,7 @@ async def read_records(bootstrap: str, topics: Sequence[str], *, from_offset: in
            for p in sorted(t["partitions"], key=lambda p: int(p["partition"]))]
     if not tps:
         return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    consumer = AIOKafkaConsumer(**kw, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 max_partition_fetch_bytes=64 << 20, fetch_max_bytes=128 << 20)
     await consumer.start()
     try:

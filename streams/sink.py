@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from streams.app import max_message_bytes
+from streams.security import aiokafka_kwargs, preflight
 from streams.settings import Settings
 
 __all__ = ["RECORD_OVERHEAD", "KafkaSink", "Outgoing", "record_size"]
@@ -54,10 +55,11 @@ class KafkaSink:
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
+        await preflight(self.settings.kafka_bootstrap, security := aiokafka_kwargs(self.settings))
         by_topic = await max_message_bytes(self.settings, list(self.topics.values()))
         request_max = max(by_topic.values())
         self.limits = {kind: by_topic[topic] for kind, topic in self.topics.items()}
-        self._producer = AIOKafkaProducer(
+        self._producer = AIOKafkaProducer(**security,
             bootstrap_servers=self.settings.kafka_bootstrap, acks="all", enable_idempotence=True,
             linger_ms=5, max_request_size=request_max,
             max_batch_size=min(16384, *by_topic.values()),  # batched small records stay under every limit
