@@ -101,6 +101,8 @@ def test_audit_on_real_topics(settings, catalog: list[Path], bad_files: dict[str
                               monkeypatch: pytest.MonkeyPatch) -> None:
     """Inputs through the real processor and sink: one input left without output, one output sent
     twice. The audit (and the CLI) finds exactly that."""
+    from aiokafka import AIOKafkaProducer
+
     from agents.process import InRecord, OutRecord
     from agents.wiring import build_processor
     from lightbox.audit import run_audit
@@ -108,7 +110,6 @@ def test_audit_on_real_topics(settings, catalog: list[Path], bad_files: dict[str
     from streams.app import ensure_topics
     from streams.consume import read_records
     from streams.producer import ImageProducer
-    from streams.sink import KafkaSink
 
     settings = settings.model_copy(update={"presets_file": None})
 
@@ -133,13 +134,16 @@ def test_audit_on_real_topics(settings, catalog: list[Path], bad_files: dict[str
     sent = [o for o in outs if o is not left_out]
     sent.append(next(o for o in sent if o.kind == "processed"))  # a duplicate, identical
 
-    async def send() -> None:
-        sink = KafkaSink(settings)
-        await sink.start()
+    async def send() -> None:  # as the worker's sink does: one topic per kind, the record's key and headers
+        topics = {"processed": settings.output_topic, "dead_letter": settings.dlq_topic}
+        prod = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True,
+                                max_request_size=48 << 20)
+        await prod.start()
         try:
-            await asyncio.gather(*[await sink.send(o.kind, o) for o in sent])
+            await asyncio.gather(*[await prod.send(topics[o.kind], o.value, key=o.key,
+                                                   headers=[(k, v or b"") for k, v in o.headers]) for o in sent])
         finally:
-            await sink.stop()
+            await prod.stop()
 
     asyncio.run(send())
     report = asyncio.run(run_audit(settings.kafka_bootstrap, [settings.input_topic, settings.backfill_topic],
