@@ -247,6 +247,9 @@ def test_d_burst_of_ten_times_capacity(settings: Settings, kit, tmp_path: Path) 
                      "read_mb_when_quarter_committed": round(half[2] / 2**20, 1)}
         row.save()
         assert w.peak_rss < RSS_BOUND, row.notes
+        # paused, not slurped: when a quarter of the burst is committed the worker has read well
+        # under half of it from the broker (a worker that fetched everything would have read it all)
+        assert half[2] < burst_bytes / 2, row.notes
         check(rep, inputs=len(plan), images=len(plan) - len(fk.bad_items(bad)))
     finally:
         w.stop()
@@ -358,31 +361,39 @@ def test_f_output_store_unwritable_fail_stop_then_successor(settings: Settings, 
 OUTPUT_LIMIT = 6_000
 
 
-def test_g_output_over_the_topics_size_limit(settings: Settings, kit, tmp_path: Path) -> None:
-    """The output topic is created with a small max.message.bytes; with no store configured an
-    event over it becomes an OUTPUT_TOO_LARGE dead letter, the rest flow, nothing sticks."""
+@pytest.mark.parametrize("store", [False, True], ids=["no-store", "store"])
+def test_g_output_over_the_topics_size_limit(settings: Settings, kit, tmp_path: Path, store: bool) -> None:
+    """The output topic is created with a small max.message.bytes. With no store configured an
+    event over it becomes an OUTPUT_TOO_LARGE dead letter; with a store its variants go out of
+    line (file:// URIs) and it is processed. The rest flow; nothing sticks."""
     good, bad, presets = kit
     items = fk.images(good[::2], fk.BOTH) + fk.images(good[1::2])
     bads = fk.bad_items(bad)
     plan = fk.spread(items + bads)
     asyncio.run(fk.create_topics(settings.kafka_bootstrap, {
         settings.output_topic: {"max.message.bytes": str(OUTPUT_LIMIT)}}))
-    w = fk.Worker(fk.worker_env(settings, presets), tmp_path / "w1.log").start()
+    extra = {"output_dir": str(tmp_path / "store")} if store else {}
+    w = fk.Worker(fk.worker_env(settings, presets, **extra), tmp_path / "w1.log").start()
     try:
         t0 = time.monotonic()
         placed = asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan))
         fk.wait_drained(settings, fk.ends_of(placed), 180, alive=w.running)
         rep = fk.audit(settings)
-        row = fk.Row(f"g: outputs over the topic's limit ({OUTPUT_LIMIT} B), no store").fill(rep)
+        row = fk.Row(f"g: outputs over the topic's limit ({OUTPUT_LIMIT} B), "
+                     f"{'store' if store else 'no store'}").fill(rep)
         row.recover_s = round(time.monotonic() - t0, 1)
         row.notes = {"error_codes": rep.error_codes}
         row.save()
         assert rep.missing == [] and rep.duplicates_identical and rep.original_mismatches == [], rep.as_dict()
+        outs = [r for r in fk.outputs(settings) if r.topic == settings.output_topic]
+        assert max(len(r.value or b"") for r in outs) <= OUTPUT_LIMIT
         too_large = rep.error_codes.get("OUTPUT_TOO_LARGE", 0)
-        assert too_large > 0 and rep.processed > 0, rep.as_dict()
-        assert rep.processed + too_large == len(items) and rep.inputs == len(plan), rep.as_dict()
-        assert max(len(r.value or b"") for r in fk.outputs(settings) if r.topic == settings.output_topic) \
-            <= OUTPUT_LIMIT
+        if store:
+            check(rep, inputs=len(plan), images=len(items))
+            assert any(b"file://" in (r.value or b"") for r in outs), "no variant went out of line"
+        else:
+            assert too_large > 0 and rep.processed > 0, rep.as_dict()
+            assert rep.processed + too_large == len(items) and rep.inputs == len(plan), rep.as_dict()
         assert w.running(), w.log_tail()
     finally:
         w.stop()
