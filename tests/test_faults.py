@@ -293,6 +293,10 @@ def test_e_sigterm_finishes_in_flight_work_and_commits(settings: Settings, kit, 
         row.save()
         check(rep, inputs=len(plan), images=N_IMAGES)
         assert rep.duplicates == 0, rep.as_dict()
+        codecs = fk.EventCodecs.create()
+        versions = {codecs.processed.decode(r.value)["model_version"] for r in fk.outputs(settings)
+                    if r.topic == settings.output_topic and r.value}
+        assert len(versions) == 1 and next(iter(versions)).startswith("u2netp"), versions
     finally:
         first.stop()
         if second is not None:
