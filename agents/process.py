@@ -22,7 +22,7 @@ from gpu_kernels.fetch import fetch_source
 from gpu_kernels.pipeline import Decoded, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
-from schemas.errors import LightboxError, OutputTooLarge, ProcessingFailed, SchemaInvalid
+from schemas.errors import LightboxError, OutputTooLarge, ProcessingFailed, SchemaInvalid, StoreUnavailable
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
 
 __all__ = ["BatchProcessor", "BatchState", "InRecord", "OutRecord", "Prepared", "resolution_bin"]
@@ -156,7 +156,8 @@ class BatchProcessor:
         return state
 
     def output(self, state: BatchState, *, max_record_bytes: int | None = None) -> list[OutRecord]:
-        """Output lane: one serialized output per item, in batch order (file writes happen here)."""
+        """Output lane: one serialized output per item, in batch order (file writes happen here).
+        Raises only :class:`StoreUnavailable` (the output folder cannot be written)."""
         results = state.results if state.results is not None else self.device(state).results
         assert results is not None
         out = []
@@ -164,7 +165,10 @@ class BatchProcessor:
             if res.error is not None:
                 out.append(self.dead_letter(p.record, res.error, p.event))
                 continue
-            rec = self.processed(p, res)
+            try:
+                rec = self.processed(p, res)
+            except OSError as exc:  # --output-dir unwritable: no worker can go on with it (fail-stop)
+                raise StoreUnavailable(f"output_dir {self.output_dir}: {type(exc).__name__}: {exc.strerror}") from exc
             if max_record_bytes is not None and len(rec.value) > max_record_bytes:
                 rec = self.too_large(p.record, "processed event", len(rec.value), max_record_bytes, p.event)
             out.append(rec)
