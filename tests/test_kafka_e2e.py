@@ -199,3 +199,48 @@ def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Setting
         first.stop()
         if second is not None:
             second.stop()
+
+
+async def group_members(s: Settings) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    await admin.start()
+    try:
+        (resp,) = await admin.describe_consumer_groups([s.group_id])
+        return len(resp.groups[0][5 if len(resp.groups[0]) == 6 else 6])
+    finally:
+        await admin.close()
+
+
+def test_a_worker_that_cannot_start_exits_at_once_without_joining(settings: Settings, tmp_path: Path) -> None:
+    env = {**worker_env(settings), "LIGHTBOX_PRESETS_FILE": str(tmp_path / "no-such-presets.toml")}
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    assert worker.proc is not None
+    assert worker.proc.wait(120) == 70, worker.log_tail()
+    assert "could not start" in worker.log_tail()  # built before joining: it never held partitions
+
+
+def test_a_worker_that_cannot_go_on_fail_stops_leaves_the_group_and_commits_nothing_unfinished(
+        settings: Settings, catalog: list[Path], tmp_path: Path) -> None:
+    """The output folder cannot be written: one fail-stop line, exit 70, the group left (its
+    partitions free at once), and no committed offset passes an input without an output."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    env = {**worker_env(settings), "LIGHTBOX_OUTPUT_DIR": str(blocker / "out")}
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        _, by_pos = asyncio.run(publish_all(settings, catalog[:6], {}))
+        assert worker.proc is not None
+        assert worker.proc.wait(180) == 70, worker.log_tail()
+        log = worker.log_tail(200)
+        assert sum("fail-stop" in line for line in log.splitlines()) == 1, log
+        assert "StoreUnavailable" in log
+        assert asyncio.run(group_members(settings)) == 0
+        outputs = asyncio.run(read_everything(settings))
+        done = ({ev["source_event_id"] for kind, ev in outputs if kind == "processed"}
+                | {(ev["original"]["partition"], ev["original"]["offset"]) for kind, ev in outputs
+                   if kind != "processed"})
+        for tp, off in asyncio.run(committed(settings)).items():
+            assert all(sent.event_id in done or (p, o) in done
+                       for (p, o), sent in by_pos.items() if p == tp.partition and o < off)
+    finally:
+        worker.stop()
