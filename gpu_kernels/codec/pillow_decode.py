@@ -135,8 +135,9 @@ def decode_first_frame(blob: bytes, info: ImageInfo, max_pixels: int) -> np.ndar
             im.seek(0)
             im.load()
             icc = im.info.get("icc_profile")
-            oriented = ImageOps.exif_transpose(im)
-            return _to_rgb8(oriented, icc if isinstance(icc, bytes) and icc else None)
+            if im.getexif().get(0x0112, 1) != 1:  # exif_transpose copies even when there is nothing to do
+                ImageOps.exif_transpose(im, in_place=True)
+            return _to_rgb8(im, icc if isinstance(icc, bytes) and icc else None)
     except DecodeFailed:
         raise
     except (OSError, ValueError, SyntaxError, EOFError, TypeError, KeyError, IndexError,
@@ -148,15 +149,61 @@ def decode_first_frame(blob: bytes, info: ImageInfo, max_pixels: int) -> np.ndar
         ) from None
 
 
+_RAW_LAYOUT: dict[str, tuple[str, int]] = {
+    "L": ("u1", 1),
+    "RGB": ("u1", 3),
+    "RGBA": ("u1", 4),
+    "I;16": ("<u2", 1),
+    "I;16L": ("<u2", 1),
+    "I;16B": (">u2", 1),
+    "I;16N": ("=u2", 1),
+    "I": ("=i4", 1),
+}
+
+
+def _pixels(im: Any) -> np.ndarray:
+    """An 8-bit L/RGB/RGBA Pillow image as a writeable, contiguous NumPy array, copied once.
+    ``np.asarray(im)`` goes through ``tobytes()``, which joins a list of chunks: two extra
+    copies at the peak (a 64 MP RGB image: +384 MB); this streams the same raw encoder's
+    output straight into the array."""
+    from PIL import Image
+
+    dtype, channels = _RAW_LAYOUT[im.mode]
+    w, h = im.size
+    arr = np.empty((h, w, channels) if channels > 1 else (h, w), dtype)
+    flat = arr.reshape(-1).view(np.uint8).data
+    encoder = Image._getencoder(im.mode, "raw", im.mode)
+    try:
+        encoder.setimage(im.im, (0, 0, w, h))
+        pos = 0
+        while True:
+            _consumed, errcode, data = encoder.encode(max(65536, w * 4))
+            flat[pos : pos + len(data)] = data
+            pos += len(data)
+            if errcode:
+                break
+    finally:
+        encoder.cleanup()
+    if errcode < 0 or pos != arr.nbytes:
+        raise DecodeFailed(f"could not read the decoded pixels (encoder status {errcode})", stage=STAGE)
+    return arr
+
+
 def _to_rgb8(im: Any, icc: bytes | None) -> np.ndarray:
     """Any Pillow mode → uint8 RGB or RGBA (alpha only when the image has transparency)."""
     from PIL import Image, ImageCms
 
-    if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I"):
-        # 16-bit gray: high byte. Mode "I" holds 16-bit PNG/TIFF samples in an int32.
-        arr = np.asarray(im)
-        gray = (np.clip(arr.astype(np.int64), 0, 65535) >> 8).astype(np.uint8)
-        im = Image.fromarray(gray)  # mode L
+    if im.mode in _RAW_LAYOUT and im.mode.startswith("I"):
+        # 16-bit gray: the high byte, straight to RGB (a gray profile needs no conversion).
+        # Mode "I" holds 16-bit PNG/TIFF samples in an int32.
+        arr = _pixels(im)
+        if arr.dtype.kind == "i":
+            np.clip(arr, 0, 65535, out=arr)
+        gray = (arr >> 8).astype(np.uint8)
+        del arr
+        out = np.empty((*gray.shape, 3), np.uint8)
+        out[...] = gray[..., None]
+        return out
     elif im.mode == "F":
         arr = np.asarray(im, dtype=np.float32)
         scale = 255.0 if float(np.nanmax(arr, initial=0.0)) <= 1.0 else 1.0
@@ -179,10 +226,11 @@ def _to_rgb8(im: Any, icc: bytes | None) -> np.ndarray:
                 assert converted is not None
                 if rgba is not None and rgba.getchannel("A").getextrema() != (255, 255):
                     converted.putalpha(rgba.getchannel("A"))
-                return np.ascontiguousarray(np.asarray(converted))
+                return _pixels(converted)
         except ImageCms.PyCMSError:
             pass  # a profile LittleCMS cannot use: fall through to the plain conversion
-    arr = np.asarray(im if im.mode == out_mode else im.convert(out_mode))
-    if alpha and int(arr[..., 3].min()) == 255:
-        arr = arr[..., :3]  # alpha declared but fully opaque (animated WebP, RGBA TIFF…): RGB
-    return np.ascontiguousarray(arr)
+    if im.mode != out_mode:
+        im = im.convert(out_mode)
+    if alpha and im.getchannel("A").getextrema() == (255, 255):
+        im = im.convert("RGB")  # alpha declared but fully opaque (animated WebP, RGBA TIFF…): RGB
+    return _pixels(im)
