@@ -114,8 +114,9 @@ def main() -> None:
                 if r["outcome"] != "output":
                     print(f"   {r['file']:24s} {r['outcome']}: {r.get('message')}")
             for r in probe:
-                print(f"   probe {r['file']:26s} {r['outcome']:18s} wall {r.get('wall_s')} s, cpu {r.get('cpu_s')} s, "
-                      f"peak RSS +{r.get('peak_rss_over_base_mib')} MiB, decoded_nbytes {r.get('decoded_nbytes_mib')} MiB "
+                print(f"   probe {r['file']:26s} {r['outcome']:18s} wall {r.get('wall_s')} s, "
+                      f"cpu {r.get('cpu_s')} s, peak RSS +{r.get('peak_rss_over_base_mib')} MiB, "
+                      f"decoded_nbytes {r.get('decoded_nbytes_mib')} MiB "
                       f"(pixels x channels {r.get('pixels_x_channels_mib')} MiB)")
     if args.out:
         args.out.write_text(json.dumps(report, indent=2))

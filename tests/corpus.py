@@ -278,7 +278,8 @@ def _gif_frames_bomb(frames: int) -> bytes:
 def _png_bomb(width: int, height: int) -> bytes:
     """IHDR claims ``width`` x ``height``; 64 bytes of image data."""
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + _chunk(b"IEND", b"")
+    idat = _chunk(b"IDAT", zlib.compress(b"\x00" * 64))
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + idat + _chunk(b"IEND", b"")
 
 
 def _tiff_pixel_bomb() -> bytes:

@@ -33,17 +33,19 @@ batch-mates always survive. A JPEG cut short (no end-of-image marker) is refused
 still ends in an EOI (bit flips, a zeroed middle) decodes to garbage pixels with only a
 warning, as with every JPEG decoder.
 
-Time budget. The Pillow and DCT-scaled decodes run on a small thread pool; each item may
-decode for at most ``time_budget_s`` from the moment it starts. An item still decoding after
-that is returned as ``DecodeFailed`` "over time budget", and its batch-mates go on: items
-queued behind it move to a fresh pool. The late decode cannot be interrupted (a C decoder in a
-thread); it is abandoned and ends by itself — every decode is bounded by the header guards
-(pixels, frames, scans, bytes), so the budget protects the batch's latency, not the CPU.
-Threads rather than worker processes: a process would copy every decoded image back (192 MB
-for a 64 MP photo) and must not be forked from a process holding a CUDA context; a forkserver
-sandbox that could also kill a runaway decode and contain a codec crash is the next step if a
-decoder is ever found to loop. DALI runs are not under the budget (one run cannot be split);
-their inputs — JPEG, 8-bit PNG, WebP — are bounded by the scan, marker and pixel guards.
+Time budget (``time_budget_s``, per image). Pillow and DCT-scaled decodes run on a small
+thread pool; an item still decoding ``time_budget_s`` after it started is returned as
+``DecodeFailed`` "over time budget" and its batch-mates go on (items queued behind it move to a
+fresh pool). A DALI run (one chunk) runs on its own thread with ``time_budget_s`` × its image
+count; when it overruns, the run and its pipelines are abandoned and each image of the chunk
+runs alone under ``time_budget_s`` — so the slow one is isolated and the rest are decoded.
+A late decode cannot be interrupted (a C decoder in a thread): it is abandoned and ends by
+itself — every decode is bounded by the header guards (pixels, frames, scans, bytes), so the
+budget protects the batch's latency, not the CPU. Threads rather than worker processes: a
+process would copy every decoded image back (192 MB for a 64 MP photo; on GPU the DALI output
+must stay in this process's CUDA context) and must not be forked from a process holding a
+CUDA context; a forkserver sandbox that could also kill a runaway decode and contain a codec
+crash is the next step if a decoder is ever found to loop. Pipeline builds are not counted.
 
 Not thread-safe: one decoder per worker thread.
 """
@@ -183,6 +185,7 @@ class DaliDecoder:
         )
         self._pipes: dict[bool, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._dali_thread: ThreadPoolExecutor | None = None
         self._closed = False
 
     # ---- public ------------------------------------------------------------------------
@@ -224,17 +227,18 @@ class DaliDecoder:
                 dali_plain.append(job)
         for jobs, resized in ((dali_plain, False), (dali_resized, True)):
             for start in range(0, len(jobs), self.batch_size):
-                self._run_dali(jobs[start : start + self.batch_size], resized, out)
+                self._run_dali_budgeted(jobs[start : start + self.batch_size], resized, out)
         if pooled:
             self._run_budgeted(pooled, out)
         return out
 
     def close(self) -> None:
         """Release the DALI pipelines and the thread pool; idempotent."""
-        self._pipes.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self._pipes = {}
+        for pool in (self._pool, self._dali_thread):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._dali_thread = None
         self._closed = True
 
     def __enter__(self) -> DaliDecoder:
@@ -245,11 +249,11 @@ class DaliDecoder:
 
     # ---- DALI --------------------------------------------------------------------------
 
-    def _pipeline(self, resized: bool) -> Any:
-        pipe = self._pipes.get(resized)
+    def _pipeline(self, resized: bool, pipes: dict[bool, Any]) -> Any:
+        pipe = pipes.get(resized)
         if pipe is None:
             pipe = self._build(resized)
-            self._pipes[resized] = pipe
+            pipes[resized] = pipe
         return pipe
 
     def _build(self, resized: bool) -> Any:
@@ -283,12 +287,42 @@ class DaliDecoder:
         pipe.build()
         return pipe
 
-    def _run_dali(self, jobs: list[_Job], resized: bool, out: list[Array | LightboxError]) -> None:
+    def _run_dali_budgeted(self, jobs: list[_Job], resized: bool, out: list[Array | LightboxError]) -> None:
+        """One DALI run for ``jobs`` given ``time_budget_s`` per image; when it overruns, each
+        image runs alone under ``time_budget_s``, and those that overrun alone are failed."""
+        results = self._dali_call(jobs, resized, self.time_budget_s * len(jobs))
+        if results is None:
+            results = {}
+            for job in jobs:
+                alone = self._dali_call([job], resized, self.time_budget_s)
+                results.update(alone if alone is not None else {job.index: self._over_budget(job)})
+        for index, result in results.items():
+            out[index] = result
+
+    def _dali_call(self, jobs: list[_Job], resized: bool, timeout: float) -> dict[int, Array | LightboxError] | None:
+        """Run ``jobs`` on the DALI thread; ``None`` when it is still running after ``timeout``:
+        then that thread and its pipelines are abandoned (they finish by themselves, and never
+        touch the pipelines used from then on)."""
+        pipes = self._pipes
+        self._pipeline(resized, pipes)  # a first build does not count against the budget
+        if self._dali_thread is None:
+            self._dali_thread = ThreadPoolExecutor(1, thread_name_prefix="dali")
+        fut = self._dali_thread.submit(self._run_dali, jobs, resized, pipes)
+        done, _ = wait([fut], timeout=timeout)
+        if done:
+            return fut.result()
+        self._pipes = {}
+        self._dali_thread.shutdown(wait=False)
+        self._dali_thread = None
+        return None
+
+    def _run_dali(self, jobs: list[_Job], resized: bool, pipes: dict[bool, Any]) -> dict[int, Array | LightboxError]:
         """Decode ``jobs`` in one run; on failure drop the named sample and retry the rest."""
+        out: dict[int, Array | LightboxError] = {}
         pending = list(jobs)
         while pending:
             try:
-                arrays = self._run_once(pending, resized)
+                arrays = self._run_once(pending, resized, pipes)
             except RuntimeError as err:
                 text = str(err)
                 match = _FAILED_SAMPLE.search(text)
@@ -297,19 +331,20 @@ class DaliDecoder:
                     out[bad.index] = self._dali_error(bad, text)
                     continue
                 # DALI named nobody: rebuild the pipeline and decode one by one.
-                self._pipes.pop(resized, None)
+                pipes.pop(resized, None)
                 if len(pending) == 1:
                     out[pending[0].index] = self._dali_error(pending[0], text)
-                    return
+                    return out
                 for job in pending:
-                    self._run_dali([job], resized, out)
-                return
+                    out.update(self._run_dali([job], resized, pipes))
+                return out
             for job, array in zip(pending, arrays, strict=True):
                 out[job.index] = array
-            return
+            return out
+        return out
 
-    def _run_once(self, jobs: list[_Job], resized: bool) -> list[Array]:
-        pipe = self._pipeline(resized)
+    def _run_once(self, jobs: list[_Job], resized: bool, pipes: dict[bool, Any]) -> list[Array]:
+        pipe = self._pipeline(resized, pipes)
         pipe.feed_input("encoded", [np.frombuffer(j.blob, dtype=np.uint8) for j in jobs])
         if resized:
             pipe.feed_input("size", [np.asarray(j.target, dtype=np.float32) for j in jobs])
@@ -326,6 +361,14 @@ class DaliDecoder:
         # One host copy (~0.7 ms per 1.4 MP image) buys owned, writeable NumPy arrays; the
         # zero-copy view (np.from_dlpack) would be read-only.
         return [np.array(batch[i]) for i in range(len(jobs))]
+
+    def _over_budget(self, job: _Job) -> DecodeFailed:
+        i = job.info
+        return DecodeFailed(
+            f"over time budget: the {i.format} image ({i.width}x{i.height}, {fingerprint(job.blob)}) "
+            f"was still decoding after {self.time_budget_s:g} s; its batch-mates went on",
+            stage=STAGE,
+        )
 
     @staticmethod
     def _dali_error(job: _Job, text: str) -> DecodeFailed:
@@ -393,12 +436,7 @@ class DaliDecoder:
                 continue
             for fut in late:
                 job, _fn = futures.pop(fut)
-                i = job.info
-                out[job.index] = DecodeFailed(
-                    f"over time budget: the {i.format} image ({i.width}x{i.height}, {fingerprint(job.blob)}) "
-                    f"was still decoding after {budget:g} s; its batch-mates went on",
-                    stage=STAGE,
-                )
+                out[job.index] = self._over_budget(job)
             # The late threads are lost to this pool: what still waits in its queue moves on.
             old, pool = pool, self._new_pool()
             old.shutdown(wait=False)
