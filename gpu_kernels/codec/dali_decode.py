@@ -34,8 +34,9 @@ still ends in an EOI (bit flips, a zeroed middle) decodes to garbage pixels with
 warning, as with every JPEG decoder.
 
 Time budget (``time_budget_s``, per image). Pillow and DCT-scaled decodes run on a small
-thread pool; an item still decoding ``time_budget_s`` after it started is returned as
-``DecodeFailed`` "over time budget" and its batch-mates go on (items queued behind it move to a
+thread pool; an item whose decode takes longer than ``time_budget_s`` (still running at its
+deadline, or finished late) is returned as ``DecodeFailed`` "over time budget" and its
+batch-mates go on (items queued behind it move to a
 fresh pool). A DALI run (one chunk) runs on its own thread with ``time_budget_s`` × its image
 count; when it overruns, the run and its pipelines are abandoned and each image of the chunk
 runs alone under ``time_budget_s`` — so the slow one is isolated and the rest are decoded.
@@ -307,10 +308,16 @@ class DaliDecoder:
         self._pipeline(resized, pipes)  # a first build does not count against the budget
         if self._dali_thread is None:
             self._dali_thread = ThreadPoolExecutor(1, thread_name_prefix="dali")
-        fut = self._dali_thread.submit(self._run_dali, jobs, resized, pipes)
+        def timed() -> tuple[dict[int, Array | LightboxError], float]:
+            start = time.monotonic()
+            results = self._run_dali(jobs, resized, pipes)
+            return results, time.monotonic() - start
+
+        fut = self._dali_thread.submit(timed)
         done, _ = wait([fut], timeout=timeout)
         if done:
-            return fut.result()
+            results, elapsed = fut.result()
+            return results if elapsed <= timeout else None  # finished, but late: same verdict
         self._pipes = {}
         self._dali_thread.shutdown(wait=False)
         self._dali_thread = None
@@ -410,12 +417,16 @@ class DaliDecoder:
         is failed and abandoned, and the items queued behind it move to a fresh pool."""
         budget = self.time_budget_s
         started: dict[int, float] = {}
+        took: dict[int, float] = {}
         lock = threading.Lock()
 
         def call(job: _Job, fn: Callable[[_Job], Array]) -> Array:
             with lock:
-                started[job.index] = time.monotonic()
-            return fn(job)
+                started[job.index] = start = time.monotonic()
+            try:
+                return fn(job)
+            finally:
+                took[job.index] = time.monotonic() - start
 
         pool = self._pool or self._new_pool()
         futures: dict[Future[Array], tuple[_Job, Callable[[_Job], Array]]] = {
@@ -428,7 +439,8 @@ class DaliDecoder:
             done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
             for fut in done:
                 job, _fn = futures.pop(fut)
-                out[job.index] = self._result(fut, job)
+                late_but_done = took.get(job.index, 0.0) > budget  # the verdict must not depend on when we looked
+                out[job.index] = self._over_budget(job) if late_but_done else self._result(fut, job)
             now = time.monotonic()
             with lock:
                 late = [f for f, (j, _) in futures.items() if j.index in started and now - started[j.index] >= budget]
