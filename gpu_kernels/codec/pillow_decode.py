@@ -13,8 +13,9 @@ into an ``(H, W, 3|4)`` uint8 array:
 - RGBA when the first frame has transparency (an alpha channel that is not all 255), RGB
   otherwise.
 
-The size Pillow opens must be the size the header guard passed (otherwise a header walk that
-disagrees with the decoder could slip a bomb past the pixel limit). Library errors come back as
+The size Pillow opens must not exceed the size the header guard passed (otherwise a header walk
+that disagrees with the decoder could slip a bomb past the pixel limit); smaller is fine (a HEIF
+``clap`` crop). Library errors come back as
 ``DecodeFailed`` whose text has any bytes literal removed: messages never echo payload bytes.
 """
 
@@ -126,7 +127,7 @@ def decode_first_frame(blob: bytes, info: ImageInfo, max_pixels: int) -> np.ndar
     try:
         with Image.open(io.BytesIO(blob), formats=[PILLOW_FORMATS[info.format]]) as im:
             w, h = im.size
-            if w * h > max_pixels or {w, h} != {info.width, info.height}:
+            if w * h > min(max_pixels, info.pixels):  # smaller is fine: HEIF clean-aperture crops
                 raise DecodeFailed(
                     f"{info.format}: the decoder sees {w}x{h}, the header guard passed "
                     f"{info.width}x{info.height} ({fingerprint(blob)})",
