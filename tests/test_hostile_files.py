@@ -5,9 +5,9 @@ Each file is decoded in a fresh subprocess: after a warm-up decode of a small im
 format (so libraries and the DALI pipeline are loaded), ``resource.getrusage`` gives the CPU
 time of the hostile decode alone, and its peak RSS is ``VmHWM`` after resetting the peak with
 ``/proc/self/clear_refs`` (``ru_maxrss`` cannot be reset, and after fork + exec it starts at the
-parent's peak — pytest's — because Linux carries ``signal->maxrss`` across exec). Bounds: a dead letter costs at most 64 MiB
-over the warmed-up process; an output at most its header's ``decoded_nbytes`` + 64 MiB (so the
-batcher's estimate is honest); any file at most 5 s of CPU (a refused scan bomb takes
+parent's peak — pytest's — because Linux carries ``signal->maxrss`` across exec). Bounds: a dead
+letter costs at most 64 MiB over the warmed-up process; an output at most its header's
+``decoded_nbytes`` + 64 MiB (so the batcher's estimate is honest); any file at most 5 s of CPU (a refused scan bomb takes
 milliseconds; decoded, the 100 000-scan JPEG took 18 s of CPU before the scan guard).
 """
 
