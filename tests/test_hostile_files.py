@@ -1,14 +1,15 @@
 """Hostile files (issue 10 items 2, 3, 6): each ends as an output or a dead letter with the right
 code within a CPU-time and RSS bound, and no message echoes the payload.
 
-Each file is decoded in a fresh subprocess: after a warm-up decode of a small image of the same
-format (so libraries and the DALI pipeline are loaded), ``resource.getrusage`` gives the CPU
-time of the hostile decode alone, and its peak RSS is ``VmHWM`` after resetting the peak with
-``/proc/self/clear_refs`` (``ru_maxrss`` cannot be reset, and after fork + exec it starts at the
-parent's peak — pytest's — because Linux carries ``signal->maxrss`` across exec). Bounds: a dead
-letter costs at most 64 MiB over the warmed-up process; an output at most its header's
-``decoded_nbytes`` + 64 MiB (so the batcher's estimate is honest); any file at most 5 s of CPU (a refused scan bomb takes
-milliseconds; decoded, the 100 000-scan JPEG took 18 s of CPU before the scan guard).
+Each file is decoded in a fresh subprocess, after a warm-up decode of a small image of the same
+format (libraries and the DALI pipeline loaded). CPU time: ``resource.getrusage`` around the
+hostile decode. Peak RSS: ``VmHWM`` after resetting the peak with ``/proc/self/clear_refs``
+(``ru_maxrss`` cannot be reset, and after fork + exec it starts at the parent's — pytest's —
+peak, because Linux carries ``signal->maxrss`` across exec).
+
+Bounds: a dead letter costs at most 64 MiB over the warmed-up process; an output at most its
+header's ``decoded_nbytes`` + 64 MiB (so the batcher's estimate is honest); any file at most
+5 s of CPU (refusing the 100 000-scan JPEG takes milliseconds; decoding it took 18 s of CPU).
 """
 
 from __future__ import annotations
