@@ -18,12 +18,12 @@ from typing import Any, Literal
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec.sniff import ImageInfo, sniff
+from gpu_kernels.fetch import fetch_source
 from gpu_kernels.pipeline import Decoded, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
 from schemas.errors import LightboxError, ProcessingFailed
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
-from streams.fetch import fetch_source
 
 __all__ = ["BatchProcessor", "InRecord", "OutRecord", "Prepared", "resolution_bin"]
 

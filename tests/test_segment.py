@@ -34,11 +34,11 @@ from gpu_kernels.segment import (
     load_model_config,
     make_segmenter,
 )
-from gpu_kernels.segment.contact_sheet import write_contact_sheet
 from gpu_kernels.segment.model import output_to_probability, preprocess
 from gpu_kernels.segment.onnx_runner import plan_chunks
 from gpu_kernels.segment.ops import CpuOps, numpy_xp_ops, resample_matrix
 from gpu_kernels.segment.samples import OBJECTS, SHAPES, Composite, make_composite
+from lightbox.contact_sheet import write_contact_sheet
 from schemas.errors import FetchFailed, ProcessingFailed
 
 

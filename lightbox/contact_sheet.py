@@ -2,7 +2,7 @@
 
 Library: :func:`write_contact_sheet`. Command (the scikit-image sample catalog)::
 
-    python -m gpu_kernels.segment.contact_sheet sheet.png [--segmenter model|classical]
+    python -m lightbox.contact_sheet sheet.png [--segmenter model|classical]
 """
 
 from __future__ import annotations
