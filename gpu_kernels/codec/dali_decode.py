@@ -11,20 +11,23 @@ Routing (decided from :func:`~gpu_kernels.codec.sniff.sniff`, before any pixel i
 
 - guard failures (bytes, pixels, frames, JPEG scans/markers, broken header) → the error,
   nothing decoded;
-- Pillow (:mod:`.pillow_decode`, CPU on both backends, uploaded afterwards on GPU): TIFF, BMP,
-  GIF, HEIF/HEIC (pillow-heif), AVIF; sources with alpha (PNG colour type 4/6 or tRNS, WebP
-  with alpha: DALI 2.4's ``output_type=RGB`` drops alpha, and ``ANY_DATA`` — the only mode
-  that keeps it — fails on gray+alpha PNGs and kills the process (SIGSEGV) on grayscale JPEGs);
-  animated sources (first frame only); samples deeper than 8 bits (a 16-bit 8000² PNG peaked
-  at 1.29 GB through DALI's CPU decoder); and any image whose embedded ICC profile is not sRGB
-  (converted to sRGB; DALI ignores profiles);
+- Pillow (:mod:`.pillow_decode`, CPU on both backends, uploaded afterwards on GPU): GIF,
+  HEIF/HEIC (pillow-heif) and AVIF, which DALI 2.4 refuses ("nvImageCodec failure: '#4'");
+  sources with alpha (PNG colour type 4/6 or tRNS, WebP/TIFF/BMP with alpha: DALI 2.4's
+  ``output_type=RGB`` drops alpha, and ``ANY_DATA`` — the only mode that keeps it — fails on
+  gray+alpha PNGs and kills the process (SIGSEGV) on grayscale JPEGs); animated sources (first
+  frame only); samples deeper than 8 bits (a 16-bit 8000² PNG peaks at 12 bytes a pixel
+  through DALI's CPU decoder, 7 through Pillow); and any image whose embedded ICC profile is
+  not sRGB (converted to sRGB; DALI ignores profiles);
 - reduced-size decode when ``max_side`` is at most half the source's longer side:
   ``"dct"`` (CPU default) decodes JPEGs (not CMYK) with libjpeg-turbo's DCT scaling
   (simplejpeg, factors 1/2, 1/4, 1/8) to the smallest size whose longer side is still
   >= ``max_side``; ``"resize"`` (GPU default) fuses an antialiased ``fn.resize`` into the DALI
   pipeline to exactly ``max_side`` on the longer side;
-- everything else (JPEG, 8-bit PNG, WebP; sRGB or untagged) → the DALI pipeline,
-  ``batch_size`` images per run.
+- everything else (JPEG, 8-bit PNG, WebP, 8-bit TIFF and BMP; sRGB or untagged) → the DALI
+  pipeline, ``batch_size`` images per run. DALI's TIFF (libtiff: LZW, multi-page → first page)
+  and BMP decodes were checked pixel-identical to Pillow's; LZW TIFF decodes 1.7× faster
+  through DALI here, uncompressed TIFF and BMP ~1.5× slower (2 shared cores) — one path kept.
 
 DALI fails a whole run when one sample is bad (FACTS.md). A failed run is retried without the
 sample DALI names ("Failed to decode sample #i"), or one image at a time when it names none, so

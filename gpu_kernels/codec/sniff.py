@@ -27,6 +27,7 @@ first 12 hex digits of its sha256 (see :func:`fingerprint`), and numbers parsed 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import struct
@@ -57,8 +58,9 @@ DEFAULT_MAX_SCANS = 256  # encoders write 1 (baseline) to ~10-20 (progressive) s
 DEFAULT_MAX_MARKERS = 4096  # JPEG markers / PNG chunks / RIFF chunks / GIF blocks walked
 
 ImageFormat = Literal["jpeg", "png", "webp", "tiff", "bmp", "gif", "heif", "avif"]
-# Formats DALI's decoders.image takes here; the rest decode with Pillow (+ pillow-heif).
-DALI_FORMATS: frozenset[str] = frozenset({"jpeg", "png", "webp"})
+# Formats DALI's decoders.image takes here (TIFF and BMP checked identical to Pillow, first page of
+# a multi-page TIFF included); GIF, HEIF and AVIF it refuses: those decode with Pillow (+ pillow-heif).
+DALI_FORMATS: frozenset[str] = frozenset({"jpeg", "png", "webp", "tiff", "bmp"})
 SUPPORTED = "JPEG, PNG, WebP, TIFF, BMP, GIF, HEIF/HEIC, AVIF"
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -118,6 +120,7 @@ class ImageInfo:
     frames: int = 1
     scans: int = 0  # JPEG SOS segments
     has_icc: bool = False
+    payload_bytes: int = 0  # the encoded size (set by sniff)
 
     @property
     def pixels(self) -> int:
@@ -147,16 +150,18 @@ class ImageInfo:
         """Peak bytes while decoding the first frame (frames beyond it are never decoded) —
         the estimate the batcher's memory budget wants; ``pixels * 3`` undercounts.
 
-        DALI path: the decoder's output at the stored depth plus the 8-bit RGB(A) array handed
-        on. Pillow path: the 8-bit result, Pillow's 4-byte-per-pixel image and 3 bytes per pixel
-        for the codec's own buffers (measured peaks over a warmed-up process, bytes/pixel:
+        DALI path: DALI's copy of the encoded payload, the decoder's output at the stored depth
+        and the 8-bit RGB(A) array handed on (measured: JPEG 6.0 B/px, uncompressed TIFF and BMP
+        9.0 with their 3 B/px payload). Pillow path: the 8-bit result, Pillow's 4-byte-per-pixel
+        image and 3 bytes per pixel for the codec's own buffers (measured peaks over a warmed-up process, bytes/pixel:
         16-bit RGB PNG 7.0, 16-bit gray PNG 7.0, GIF 8.0, RGBA PNG 8.0, TIFF 7.6, HEIC 7.8,
         AVIF 9.2), plus 4 when an ICC profile may be converted. A 16-bit 8000² PNG: 610 MiB.
         """
         out = 4 if self.has_alpha else 3
         if self.pillow_path:
             return self.pixels * (out + 7 + (4 if self.has_icc else 0))
-        return self.pixels * (out + max(self.components, 1) * (2 if self.bit_depth > 8 else 1))
+        raw = max(self.components, 1) * (2 if self.bit_depth > 8 else 1)
+        return self.pixels * (out + raw) + self.payload_bytes
 
 
 def fingerprint(blob: bytes | bytearray | memoryview) -> str:
@@ -195,7 +200,7 @@ def sniff(
         raise type(err)(f"{err.message} ({fingerprint(raw)})", stage=STAGE) from None
     except (struct.error, IndexError, ValueError) as err:
         raise DecodeFailed(f"malformed image header ({type(err).__name__}; {fingerprint(raw)})", stage=STAGE) from None
-    return info
+    return dataclasses.replace(info, payload_bytes=n)
 
 
 def _parse(raw: bytes, max_frames: int, max_scans: int, max_markers: int) -> ImageInfo:
