@@ -137,6 +137,19 @@ def test_exif_orientation_of_a_tiff_is_applied(decoder: DaliDecoder, rgb: np.nda
     assert np.array_equal(_one(decoder, buf.getvalue()), np.rot90(rgb, -1))
 
 
+def test_heic_rotation_is_applied_once(decoder: DaliDecoder) -> None:
+    import pillow_heif
+
+    pillow_heif.register_heif_opener()
+    small = photo(120, 80)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # pillow-heif stores it as irot; libheif rotates, EXIF says 1 afterwards
+    buf = io.BytesIO()
+    Image.fromarray(small).save(buf, "HEIF", quality=95, exif=exif.tobytes())
+    assert sniff(buf.getvalue()).oriented_size == (80, 120)
+    assert _mad(_one(decoder, buf.getvalue()), np.rot90(small, -1)) < 5.0
+
+
 # ---- colour -----------------------------------------------------------------------------------
 
 
