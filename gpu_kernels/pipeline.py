@@ -8,6 +8,7 @@ names its lane:
     device   SegmentStage                 segment
     device   CorrectStage                 correct
     device   RenderStage                  preset:<name>
+    device   ShadowStage                  shadow:<name> (presets with shadow = "contact")
     device   EncodeStage (GPU encoder)    encode:<name>
     output   EncodeStage (CPU encoder)    encode:<name>
     output   QualityStage                 quality
@@ -44,6 +45,7 @@ from gpu_kernels.stages.encode import EncodeStage
 from gpu_kernels.stages.quality import QualityStage, measure_quality
 from gpu_kernels.stages.render import RenderStage
 from gpu_kernels.stages.segment import SegmentStage
+from gpu_kernels.stages.shadow import ShadowStage
 
 __all__ = [
     "BatchContext",
@@ -67,6 +69,7 @@ def default_stages(decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
         SegmentStage(segmenter, classical),
         CorrectStage(retoucher),
         RenderStage(retoucher),
+        ShadowStage(retoucher.device),  # presets with shadow = "contact"
         EncodeStage(encoder),  # device lane for a GPU encoder, output lane for the CPU one
         QualityStage(),
     ]

@@ -15,6 +15,7 @@ __all__ = ["DEFAULT_PRESETS_FILE", "Preset", "PresetBook", "load_presets"]
 DEFAULT_PRESETS_FILE = Path(__file__).with_name("presets.toml")
 Format = Literal["jpeg", "png", "webp"]
 Background = Literal["white", "transparent"]
+Shadow = Literal["none", "contact"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,7 @@ class Preset:
     fill: float = 0.8
     background: Background = "white"
     sharpen: float = 0.5
+    shadow: Shadow = "none"  # "contact": a soft shadow right under the product (gpu_kernels/stages/shadow.py)
 
     def __post_init__(self) -> None:
         if self.width < 1 or self.height < 1:
@@ -39,6 +41,10 @@ class Preset:
             raise ValueError(f"preset {self.name!r}: a transparent background needs png or webp, not jpeg")
         if not 0.05 <= self.fill <= 1.0:
             raise ValueError(f"preset {self.name!r}: fill must be within [0.05, 1]; got {self.fill}")
+        if self.shadow not in ("none", "contact"):
+            raise ValueError(f"preset {self.name!r}: shadow must be none or contact; got {self.shadow!r}")
+        if self.shadow == "contact" and self.background != "white":
+            raise ValueError(f"preset {self.name!r}: a contact shadow needs a white background")
 
 
 class PresetBook(Mapping[str, Preset]):
