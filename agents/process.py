@@ -361,8 +361,12 @@ class BatchProcessor:
 
     @staticmethod
     def _variant(v: Variant) -> dict[str, Any]:
+        c = v.compliance
         return {"preset": v.preset, "width": v.width, "height": v.height, "format": v.format,
-                "data": v.data, "uri": None, "sha256": v.sha256, "size": v.size}
+                "data": v.data, "uri": None, "sha256": v.sha256, "size": v.size,
+                "compliance": None if c is None else {"white_border": c.white_border, "fill": c.fill,
+                                                      "cut_off": c.cut_off, "min_side_ok": c.min_side_ok,
+                                                      "compliant": c.compliant}}
 
     def _offload(self, ev: dict[str, Any], rec: dict[str, Any], v: Variant) -> None:
         """Move one variant's bytes into the store (content-addressed key), its URI into the event."""

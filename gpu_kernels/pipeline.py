@@ -12,6 +12,7 @@ names its lane:
     device   EncodeStage (GPU encoder)    encode:<name>
     output   EncodeStage (CPU encoder)    encode:<name>
     output   QualityStage                 quality
+    output   ComplianceStage              compliance
 
 A runner drives the lanes on their own threads (``decode`` → ``device`` → ``output``); the
 framework (:mod:`gpu_kernels.stages.base`) records every span and per-item error, so adding a
@@ -39,6 +40,7 @@ from gpu_kernels.stages.base import (
     Variant,
     run_lane,
 )
+from gpu_kernels.stages.compliance import ComplianceStage
 from gpu_kernels.stages.correct import CorrectStage
 from gpu_kernels.stages.decode import DecodeStage
 from gpu_kernels.stages.encode import EncodeStage
@@ -72,6 +74,7 @@ def default_stages(decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
         ShadowStage(retoucher.device),  # presets with shadow = "contact"
         EncodeStage(encoder),  # device lane for a GPU encoder, output lane for the CPU one
         QualityStage(),
+        ComplianceStage(),  # marketplace rules per variant
     ]
 
 
