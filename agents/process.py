@@ -43,6 +43,7 @@ from schemas.errors import (
     StoreUnavailable,
 )
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
+from schemas.paths import safe_component
 
 __all__ = ["BatchProcessor", "BatchState", "DirStore", "InRecord", "OutRecord", "Prepared", "VariantStore",
            "record_size", "resolution_bin"]
@@ -371,7 +372,7 @@ class BatchProcessor:
     def _offload(self, ev: dict[str, Any], rec: dict[str, Any], v: Variant) -> None:
         """Move one variant's bytes into the store (content-addressed key), its URI into the event."""
         assert self.store is not None
-        key = f"{ev['sku']}/{v.preset}/{v.sha256}.{_EXT.get(v.format, v.format)}"
+        key = f"{safe_component(ev['sku'])}/{safe_component(v.preset)}/{v.sha256}.{_EXT.get(v.format, v.format)}"
         rec["uri"] = self.store.put(key, v.data, _CONTENT_TYPES.get(v.format, "application/octet-stream"))
         rec["data"] = None
 
