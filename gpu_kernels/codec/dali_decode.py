@@ -149,6 +149,8 @@ class DaliDecoder:
         time_budget_s: the longest one item may decode on the Pillow/DCT paths (module doc).
     """
 
+    version = "dali-decode-1"
+
     def __init__(
         self,
         device: str = "cpu",
