@@ -76,8 +76,6 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 Ack = Callable[[Any], Awaitable[Any]]
-#: bytes left for a record's key and headers when the processor sizes an event's value
-KEY_AND_HEADERS_ROOM = 1024
 
 
 class OutputSink(Protocol):
@@ -383,7 +381,8 @@ class BatchRunner:
     async def _output(self, pairs: list[Pair], state: Any) -> None:
         try:
             limit = self.sink.limits.get("processed")
-            value_limit = None if limit is None else limit - RECORD_OVERHEAD - KEY_AND_HEADERS_ROOM
+            # the processor sizes key + value + headers (agents.process.record_size); framing is ours
+            value_limit = None if limit is None else limit - RECORD_OVERHEAD
             t0 = self.clock()
             try:
                 outs = await self._call("output", len(pairs),

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["PIPELINE_VERSION", "Settings"]
@@ -42,6 +42,11 @@ class Settings(BaseSettings):
 
     max_image_bytes: int = Field(40 * 1024 * 1024, ge=1, description="largest accepted encoded image")
     max_pixels: int = Field(64_000_000, ge=1, description="largest accepted width*height, read from the header")
+    max_frames: int = Field(256, ge=1, description="largest frame/page count an animated or multi-page image may "
+                                                   "declare (only the first frame is decoded)")
+    max_scans: int = Field(256, ge=1, description="largest number of scans a progressive JPEG may hold")
+    decode_time_budget_s: float = Field(10.0, gt=0, description="an image whose decode takes longer becomes a "
+                                                                 "DECODE_FAILED dead letter; its batch-mates go on")
     file_roots: list[Path] = Field(default_factory=list,
                                    description="folders file:// URIs may point into (empty: any)")
     output_dir: Path | None = Field(None, description="write variants here as content-addressed files "
@@ -74,6 +79,22 @@ class Settings(BaseSettings):
                                                            "fail-stops the worker")
     prepare_threads: int = Field(4, ge=1, description="fetch/prepare lane threads")
     output_threads: int = Field(2, ge=1, description="output lane threads (CPU encode, Avro, store writes)")
+
+    # -- kafkasec: how every Kafka client (worker, output producer, produce, tail, audit, admin) connects.
+    #    Translated in one place: streams/security.py (aiokafka_kwargs, faust_credentials).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="PLAINTEXT (local development only), SSL, SASL_PLAINTEXT or SASL_SSL")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = Field(None, description="or kafka_sasl_password_file")
+    kafka_sasl_password_file: Path | None = Field(None, description="file whose first line is the password")
+    kafka_ssl_cafile: Path | None = Field(None, description="PEM CA bundle the broker's certificate must chain to "
+                                                            "(the system's trust store if unset)")
+    kafka_ssl_certfile: Path | None = Field(None, description="client certificate (PEM) for mutual TLS")
+    kafka_ssl_keyfile: Path | None = Field(None, description="its private key (PEM)")
+    kafka_ssl_key_password: SecretStr | None = None
+    kafka_allow_plain_over_plaintext: bool = Field(
+        False, description="allow SASL PLAIN over SASL_PLAINTEXT (sends the password in the clear)")
 
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":

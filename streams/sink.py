@@ -16,11 +16,13 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from streams.app import max_message_bytes
+from streams.security import aiokafka_kwargs, preflight
 from streams.settings import Settings
 
 __all__ = ["RECORD_OVERHEAD", "KafkaSink", "Outgoing", "record_size"]
 
-#: Bytes a record costs beyond its key, value and headers (batch header, varints), rounded up.
+#: Bytes a record costs beyond its key, value and headers: the record batch header (61), the
+#: record's own varints and attributes, and a varint pair per header — rounded up generously.
 RECORD_OVERHEAD = 256
 
 
@@ -38,8 +40,9 @@ class Outgoing(Protocol):
 
 
 def record_size(out: Outgoing) -> int:
-    """An upper bound of the bytes the record takes on the wire, alone in its batch, uncompressed."""
-    headers = sum(len(k.encode()) + len(v or b"") + 8 for k, v in out.headers)
+    """An upper bound of the bytes the record takes on the wire, alone in its batch, uncompressed:
+    :func:`agents.process.record_size` (key, value, headers) plus :data:`RECORD_OVERHEAD`."""
+    headers = sum(len(k.encode()) + len(v or b"") for k, v in out.headers)
     return len(out.value) + len(out.key or b"") + headers + RECORD_OVERHEAD
 
 
@@ -54,10 +57,11 @@ class KafkaSink:
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
+        await preflight(self.settings.kafka_bootstrap, security := aiokafka_kwargs(self.settings))
         by_topic = await max_message_bytes(self.settings, list(self.topics.values()))
         request_max = max(by_topic.values())
         self.limits = {kind: by_topic[topic] for kind, topic in self.topics.items()}
-        self._producer = AIOKafkaProducer(
+        self._producer = AIOKafkaProducer(**security,
             bootstrap_servers=self.settings.kafka_bootstrap, acks="all", enable_idempotence=True,
             linger_ms=5, max_request_size=request_max,
             max_batch_size=min(16384, *by_topic.values()),  # batched small records stay under every limit
