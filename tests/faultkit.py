@@ -152,6 +152,22 @@ async def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic and meta.offset >= 0}
 
 
+async def group_members(s: Settings) -> int:
+    """Members of the group once it is stable (0 while it rebalances or does not exist)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    try:
+        await admin.start()
+        groups = await admin.describe_consumer_groups([s.group_id])
+    except KafkaError as exc:
+        if exc.retriable or isinstance(exc, KafkaConnectionError):
+            return 0
+        raise
+    finally:
+        await admin.close()
+    group = groups[0].to_object()["groups"][0]
+    return len(group["members"]) if group["state"] == "Stable" else 0
+
+
 async def create_topics(bootstrap: str, topics: dict[str, dict[str, str]], partitions: int = 4) -> None:
     """Create topics with configs (e.g. a small ``max.message.bytes``) before a worker does."""
     from aiokafka.admin import NewTopic

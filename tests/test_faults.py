@@ -157,19 +157,6 @@ def test_b_broker_sigkill_and_restart_on_the_same_data_dir(kit, tmp_path: Path) 
 
 
 # -- (c) --------------------------------------------------------------------------------------------
-async def group_members(s: Settings) -> int:
-    from aiokafka.admin import AIOKafkaAdminClient
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
-    await admin.start()
-    try:
-        groups = await admin.describe_consumer_groups([s.group_id])
-    finally:
-        await admin.close()
-    group = groups[0].to_object()["groups"][0]
-    return len(group["members"]) if group["state"] == "Stable" else 0
-
-
 def test_c_workers_join_mid_stream_then_one_leaves(settings: Settings, kit, tmp_path: Path) -> None:
     """One worker takes the first half; a second and a third join (the group rebalances to three);
     the second half is published, and one of the three leaves at once (SIGTERM)."""
@@ -184,7 +171,7 @@ def test_c_workers_join_mid_stream_then_one_leaves(settings: Settings, kit, tmp_
         fk.wait_for(lambda: processed_count(settings) >= 4, 120, "4 processed events", alive=w1.running)
         workers += [fk.Worker(env, tmp_path / f"w{i}.log").start() for i in (2, 3)]
         t_join = time.monotonic()
-        fk.wait_for(lambda: asyncio.run(group_members(settings)) == 3, 120, "a stable group of three")
+        fk.wait_for(lambda: asyncio.run(fk.group_members(settings)) == 3, 120, "a stable group of three")
         joined_s = time.monotonic() - t_join
         placed += asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan[half:]))
         leaver = workers[1]
@@ -222,8 +209,10 @@ def test_d_burst_of_ten_times_capacity(settings: Settings, kit, tmp_path: Path) 
     env = fk.worker_env(settings, presets, max_batch="4", max_in_flight="8")
     w = fk.Worker(env, tmp_path / "w1.log").start()
     try:
-        fk.wait_for(lambda: w.rss() > 0, 30, "the worker process")
-        time.sleep(3.0)
+        # the baseline once the worker has joined its group (imports done: they read files too)
+        fk.wait_for(lambda: asyncio.run(fk.group_members(settings)) == 1, 120, "the worker to join",
+                    alive=w.running)
+        time.sleep(1.0)
         base_rss = w.rss()
         read0 = w.bytes_read()
         placed = asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan))
