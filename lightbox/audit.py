@@ -140,6 +140,9 @@ def reconcile(inputs: Iterable[AuditInput], outputs: Iterable[AuditOutput], *, u
             report.duplicated_inputs += 1
             if _differ(outs):
                 report.conflicts.append(pos)
+    order = {r.position: (r.topic, r.partition, r.offset) for r in by_pos.values()}
+    for listed in (report.missing, report.conflicts, report.original_mismatches):
+        listed.sort(key=lambda pos: order.get(pos, ("", 0, 0)))
     report.duplicates_identical = not report.conflicts
     report.error_codes = dict(sorted(codes.items()))
     return report

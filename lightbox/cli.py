@@ -333,9 +333,10 @@ def audit(
     if as_json:
         console.print_json(json.dumps(report.as_dict()))
     else:
+        same = ("" if not report.duplicates
+                else " (byte-identical)" if report.duplicates_identical else " (NOT identical)")
         console.print(f"inputs {report.inputs}  processed {report.processed}  dead letters {report.dead_letters}  "
-                      f"missing {len(report.missing)}  duplicates {report.duplicates} "
-                      f"({'byte-identical' if report.duplicates_identical else 'NOT identical'})")
+                      f"missing {len(report.missing)}  duplicates {report.duplicates}{same}", soft_wrap=True)
         if report.error_codes:
             console.print("dead letters by code: " + ", ".join(f"{k} {v}" for k, v in report.error_codes.items()))
         for title, items in (("missing", report.missing), ("differing duplicates", report.conflicts),

@@ -46,6 +46,9 @@ def test_missing_inputs_are_listed_by_position() -> None:
                   [processed("a", "in:0:0"), dead("in:0:3", "SCHEMA_INVALID")])
     assert r.missing == ["in:0:1", "in:0:2"]
     assert not r.ok
+    # listed in log order (partition, then offset as a number)
+    r = reconcile([inp(10, "x", partition=1), inp(2, "y", partition=1), inp(9, "z")], [])
+    assert r.missing == ["in:0:9", "in:1:2", "in:1:10"]
 
 
 def test_identical_duplicates_pass_and_differing_ones_fail() -> None:
