@@ -244,3 +244,24 @@ def test_a_worker_that_cannot_go_on_fail_stops_leaves_the_group_and_commits_noth
                        for (p, o), sent in by_pos.items() if p == tp.partition and o < off)
     finally:
         worker.stop()
+
+
+def test_topics_take_their_settings_and_the_sink_reads_their_limits(settings: Settings) -> None:
+    from streams.app import ensure_topics
+    from streams.sink import KafkaSink
+
+    s = settings.model_copy(update={"output_max_message_bytes": 1_500_000})
+    assert sorted(asyncio.run(ensure_topics(s))) == sorted(
+        [s.input_topic, s.backfill_topic, s.output_topic, s.dlq_topic])
+
+    async def limits() -> dict:
+        sink = KafkaSink(s)
+        await sink.start()
+        try:
+            return dict(sink.limits)
+        finally:
+            await sink.stop()
+
+    got = asyncio.run(limits())
+    assert got["processed"] == 1_500_000
+    assert got["dead_letter"] != 1_500_000 and got["dead_letter"] >= 1_000_000  # the broker's default
