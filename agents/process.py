@@ -18,10 +18,11 @@ from typing import Any, Literal
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec.sniff import ImageInfo, sniff
-from gpu_kernels.fetch import fetch_source
+from gpu_kernels.fetch import Fetcher, FetchPolicy
 from gpu_kernels.pipeline import Decoded, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
+from gpu_kernels.store import OutputStore, content_type, make_store, variant_key
 from schemas.errors import LightboxError, ProcessingFailed
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
 
@@ -86,12 +87,17 @@ class BatchProcessor:
     def __init__(self, pipeline: RetouchPipeline, presets: PresetBook, codecs: EventCodecs, *,
                  worker_id: str, pipeline_version: str, model_version: str = "none",
                  max_image_bytes: int = 40 << 20, max_pixels: int = 64_000_000, file_roots: Sequence[Path] = (),
-                 output_dir: Path | None = None, wall_ms: Callable[[], int] = _now_ms) -> None:
+                 output_dir: Path | None = None, wall_ms: Callable[[], int] = _now_ms,
+                 fetcher: Fetcher | None = None, store: OutputStore | None = None,
+                 inline_max_bytes: int | None = None) -> None:
         self.pipeline, self.presets, self.codecs = pipeline, presets, codecs
         self.worker_id, self.pipeline_version, self.model_version = worker_id, pipeline_version, model_version
         self.max_image_bytes, self.max_pixels = max_image_bytes, max_pixels
         self.file_roots, self.output_dir = file_roots, output_dir
         self.wall_ms = wall_ms
+        self.fetcher = fetcher or Fetcher(FetchPolicy(max_bytes=max_image_bytes, file_roots=tuple(file_roots)))
+        self.store = store or (make_store(output_dir.resolve().as_uri()) if output_dir else None)
+        self.inline_max_bytes = inline_max_bytes or 0  # with a store, variants up to this size also go inline
 
     # -- one record -> a job or a dead letter ------------------------------------------------
     def prepare(self, rec: InRecord) -> Prepared | OutRecord:
@@ -108,7 +114,7 @@ class BatchProcessor:
             options = RetouchOptions(background=opts["background"].lower(), lighting=opts["lighting"].lower(),
                                      segmentation=opts["segmentation"].lower())
             with spans.span("fetch"):  # the bytes, and what their header says (guards run here)
-                data = fetch_source(event["source"], max_bytes=self.max_image_bytes, file_roots=self.file_roots)
+                data = self.fetcher.fetch(event["source"])
                 info = sniff(data, self.max_image_bytes, self.max_pixels)
         except LightboxError as exc:
             return self.dead_letter(rec, exc, event)
@@ -154,7 +160,7 @@ class BatchProcessor:
             "event_id": processed_event_id(ev["event_id"], self.pipeline_version, self.model_version),
             "source_event_id": ev["event_id"],
             "sku": ev["sku"], "image_id": ev["image_id"], "merchant_id": ev["merchant_id"],
-            "variants": [self._variant(v) for v in res.variants],
+            "variants": [self._variant(v, ev["sku"]) for v in res.variants],
             "quality": {"subject_coverage": q.subject_coverage if q else 0.0,
                         "background_whiteness": q.background_whiteness if q else 0.0,
                         "sharpness": q.sharpness if q else 0.0},
@@ -170,18 +176,12 @@ class BatchProcessor:
         value = self.codecs.processed.encode(record)
         return OutRecord("processed", p.record.key, value, self._headers(p.record), p.record)
 
-    def _variant(self, v: Variant) -> dict[str, Any]:
+    def _variant(self, v: Variant, sku: str) -> dict[str, Any]:
         rec: dict[str, Any] = {"preset": v.preset, "width": v.width, "height": v.height, "format": v.format,
                                "data": v.data, "uri": None, "sha256": v.sha256, "size": v.size}
-        if self.output_dir is not None:  # content-addressed: same bytes, same path, on any replay
-            ext = {"jpeg": "jpg"}.get(v.format, v.format)
-            path = self.output_dir / v.sha256[:2] / f"{v.sha256}.{ext}"
-            if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(v.data)
-                tmp.replace(path)
-            rec["data"], rec["uri"] = None, path.resolve().as_uri()
+        if self.store is not None:  # claim check: content-addressed, idempotent, before the event is produced
+            rec["uri"] = self.store.put(variant_key(sku, v.preset, v.sha256, v.format), v.data, content_type(v.format))
+            rec["data"] = v.data if v.size <= self.inline_max_bytes else None
         return rec
 
     def dead_letter(self, rec: InRecord, exc: LightboxError, event: dict[str, Any] | None = None) -> OutRecord:
