@@ -24,6 +24,9 @@ app = typer.Typer(help="lightbox: marketplace-ready product images from raw supp
 kafka_app = typer.Typer(help="A local single-node Apache Kafka (KRaft) for development, demos and tests; no Docker.",
                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
+s3_app = typer.Typer(help="A local S3-compatible server (s3proxy, filesystem backend) for development, demos and "
+                          "tests; no Docker.", no_args_is_help=True)
+app.add_typer(s3_app, name="s3")
 console = Console()
 err = Console(stderr=True)
 
@@ -92,6 +95,62 @@ def kafka_status() -> None:
     state = read_state()
     if state is not None and state.alive():
         console.print(f"running at [bold]{state.bootstrap}[/] (pid {state.pid}, data {state.data_dir})")
+        return
+    console.print("not running")
+    raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------- s3
+@s3_app.command("up")
+def s3_up(port: Annotated[int | None, typer.Option(help="port (default: a free one)")] = None,
+          data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, removed "
+                                                              "by `down`)")] = None,
+          bucket: Annotated[list[str] | None, typer.Option(help="bucket to create (repeat for more)")] = None) -> None:
+    """Fetch s3proxy's jars with Maven (once) and start it on 127.0.0.1 in the background with fresh
+    credentials. Prints the variables a client needs (endpoint, AWS keys)."""
+    from lightbox.s3_local import LocalS3, S3LaunchError, read_state
+
+    state = read_state()
+    if state is not None and state.alive():
+        console.print(f"already running: [bold]{state.endpoint}[/] (pid {state.pid})")
+        return
+    t0 = time.monotonic()
+    try:
+        with console.status("starting s3proxy (first run fetches its jars with Maven)…"):
+            s3 = LocalS3.start(port=port, data_dir=data_dir, buckets=tuple(bucket or ["lightbox"]))
+    except S3LaunchError as exc:
+        err.print(f"[red]s3 up failed:[/] {exc}")
+        raise typer.Exit(1) from None
+    s3.save_state()
+    console.print(f"S3 up at [bold]{s3.endpoint}[/] in {time.monotonic() - t0:.1f} s (pid {s3.pid}, buckets "
+                  f"{', '.join(s3.buckets)}, log {s3.log_file})")
+    for key, val in s3.env().items():
+        console.print(f"export {key}={val}", soft_wrap=True)
+
+
+@s3_app.command("down")
+def s3_down() -> None:
+    """Stop the server `lightbox s3 up` started and remove its temporary data."""
+    from lightbox.s3_local import clear_state, read_state
+
+    state = read_state()
+    if state is None:
+        console.print("no local S3 recorded")
+        return
+    state.stop()
+    clear_state()
+    console.print(f"stopped s3proxy (pid {state.pid})")
+
+
+@s3_app.command("status")
+def s3_status() -> None:
+    """Say whether the local S3 is running, and where. Exit code 1 when it is not."""
+    from lightbox.s3_local import read_state
+
+    state = read_state()
+    if state is not None and state.alive():
+        console.print(f"running at [bold]{state.endpoint}[/] (pid {state.pid}, buckets {', '.join(state.buckets)}, "
+                      f"data {state.data_dir})")
         return
     console.print("not running")
     raise typer.Exit(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -154,8 +155,8 @@ class LocalS3:
 
     def create_bucket(self, name: str) -> None:
         """A bucket on the filesystem backend is a folder (an unsigned CreateBucket is refused)."""
-        if not name or "/" in name or name.startswith("."):
-            raise S3LaunchError(f"bad bucket name {name!r}")
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", name):  # S3's rule (s3proxy says NoSuchBucket)
+            raise S3LaunchError(f"bad bucket name {name!r}: 3-63 lower-case letters, digits, dots and hyphens")
         (self.basedir / name).mkdir(parents=True, exist_ok=True)
         if name not in self.buckets:
             self.buckets.append(name)

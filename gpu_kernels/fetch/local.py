@@ -40,6 +40,12 @@ def read_file_uri(path_text: str, shown: str, policy: FetchPolicy) -> bytes:
         raise fetch_error("denied", f"{shown} is outside the allowed file roots")
     if any(_under(path, p) for p in PSEUDO_FILESYSTEMS):
         raise fetch_error("denied", f"{shown}: /proc, /sys and /dev are never read")
+    try:  # refuse a non-regular file before open (opening a socket fails, a device may block) ...
+        _require_regular(os.stat(path, follow_symlinks=False).st_mode, shown)
+    except FileNotFoundError:
+        raise fetch_error("not found", f"no such file: {shown}") from None
+    except PermissionError:
+        raise fetch_error("denied", f"cannot open {shown}: permission denied") from None
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
         fd = os.open(path, flags)
@@ -49,16 +55,20 @@ def read_file_uri(path_text: str, shown: str, policy: FetchPolicy) -> bytes:
         reason: Reason = "denied" if isinstance(exc, PermissionError) else "unreadable"
         raise fetch_error(reason, f"cannot open {shown}: {exc.strerror or type(exc).__name__}") from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((k for test, k in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"),
-                                           (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                                           (stat.S_ISBLK, "a block device")) if test(mode)), "not a regular file")
-            raise fetch_error("denied", f"{shown} is {kind}; only regular files are read")
+        _require_regular(os.fstat(fd).st_mode, shown)  # ... and after: what was opened is what counts
         os.set_blocking(fd, True)
         return _read_limited(fd, shown, policy.max_bytes)
     finally:
         os.close(fd)
+
+
+def _require_regular(mode: int, shown: str) -> None:
+    if stat.S_ISREG(mode):
+        return
+    kind = next((k for test, k in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                                   (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                                   (stat.S_ISLNK, "a symlink")) if test(mode)), "not a regular file")
+    raise fetch_error("denied", f"{shown} is {kind}; only regular files are read")
 
 
 def _read_limited(fd: int, shown: str, max_bytes: int) -> bytes:

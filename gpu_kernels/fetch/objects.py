@@ -74,10 +74,12 @@ def classify(exc: BaseException) -> Reason:
         return "denied"
     if isinstance(exc, InvalidPathError | ValueError):
         return "malformed"
-    text = str(exc).lower()
-    if "timed out" in text or "timeout" in text or isinstance(exc, TimeoutError):
+    if isinstance(exc, TimeoutError):
         return "timeout"
-    if "error sending request" in text or "connect" in text:
+    text = str(exc)  # obstore's debug text: read for the error kind only, never echoed
+    if "kind: Timeout" in text or "TimedOut" in text:
+        return "timeout"
+    if "kind: Connect" in text or "error sending request" in text:
         return "unreachable"
     return "server error"
 

@@ -135,10 +135,10 @@ def _one_request(url: str, scheme: str, host: str, port: int, ip: IPAddress, pol
         finally:
             resp.release_conn()
             resp.close()
+    except (NewConnectionError, ProtocolError, MaxRetryError, ConnectionError) as exc:  # before timeouts:
+        raise _Transient("unreachable", type(exc).__name__) from None  # NewConnectionError subclasses one
     except (TimeoutError, Urllib3Timeout) as exc:
         raise _Transient("timeout", type(exc).__name__) from None
-    except (NewConnectionError, ProtocolError, MaxRetryError, ConnectionError) as exc:
-        raise _Transient("unreachable", type(exc).__name__) from None
     except HTTPError as exc:
         raise fetch_error("server error", f"{shown} ({type(exc).__name__})") from None
     finally:
