@@ -27,7 +27,7 @@ __all__ = ["ObjectOutputStore", "OutputStore", "StoreSettings", "make_store", "s
 
 EXTENSIONS = {"jpeg": "jpg"}
 CONTENT_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._~-]+")
 MAX_SEGMENT = 120
 
 
@@ -51,7 +51,7 @@ class StoreSettings(Protocol):
 
 
 def safe_segment(text: str) -> str:
-    """One path segment built from an event field: only ``[A-Za-z0-9._-]``, no leading dot (so never
+    """One path segment built from an event field: only ``[A-Za-z0-9._~-]``, no leading dot (so never
     ``.`` or ``..``), at most 120 characters. A changed name gets a short hash of the original, so two
     SKUs that sanitize alike stay apart. (Stand-in until the shared sanitizer of ``kafkasec`` lands.)"""
     clean = _UNSAFE.sub("_", text).lstrip(".")[:MAX_SEGMENT] or "_"
@@ -78,8 +78,10 @@ def _check_key(key: str) -> str:
 class ObjectOutputStore:
     """An :class:`OutputStore` on an obstore store (S3, GCS, Azure or a local folder)."""
 
-    def __init__(self, store: Any, uri_base: str, prefix: str = "", *, name: str | None = None) -> None:
+    def __init__(self, store: Any, uri_base: str, prefix: str = "", *, name: str | None = None,
+                 content_types: bool = True) -> None:
         self._store = store
+        self._content_types = content_types  # a local folder keeps no attributes
         self.uri_base = uri_base.rstrip("/")
         self.prefix = "/".join(safe_segment(p) for p in prefix.strip("/").split("/") if p)
         self.name = name or uri_base
@@ -99,8 +101,9 @@ class ObjectOutputStore:
                     return uri  # already written (a replay, or another worker): same key, same bytes
             except FileNotFoundError:
                 pass
-            obstore.put(self._store, path, data, attributes={"Content-Type": content_type}, use_multipart=False)
-        except (BaseError, OSError, ValueError) as exc:
+            attrs = {"Content-Type": content_type} if self._content_types else None
+            obstore.put(self._store, path, data, attributes=attrs, use_multipart=False)
+        except (BaseError, OSError, ValueError, NotImplementedError) as exc:
             raise StoreUnavailable(f"output store {self.name}: writing {path!r} failed ({classify(exc)}, "
                                    f"{type(exc).__name__})") from None
         self._remember(path)
@@ -136,7 +139,7 @@ def make_store(url: str | None, settings: StoreSettings | None = None) -> Output
 
         root = Path(unquote(parts.path)).resolve()
         root.mkdir(parents=True, exist_ok=True)
-        return ObjectOutputStore(LocalStore(root, mkdir=True), root.as_uri(), name=url)
+        return ObjectOutputStore(LocalStore(root, mkdir=True), root.as_uri(), name=url, content_types=False)
     if scheme in ("s3", "gs", "az"):
         bucket = parts.netloc
         if not bucket:

@@ -24,7 +24,8 @@ def worker_env(s: Settings) -> dict[str, str]:
     return {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
             "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
             "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical"}
+            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+            "LIGHTBOX_FILE_ROOTS": "/no/such/dir"}  # file:// is refused without roots; the missing file is in them
 
 
 async def publish_all(s: Settings, good: list[Path], bad: dict[str, Path]) -> tuple[dict, dict]:
@@ -84,6 +85,8 @@ def test_every_input_yields_exactly_one_output(settings: Settings, catalog: list
                          "notes-as-image.jpg": "UNSUPPORTED_FORMAT", "pixel-bomb.png": "TOO_LARGE",
                          "unknown-preset": "UNKNOWN_PRESET", "missing-file": "FETCH_FAILED",
                          "not-avro": "SCHEMA_INVALID"}
+        missing = next(d for d in dead if by_pos[(d["original"]["partition"], d["original"]["offset"])] == "missing-file")
+        assert missing["message"].startswith("not found:")
 
         presets = load_presets()
         for ev in processed:

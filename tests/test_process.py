@@ -18,8 +18,8 @@ PRESETS = ["jd_main", "thumb_webp"]
 
 
 @pytest.fixture(scope="module")
-def processor(tmp_path_factory: pytest.TempPathFactory) -> BatchProcessor:
-    return build_processor(Settings(device="cpu", segmenter="classical",
+def processor(tmp_path_factory: pytest.TempPathFactory, catalog_dir: Path) -> BatchProcessor:
+    return build_processor(Settings(device="cpu", segmenter="classical", file_roots=[catalog_dir],
                                     data_dir=tmp_path_factory.mktemp("d"), max_pixels=40_000_000))
 
 
@@ -97,6 +97,9 @@ def test_bad_files_become_dead_letters_and_batch_mates_survive(
     (lambda p: event_bytes(p, presets=["jd_main", "no_such_preset"]), "UNKNOWN_PRESET", "presets"),
     (lambda p: event_bytes(source={"uri": "file:///nonexistent/lightbox/x.jpg", "sha256": None}),
      "FETCH_FAILED", "fetch"),
+    (lambda p: event_bytes(source={"uri": p.with_name("missing.jpg").as_uri(), "sha256": None}),
+     "FETCH_FAILED", "fetch"),  # inside the roots, not there
+    (lambda p: event_bytes(source={"uri": "file:///etc/passwd", "sha256": None}), "FETCH_FAILED", "fetch"),
     (lambda p: b"this record is not Avro", "SCHEMA_INVALID", "deserialize"),
     (lambda p: b"\x00\x00\x00\x01\x2c" + b"\x00" * 10, "SCHEMA_INVALID", "deserialize"),
 ])
