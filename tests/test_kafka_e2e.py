@@ -85,7 +85,8 @@ def test_every_input_yields_exactly_one_output(settings: Settings, catalog: list
                          "notes-as-image.jpg": "UNSUPPORTED_FORMAT", "pixel-bomb.png": "TOO_LARGE",
                          "unknown-preset": "UNKNOWN_PRESET", "missing-file": "FETCH_FAILED",
                          "not-avro": "SCHEMA_INVALID"}
-        missing = next(d for d in dead if by_pos[(d["original"]["partition"], d["original"]["offset"])] == "missing-file")
+        missing = next(d for d in dead
+                       if by_pos[(d["original"]["partition"], d["original"]["offset"])] == "missing-file")
         assert missing["message"].startswith("not found:")
 
         presets = load_presets()

@@ -122,7 +122,8 @@ def test_processor_writes_variants_to_s3_before_the_event(s3_env: Any, catalog: 
     for v in ev["variants"]:
         assert v["data"] is None and v["uri"].startswith(f"s3://{s3_env.bucket}/{prefix}/")
         key = v["uri"].removeprefix(f"s3://{s3_env.bucket}/")
-        assert key.split("/")[1] == safe_segment("../../SKU/evil") and key.endswith(f"/{v['sha256']}.{ {'jpeg': 'jpg'}.get(v['format'], v['format'])}")
+        ext = {"jpeg": "jpg"}.get(v["format"], v["format"])
+        assert key.split("/")[1] == safe_segment("../../SKU/evil") and key.endswith(f"/{v['sha256']}.{ext}")
         data = bytes(obstore.get(client, key).bytes())
         assert hashlib.sha256(data).hexdigest() == v["sha256"] and len(data) == v["size"]
         assert Image.open(io.BytesIO(data)).size == (v["width"], v["height"])
