@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from lightbox.show import event_table, print_latency_table, save_variants
+from lightbox.show import event_table, print_latency_table, save_variants, variant_reader
 from streams.settings import Settings
 
 app = typer.Typer(help="lightbox: marketplace-ready product images from raw supplier photos, as a stream.",
@@ -241,14 +241,17 @@ def tail(
     idle: Annotated[float, typer.Option(help="stop after this many seconds without an event (0: never)")] = 0.0,
     from_beginning: Annotated[bool, typer.Option(help="read the topic from its start")] = False,
     dead_letters: Annotated[bool, typer.Option("--dlq", help="tail the dead-letter topic instead")] = False,
-    save: Annotated[Path | None, typer.Option(help="write inline variants into this folder")] = None,
+    save: Annotated[Path | None, typer.Option(help="write variants into this folder (inline bytes, or downloaded "
+                                                    "from their URIs: output store, LIGHTBOX_FETCH_ALLOW)")] = None,
 ) -> None:
     """Print processed events as a table (sku, variants, milliseconds per stage, end to end), or
     dead letters (code, source record, stage, reason) with --dlq."""
+    from schemas.errors import LightboxError
     from streams.consume import read_events
 
     settings = Settings()
     topic = settings.dlq_topic if dead_letters else settings.output_topic
+    reader = variant_reader(settings) if save else None
     stop_after = count if count is not None else None
 
     async def go() -> None:
@@ -262,7 +265,10 @@ def tail(
             console.print(event_table(ev, header=not shown))
             shown += 1
             if save:
-                save_variants(ev, save)
+                try:
+                    save_variants(ev, save, reader)
+                except LightboxError as exc:  # a URI this machine may not or cannot read: say so, go on
+                    err.print(f"[yellow]{ev['sku']}: not saved: {exc}[/]")
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(go())
