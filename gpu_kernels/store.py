@@ -23,7 +23,16 @@ from obstore.exceptions import BaseError
 from gpu_kernels.fetch.objects import classify, open_bucket
 from schemas.errors import StoreUnavailable
 
-__all__ = ["ObjectOutputStore", "OutputStore", "StoreSettings", "make_store", "safe_segment", "variant_key"]
+__all__ = [
+    "ObjectOutputStore",
+    "OutputStore",
+    "StoreSettings",
+    "content_type",
+    "make_store",
+    "safe_segment",
+    "store_location",
+    "variant_key",
+]
 
 EXTENSIONS = {"jpeg": "jpg"}
 CONTENT_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
@@ -149,6 +158,16 @@ def make_store(url: str | None, settings: StoreSettings | None = None) -> Output
                             retry_timeout_s=timeout * (retries + 1))
         return ObjectOutputStore(store, f"{scheme}://{bucket}", parts.path, name=url)
     raise ValueError(f"output store {url!r}: scheme must be s3, gs, az or file")
+
+
+def store_location(url: str | None) -> tuple[list[str], list[Path]]:
+    """(fetch allow-list entries, file roots) that let a reader download what the store at ``url`` wrote."""
+    if not url:
+        return [], []
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        return [], [Path(unquote(parts.path)).resolve()]
+    return [f"{parts.scheme}://{parts.netloc}"], []
 
 
 def content_type(fmt: str) -> str:

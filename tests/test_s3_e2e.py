@@ -134,7 +134,8 @@ def test_s3_up_status_down(tmp_path: Path) -> None:
         from obstore.store import S3Store
 
         store = S3Store("variants", endpoint=exports["LIGHTBOX_S3_ENDPOINT"],
-                        access_key_id=exports["AWS_ACCESS_KEY_ID"], secret_access_key=exports["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
+                        access_key_id=exports["AWS_ACCESS_KEY_ID"],
+                        secret_access_key=exports["AWS_SECRET_ACCESS_KEY"], region="us-east-1",
                         client_options={"allow_http": True})
         obstore.put(store, "a/b.txt", b"hello")
         assert bytes(obstore.get(store, "a/b.txt").bytes()) == b"hello"
