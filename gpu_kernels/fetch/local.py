@@ -56,10 +56,21 @@ def read_file_uri(path_text: str, shown: str, policy: FetchPolicy) -> bytes:
         raise fetch_error(reason, f"cannot open {shown}: {exc.strerror or type(exc).__name__}") from None
     try:
         _require_regular(os.fstat(fd).st_mode, shown)  # ... and after: what was opened is what counts
+        opened = _fd_path(fd)  # a folder swapped for a symlink between the check and the open: caught here
+        if opened is not None and not any(_under(opened, r) for r in roots):
+            raise fetch_error("denied", f"{shown} is outside the allowed file roots")
         os.set_blocking(fd, True)
         return _read_limited(fd, shown, policy.max_bytes)
     finally:
         os.close(fd)
+
+
+def _fd_path(fd: int) -> Path | None:
+    """Where an open file really is (Linux); None where the system cannot say."""
+    try:
+        return Path(os.readlink(f"/proc/self/fd/{fd}"))
+    except OSError:
+        return None
 
 
 def _require_regular(mode: int, shown: str) -> None:
