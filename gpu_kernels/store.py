@@ -2,15 +2,15 @@
 
 ``LIGHTBOX_OUTPUT_STORE`` is ``s3://bucket/prefix``, ``gs://bucket/prefix``, ``az://container/prefix``
 or ``file:///path``. Keys are content-addressed, ``prefix/sku/preset/sha256.ext`` with each part
-sanitized, so a replay writes the same key with the same bytes: :meth:`OutputStore.put` skips a key
-that already holds an object of that size, and a concurrent duplicate write stores identical bytes.
+sanitized by ``schemas.paths.safe_component``, so a replay writes the same key with the same bytes:
+:meth:`OutputStore.put` skips a key that already holds an object of that size, and a concurrent
+duplicate write stores identical bytes.
 Transient failures are retried by obstore with backoff; past that budget (or on a refusal: denied,
 no such bucket) ``put`` raises :class:`~schemas.errors.StoreUnavailable` and the worker stops.
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 import threading
 from pathlib import Path
@@ -22,6 +22,7 @@ from obstore.exceptions import BaseError
 
 from gpu_kernels.fetch.objects import classify, open_bucket
 from schemas.errors import StoreUnavailable
+from schemas.paths import safe_component
 
 __all__ = [
     "ObjectOutputStore",
@@ -29,15 +30,12 @@ __all__ = [
     "StoreSettings",
     "content_type",
     "make_store",
-    "safe_segment",
     "store_location",
     "variant_key",
 ]
 
 EXTENSIONS = {"jpeg": "jpg"}
 CONTENT_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
-_UNSAFE = re.compile(r"[^A-Za-z0-9._~-]+")
-MAX_SEGMENT = 120
 
 
 class OutputStore(Protocol):
@@ -59,27 +57,17 @@ class StoreSettings(Protocol):
     def store_retries(self) -> int: ...
 
 
-def safe_segment(text: str) -> str:
-    """One path segment built from an event field: only ``[A-Za-z0-9._~-]``, no leading dot (so never
-    ``.`` or ``..``), at most 120 characters. A changed name gets a short hash of the original, so two
-    SKUs that sanitize alike stay apart. (Stand-in until the shared sanitizer of ``kafkasec`` lands.)"""
-    clean = _UNSAFE.sub("_", text).lstrip(".")[:MAX_SEGMENT] or "_"
-    if clean != text:
-        clean = f"{clean[:MAX_SEGMENT - 9]}~{hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
-    return clean
-
-
 def variant_key(sku: str, preset: str, sha256: str, fmt: str) -> str:
     """``sku/preset/sha256.ext``: the content-addressed key of one variant (the store adds its prefix)."""
     if not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise ValueError(f"variant sha256 {sha256!r} is not 64 hex digits")
-    ext = safe_segment(EXTENSIONS.get(fmt, fmt))
-    return f"{safe_segment(sku)}/{safe_segment(preset)}/{sha256}.{ext}"
+    ext = safe_component(EXTENSIONS.get(fmt, fmt))
+    return f"{safe_component(sku)}/{safe_component(preset)}/{sha256}.{ext}"
 
 
 def _check_key(key: str) -> str:
     parts = key.split("/")
-    if not key or any(p != safe_segment(p) for p in parts):
+    if not key or any(p != safe_component(p) for p in parts):
         raise ValueError(f"store key {key!r} has an unsafe segment (build keys with variant_key)")
     return key
 
@@ -92,7 +80,7 @@ class ObjectOutputStore:
         self._store = store
         self._content_types = content_types  # a local folder keeps no attributes
         self.uri_base = uri_base.rstrip("/")
-        self.prefix = "/".join(safe_segment(p) for p in prefix.strip("/").split("/") if p)
+        self.prefix = "/".join(safe_component(p) for p in prefix.strip("/").split("/") if p)
         self.name = name or uri_base
         self._seen: set[str] = set()
         self._lock = threading.Lock()

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from schemas.paths import safe_component
 from streams.settings import Settings
 
 __all__ = ["event_table", "print_latency_table", "save_variants"]
@@ -44,7 +45,7 @@ def save_variants(ev: dict[str, Any], folder: Path, reader: Callable[[str, str],
     out = []
     for v in ev["variants"]:
         ext = {"jpeg": "jpg"}.get(v["format"], v["format"])
-        path = folder / f"{ev['sku']}.{v['preset']}.{ext}"
+        path = folder / ".".join(safe_component(part) for part in (ev["sku"], v["preset"], ext))
         if v["data"] is not None:
             path.write_bytes(v["data"])
         elif v["uri"] and reader is not None:

@@ -16,9 +16,10 @@ from PIL import Image
 
 from agents.process import InRecord, Prepared
 from agents.wiring import build_processor
-from gpu_kernels.store import make_store, safe_segment, variant_key
+from gpu_kernels.store import make_store, variant_key
 from schemas.errors import FatalError, StoreUnavailable
 from schemas.events import EventCodecs
+from schemas.paths import safe_component
 from streams.producer import ImageProducer
 from streams.settings import Settings
 
@@ -27,15 +28,15 @@ SHA = hashlib.sha256(DATA).hexdigest()
 
 
 @pytest.mark.parametrize("sku", ["../../etc/passwd", "..", ".", "a/b", "a\\b", "", "\x00x", "SKU 1/../..", "é"])
-def test_hostile_skus_become_one_safe_segment(sku: str) -> None:
-    seg = safe_segment(sku)
-    assert seg and "/" not in seg and "\\" not in seg and not seg.startswith(".") and len(seg) <= 120
+def test_hostile_skus_become_one_safe_component(sku: str) -> None:
+    seg = safe_component(sku)
+    assert seg and "/" not in seg and "\\" not in seg and not seg.startswith(".") and len(seg) <= 100
     key = variant_key(sku, "jd_main", SHA, "jpeg")
     assert key.endswith(f"/jd_main/{SHA}.jpg") and key.count("/") == 2 and ".." not in key.split("/")
 
 
 def test_sanitized_skus_that_look_alike_stay_apart() -> None:
-    assert safe_segment("a/b") != safe_segment("a_b") and safe_segment("SKU-1") == "SKU-1"
+    assert safe_component("a/b") != safe_component("a_b") and safe_component("SKU-1") == "SKU-1"
 
 
 def test_keys_must_be_content_addressed() -> None:
@@ -123,7 +124,7 @@ def test_processor_writes_variants_to_s3_before_the_event(s3_env: Any, catalog: 
         assert v["data"] is None and v["uri"].startswith(f"s3://{s3_env.bucket}/{prefix}/")
         key = v["uri"].removeprefix(f"s3://{s3_env.bucket}/")
         ext = {"jpeg": "jpg"}.get(v["format"], v["format"])
-        assert key.split("/")[1] == safe_segment("../../SKU/evil") and key.endswith(f"/{v['sha256']}.{ext}")
+        assert key.split("/")[1] == safe_component("../../SKU/evil") and key.endswith(f"/{v['sha256']}.{ext}")
         data = bytes(obstore.get(client, key).bytes())
         assert hashlib.sha256(data).hexdigest() == v["sha256"] and len(data) == v["size"]
         assert Image.open(io.BytesIO(data)).size == (v["width"], v["height"])
