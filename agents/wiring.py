@@ -56,4 +56,4 @@ def build_fetcher(settings: Settings) -> Fetcher:
     return Fetcher(FetchPolicy(
         max_bytes=settings.max_image_bytes, file_roots=tuple(settings.file_roots), allow=tuple(settings.fetch_allow),
         timeout_s=settings.fetch_timeout_s, connect_timeout_s=settings.fetch_connect_timeout_s,
-        retries=settings.fetch_retries, s3_endpoint=settings.s3_endpoint))
+        retries=settings.fetch_retries, s3_endpoint=settings.s3_endpoint, ca_file=settings.fetch_ca_file))

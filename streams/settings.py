@@ -95,6 +95,7 @@ class Settings(BaseSettings):
     fetch_timeout_s: float = Field(30.0, gt=0, description="one fetch request, body included")
     fetch_connect_timeout_s: float = Field(5.0, gt=0)
     fetch_retries: int = Field(3, ge=0, description="extra attempts after transient fetch failures (backoff)")
+    fetch_ca_file: str | None = Field(None, description="CA bundle for https:// fetches (system trust store if unset)")
     s3_endpoint: str | None = Field(None, description="an S3-compatible endpoint (s3proxy, MinIO) for s3:// "
                                                       "fetches and stores; AWS's own when unset")
     output_store: str | None = Field(None, description="s3://bucket/prefix, gs://…, az://…, file:///path: write "

@@ -373,3 +373,59 @@ def test_s3_silent_endpoint_is_a_timeout(s3_env: Any) -> None:
         endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
         f = fetcher(allow=("s3://lightbox-test",), s3_endpoint=endpoint, retries=0, timeout_s=1)
         assert refused(f, "s3://lightbox-test/x.jpg", "timeout").retriable
+
+
+# ------------------------------------------------------------------------------ https:// pinned to the checked address
+def _tls_files(folder: Path, name: str) -> tuple[Path, Path, Path]:
+    """(CA cert, server cert, server key): a throwaway CA and a certificate for ``name``."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lightbox test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(hours=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    paths = folder / "ca.pem", folder / "cert.pem", folder / "key.pem"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+def test_https_dials_the_checked_address_and_verifies_the_name(origin: Origin, tmp_path: Path) -> None:
+    import ssl
+
+    name = "images.example.test"
+    ca, cert, key = _tls_files(tmp_path, name)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    origin.server.socket = ctx.wrap_socket(origin.server.socket, server_side=True)
+    hosts: list[str] = []
+    origin.routes["/host.jpg"] = lambda h: (hosts.append(h.headers["Host"]), (200, {}, JPEG_ISH))[1]
+    calls: list[str] = []
+
+    def resolve(host: str, port: int) -> list[IPAddress]:
+        calls.append(host)
+        return [ipaddress.ip_address("127.0.0.1")]
+
+    url = f"https://{name}:{origin.port}/host.jpg"
+    f = fetcher(allow=(f"{name}:{origin.port}",), resolver=resolve, ca_file=str(ca), retries=0)
+    assert f.fetch({"uri": url}) == JPEG_ISH
+    assert calls == [name] and hosts == [f"{name}:{origin.port}"]  # resolved once; the name in Host (and SNI)
+    # the same server under a name its certificate does not carry, or without the CA: refused
+    other = fetcher(allow=(f"other.example.test:{origin.port}",), resolver=resolve, ca_file=str(ca), retries=0)
+    assert "TLS" in refused(other, f"https://other.example.test:{origin.port}/host.jpg", "denied").message
+    refused(fetcher(allow=(f"{name}:{origin.port}",), resolver=resolve, retries=0), url, "denied")

@@ -15,10 +15,9 @@ refused unless it is named exactly (not through ``*``). Cloud metadata addresses
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit
 
 __all__ = [
     "METADATA_ADDRESSES",
@@ -113,6 +112,7 @@ class FetchPolicy:
     backoff_s: float = 0.2           # first backoff; doubles per retry, with jitter, capped at 5 s
     max_redirects: int = 3
     s3_endpoint: str | None = None   # an S3-compatible endpoint (s3proxy, MinIO); AWS's otherwise
+    ca_file: str | None = None       # CA bundle for https:// fetches; the system trust store otherwise
     _hosts: tuple[_HostRule, ...] = field(init=False, repr=False, compare=False)
     _buckets: frozenset[tuple[str, str]] = field(init=False, repr=False, compare=False)
 
@@ -131,12 +131,6 @@ class FetchPolicy:
         object.__setattr__(self, "_buckets", frozenset(buckets))
         object.__setattr__(self, "file_roots", tuple(Path(r) for r in self.file_roots))
 
-    @classmethod
-    def create(cls, *, max_bytes: int, file_roots: Sequence[Path | str] = (), allow: Iterable[str] = (),
-               **kw: float | int | str | None) -> FetchPolicy:
-        return cls(max_bytes=max_bytes, file_roots=tuple(Path(r) for r in file_roots),
-                   allow=tuple(parse_list(allow)), **kw)  # type: ignore[arg-type]
-
     def allows_bucket(self, scheme: str, bucket: str) -> bool:
         return (scheme, bucket) in self._buckets or (scheme, "*") in self._buckets
 
@@ -152,6 +146,3 @@ class FetchPolicy:
 
         return replace(self, allow=(*self.allow, *entries))
 
-
-def url_host(url: str) -> str:
-    return (urlsplit(url).hostname or "").lower()

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import urllib3
-from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError, ProtocolError
+from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError, ProtocolError, SSLError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
 from gpu_kernels.fetch.errors import fetch_error, show_uri
@@ -101,7 +101,7 @@ def _one_request(url: str, scheme: str, host: str, port: int, ip: IPAddress, pol
     pool: urllib3.HTTPConnectionPool
     if scheme == "https":
         pool = urllib3.HTTPSConnectionPool(str(ip), port, server_hostname=host, assert_hostname=host,
-                                           cert_reqs="CERT_REQUIRED", **kw)
+                                           cert_reqs="CERT_REQUIRED", ca_certs=policy.ca_file, **kw)
     else:
         pool = urllib3.HTTPConnectionPool(str(ip), port, **kw)
     try:
@@ -139,6 +139,8 @@ def _one_request(url: str, scheme: str, host: str, port: int, ip: IPAddress, pol
         raise _Transient("unreachable", type(exc).__name__) from None  # NewConnectionError subclasses one
     except (TimeoutError, Urllib3Timeout) as exc:
         raise _Transient("timeout", type(exc).__name__) from None
+    except SSLError:
+        raise fetch_error("denied", f"{shown}: TLS verification failed for {host!r}") from None
     except HTTPError as exc:
         raise fetch_error("server error", f"{shown} ({type(exc).__name__})") from None
     finally:
