@@ -425,6 +425,8 @@ def test_https_dials_the_checked_address_and_verifies_the_name(origin: Origin, t
     f = fetcher(allow=(f"{name}:{origin.port}",), resolver=resolve, ca_file=str(ca), retries=0)
     assert f.fetch({"uri": url}) == JPEG_ISH
     assert calls == [name] and hosts == [f"{name}:{origin.port}"]  # resolved once; the name in Host (and SNI)
+    origin.routes["/downgrade"] = (302, {"Location": f"http://{name}:{origin.port}/host.jpg"}, b"")
+    assert "from https" in refused(f, f"https://{name}:{origin.port}/downgrade", "denied").message
     # the same server under a name its certificate does not carry, or without the CA: refused
     other = fetcher(allow=(f"other.example.test:{origin.port}",), resolver=resolve, ca_file=str(ca), retries=0)
     assert "TLS" in refused(other, f"https://other.example.test:{origin.port}/host.jpg", "denied").message

@@ -92,9 +92,8 @@ def _one_request(url: str, scheme: str, host: str, port: int, ip: IPAddress, pol
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     default_port = 443 if scheme == "https" else 80
-    host_header = host if port == default_port else f"{host}:{port}"
-    if ":" in host and port != default_port:
-        host_header = f"[{host}]:{port}"
+    literal = f"[{host}]" if ":" in host else host  # an IPv6 literal keeps its brackets in Host
+    host_header = literal if port == default_port else f"{literal}:{port}"
     timeout = urllib3.Timeout(connect=policy.connect_timeout_s,
                               read=max(0.1, min(policy.timeout_s, deadline - time.monotonic())))
     kw: dict[str, Any] = {"timeout": timeout, "retries": False, "maxsize": 1}
@@ -171,4 +170,7 @@ def fetch_http(url: str, policy: FetchPolicy, resolver: Resolver = system_resolv
         hops += 1
         if hops > policy.max_redirects:
             raise fetch_error("denied", f"{show_uri(url)}: more than {policy.max_redirects} redirects")
-        url = urljoin(url, location)
+        nxt = urljoin(url, location)
+        if scheme == "https" and not nxt.lower().startswith("https://"):
+            raise fetch_error("denied", f"{show_uri(url)}: redirect from https to {show_uri(nxt)}")
+        url = nxt
