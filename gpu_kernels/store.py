@@ -101,7 +101,7 @@ class ObjectOutputStore:
             attrs = {"Content-Type": content_type} if self._content_types else None
             obstore.put(self._store, path, data, attributes=attrs, use_multipart=False)
         except (BaseError, OSError, ValueError, NotImplementedError) as exc:
-            raise StoreUnavailable(f"output store {self.name}: writing {path!r} failed ({classify(exc)}, "
+            raise StoreUnavailable(f"output store {self.name}: cannot write {path!r} ({classify(exc)}, "
                                    f"{type(exc).__name__})") from None
         self._remember(path)
         return uri
@@ -122,7 +122,8 @@ class ObjectOutputStore:
 
 
 def make_store(url: str | None, settings: StoreSettings | None = None) -> OutputStore | None:
-    """The output store named by ``url`` (None: no store). Configuration errors raise ValueError."""
+    """The output store named by ``url`` (None: no store). Configuration errors raise ValueError; a
+    folder that cannot be created raises StoreUnavailable."""
     if not url:
         return None
     parts = urlsplit(url)
@@ -135,8 +136,12 @@ def make_store(url: str | None, settings: StoreSettings | None = None) -> Output
         from obstore.store import LocalStore
 
         root = Path(unquote(parts.path)).resolve()
-        root.mkdir(parents=True, exist_ok=True)
-        return ObjectOutputStore(LocalStore(root, mkdir=True), root.as_uri(), name=url, content_types=False)
+        try:  # fail at start, not at the first output
+            root.mkdir(parents=True, exist_ok=True)
+            local = LocalStore(root, mkdir=True)
+        except (OSError, BaseError) as exc:
+            raise StoreUnavailable(f"output store {url!r} is not writable ({type(exc).__name__})") from None
+        return ObjectOutputStore(local, root.as_uri(), name=url, content_types=False)
     if scheme in ("s3", "gs", "az"):
         bucket = parts.netloc
         if not bucket:
