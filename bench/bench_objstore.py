@@ -78,8 +78,8 @@ def main() -> None:
         s3_uris = [up.put(variant_key(f.stem, "src", hashlib.sha256(b).hexdigest(), f.suffix[1:]), b,
                           "application/octet-stream") for f, b in zip(files, blobs, strict=True)]
         file_uris = [f.resolve().as_uri() for f in files]
-        for uri in s3_uris[:2] + file_uris[:2]:  # warm both paths (connection pool, page cache)
-            fetcher.fetch({"uri": uri})
+        for uris in (s3_uris, file_uris):  # warm both paths (connection pool, page cache); check the bytes
+            assert [fetcher.fetch({"uri": u}) for u in uris] == blobs
 
         cases: dict[str, list[float]] = {}
         for r in range(args.rounds):
