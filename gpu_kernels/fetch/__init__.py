@@ -18,11 +18,11 @@ from urllib.parse import unquote, urlsplit
 from gpu_kernels.fetch.errors import fetch_error, show_uri
 from gpu_kernels.fetch.local import read_file_uri
 from gpu_kernels.fetch.objects import BucketCache, read_object
-from gpu_kernels.fetch.policy import FetchPolicy, parse_list
+from gpu_kernels.fetch.policy import FetchPolicy
 from gpu_kernels.fetch.web import Resolver, fetch_http, system_resolver
 from schemas.errors import TooLarge
 
-__all__ = ["FetchPolicy", "Fetcher", "fetch_source", "parse_list", "split_uri"]
+__all__ = ["FetchPolicy", "Fetcher", "fetch_source", "split_uri"]
 
 MAX_URI_CHARS = 4096
 

@@ -15,15 +15,13 @@ refused unless it is named exactly (not through ``*``). Cloud metadata addresses
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 __all__ = [
     "METADATA_ADDRESSES",
     "FetchPolicy",
     "address_refusal",
-    "parse_list",
 ]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -32,14 +30,6 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 METADATA_ADDRESSES = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.169.254", "fd00:ec2::254", "100.100.100.200", "192.0.0.192", "169.254.170.2"))
 BUCKET_SCHEMES = ("s3", "gs", "az")
-
-
-def parse_list(value: str | Iterable[str] | None) -> list[str]:
-    """A list from an environment value: JSON-free, comma- or whitespace-separated (``a,b`` or ``a b``)."""
-    if value is None:
-        return []
-    items = value.replace(",", " ").split() if isinstance(value, str) else list(value)
-    return [i.strip() for i in items if i and i.strip()]
 
 
 def address_refusal(ip: IPAddress) -> str | None:
@@ -142,7 +132,5 @@ class FetchPolicy:
 
     def with_allowed(self, *entries: str) -> FetchPolicy:
         """This policy plus ``entries`` (e.g. the output store's own bucket, for ``tail --save``)."""
-        from dataclasses import replace
-
         return replace(self, allow=(*self.allow, *entries))
 
