@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from gpu_kernels.backends import RetouchOptions
-from gpu_kernels.codec.sniff import ImageInfo, sniff
+from gpu_kernels.codec.sniff import DEFAULT_MAX_FRAMES, DEFAULT_MAX_SCANS, ImageInfo, sniff
 from gpu_kernels.fetch import Fetcher, FetchPolicy
 from gpu_kernels.pipeline import BatchContext, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
@@ -92,8 +92,8 @@ class Prepared:
 
     @property
     def nbytes(self) -> int:
-        """Decoded size, for the batcher's memory budget."""
-        return self.info.pixels * (4 if self.info.has_alpha else 3)
+        """Decoded size, for the batcher's memory budget (bit depth and frames included)."""
+        return self.info.decoded_nbytes
 
 
 def _now_ms() -> int:
@@ -149,7 +149,9 @@ class BatchProcessor:
 
     def __init__(self, pipeline: RetouchPipeline, presets: PresetBook, codecs: EventCodecs, *,
                  worker_id: str, pipeline_version: str, model_version: str = "none",
-                 max_image_bytes: int = 40 << 20, max_pixels: int = 64_000_000, file_roots: Sequence[Path] = (),
+                 max_image_bytes: int = 40 << 20, max_pixels: int = 64_000_000,
+                 max_frames: int = DEFAULT_MAX_FRAMES, max_scans: int = DEFAULT_MAX_SCANS,
+                 file_roots: Sequence[Path] = (),
                  output_dir: Path | None = None, store: VariantStore | None = None,
                  offload: Literal["always", "oversize"] = "always",
                  wall_ms: Callable[[], int] = _now_ms, fetcher: Fetcher | None = None,
@@ -157,6 +159,7 @@ class BatchProcessor:
         self.pipeline, self.presets, self.codecs = pipeline, presets, codecs
         self.worker_id, self.pipeline_version, self.model_version = worker_id, pipeline_version, model_version
         self.max_image_bytes, self.max_pixels = max_image_bytes, max_pixels
+        self.max_frames, self.max_scans = max_frames, max_scans
         self.file_roots, self.output_dir = file_roots, output_dir
         self.store: VariantStore | None = store or (make_store(output_dir.resolve().as_uri()) if output_dir else None)
         self.offload = offload
@@ -197,7 +200,8 @@ class BatchProcessor:
                     raise
                 except Exception as exc:  # e.g. a NUL byte in a file:// path (ValueError from the OS layer)
                     raise FetchFailed(_describe(exc), stage="fetch", retriable=False) from exc
-                info = sniff(data, self.max_image_bytes, self.max_pixels)
+                info = sniff(data, self.max_image_bytes, self.max_pixels, max_frames=self.max_frames,
+                             max_scans=self.max_scans)
         except LightboxError as exc:
             return self._last_resort(rec, exc, event)
         return Prepared(rec, event, Job(data, presets, options, spans), info)

@@ -36,7 +36,9 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
 
 def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:
     """The pipeline and its model version string."""
-    decoder = make_decoder(device, max_pixels=settings.max_pixels, max_bytes=settings.max_image_bytes)
+    decoder = make_decoder(device, max_pixels=settings.max_pixels, max_bytes=settings.max_image_bytes,
+                           max_frames=settings.max_frames, max_scans=settings.max_scans,
+                           time_budget_s=settings.decode_time_budget_s)
     model, classical, model_version = _segmenters(settings, device)
     return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), model, classical), model_version
 
@@ -48,6 +50,7 @@ def build_processor(settings: Settings, device: str | None = None) -> BatchProce
         pipeline, load_presets(settings.presets_file), EventCodecs.create(FileSchemaStore(settings.schema_store)),
         worker_id=settings.worker_id, pipeline_version=PIPELINE_VERSION, model_version=model_version,
         max_image_bytes=settings.max_image_bytes, max_pixels=settings.max_pixels,
+        max_frames=settings.max_frames, max_scans=settings.max_scans,
         file_roots=settings.file_roots, fetcher=build_fetcher(settings),
         store=make_store(settings.output_store_url(), settings), inline_max_bytes=settings.inline_max_bytes)
 

@@ -43,6 +43,11 @@ class Settings(BaseSettings):
 
     max_image_bytes: int = Field(40 * 1024 * 1024, ge=1, description="largest accepted encoded image")
     max_pixels: int = Field(64_000_000, ge=1, description="largest accepted width*height, read from the header")
+    max_frames: int = Field(256, ge=1, description="largest frame/page count an animated or multi-page image may "
+                                                   "declare (only the first frame is decoded)")
+    max_scans: int = Field(256, ge=1, description="largest number of scans a progressive JPEG may hold")
+    decode_time_budget_s: float = Field(10.0, gt=0, description="an image whose decode takes longer becomes a "
+                                                                 "DECODE_FAILED dead letter; its batch-mates go on")
     file_roots: Annotated[list[Path], NoDecode] = Field(
         default_factory=list, description="folders file:// URIs may point into (empty: file:// refused); "
                                           "comma-separated or a JSON list")
