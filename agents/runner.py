@@ -179,6 +179,7 @@ class _Item:
     event: Any
     record: InRecord
     ticket: Ticket[_Item] | None = None
+    parsed: dict[str, Any] | None = None  # the decoded input event, once prepare read it
 
 
 Pair = tuple[_Item, Any]  # an input and its Prepared job
@@ -306,6 +307,7 @@ class BatchRunner:
         if isinstance(res, OutRecord):
             self._send_q.put_nowait([(item, res)])
             return
+        item.parsed = res.event
         self._staged.append((item, res))
         self._wake.set()
 
@@ -559,11 +561,11 @@ class BatchRunner:
             if rec.value is None and item.record.value is not None:
                 message += f"; the original value ({len(item.record.value)} bytes) is left out"
             try:
-                dead = self._dead_letter(item, OutputTooLarge(message, stage="output"), rec=rec)
+                dead = self._dead_letter(item, OutputTooLarge(message, stage="output"), item.parsed, rec=rec)
             except FatalError as exc:
                 if not isinstance(exc.__cause__, SchemaInvalid):
                     raise
-                dead = self._dead_letter(item, ProcessingFailed(message, stage="output"), rec=rec)
+                dead = self._dead_letter(item, ProcessingFailed(message, stage="output"), item.parsed, rec=rec)
             if dlq_limit is None or record_size(dead) <= dlq_limit:
                 log.error("%s:%d:%d: %s", item.record.topic, item.record.partition, item.record.offset, message)
                 return dead
