@@ -225,22 +225,6 @@ def wait_drained(s: Settings, ends: dict[int, int], timeout_s: float, alive: Cal
     return result
 
 
-def wait_complete(s: Settings, timeout_s: float, alive: Callable[[], bool] | None = None) -> AuditReport:
-    """Audit until no input is missing (or fail, with the last report)."""
-    last: list[AuditReport] = []
-
-    def done() -> bool:
-        last[:] = [audit(s)]
-        return last[0].inputs > 0 and not last[0].missing
-
-    try:
-        wait_for(done, timeout_s, "every input to have an output", every_s=1.0, alive=alive)
-    except AssertionError as exc:
-        rep = last[0] if last else None
-        raise AssertionError(f"{exc}; last audit: {rep and rep.as_dict()}") from None
-    return last[0]
-
-
 # -- workers -----------------------------------------------------------------------------------
 def worker_env(s: Settings, presets: Path, **extra: str) -> dict[str, str]:
     env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
