@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -90,6 +91,27 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _previous_ports(props: Path) -> tuple[int | None, int | None]:
+    """(client port, controller port) a data dir's ``server.properties`` used, if it has one."""
+    try:
+        text = props.read_text()
+    except OSError:
+        return None, None
+    port = re.search(r"^advertised\.listeners=\w+://[^:,]+:(\d+)", text, re.M)
+    voter = re.search(r"^controller\.quorum\.voters=\d+@[^:,]+:(\d+)", text, re.M)
+    return (int(port.group(1)) if port else None), (int(voter.group(1)) if voter else None)
+
+
 def _port_open(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -161,8 +183,11 @@ class LocalKafka:
         owns = data_dir is None
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-kafka-"))
         ddir.mkdir(parents=True, exist_ok=True)
-        port = port or _free_port()
-        controller_port = controller_port or _free_port()
+        # a data dir used before keeps its address when the ports are still free
+        was_port, was_controller = _previous_ports(ddir / "server.properties")
+        port = port or (was_port if was_port and _port_free(was_port) else _free_port())
+        controller_port = controller_port or (
+            was_controller if was_controller and _port_free(was_controller) else _free_port())
         props = ddir / "server.properties"
         secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
         props.touch(mode=0o600)

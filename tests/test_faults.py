@@ -390,3 +390,46 @@ def test_g_output_over_the_topics_size_limit(settings: Settings, kit, tmp_path: 
         assert w.running(), w.log_tail()
     finally:
         w.stop()
+
+
+# -- the local broker on a kept data dir --------------------------------------------------------------
+def test_local_broker_starts_again_on_its_data_dir(tmp_path: Path) -> None:
+    """`lightbox kafka up --data-dir D` twice (with a stop between) works: same cluster id and
+    address, the records and the group's committed offsets are still there."""
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+    from aiokafka.structs import TopicPartition
+
+    from lightbox.kafka_local import LocalKafka
+
+    kafka = LocalKafka.start(data_dir=tmp_path / "kafka", partitions=1)
+    tp = TopicPartition("kept", 0)
+
+    async def write() -> None:
+        prod = AIOKafkaProducer(bootstrap_servers=kafka.bootstrap, acks="all")
+        await prod.start()
+        try:
+            await asyncio.gather(*[await prod.send("kept", b"x%d" % i) for i in range(3)])
+        finally:
+            await prod.stop()
+        cons = AIOKafkaConsumer(bootstrap_servers=kafka.bootstrap, group_id="kept-group", enable_auto_commit=False)
+        await cons.start()
+        try:
+            cons.assign([tp])
+            await cons.commit({tp: 2})
+        finally:
+            await cons.stop()
+
+    async def read(bootstrap: str) -> tuple[list[bytes], int | None]:
+        got = await fk.read_records(bootstrap, ["kept"])
+        return [r.value or b"" for r in got], (await fk.committed(bootstrap, "kept-group", "kept")).get(0)
+
+    try:
+        asyncio.run(write())
+        cid, port = (tmp_path / "kafka" / "cluster.id").read_text(), kafka.port
+        kafka.stop()
+        again = LocalKafka.start(data_dir=tmp_path / "kafka", partitions=1)
+        kafka = again
+        assert ((tmp_path / "kafka" / "cluster.id").read_text(), again.port) == (cid, port)
+        assert asyncio.run(read(again.bootstrap)) == ([b"x0", b"x1", b"x2"], 2)
+    finally:
+        kafka.stop()
