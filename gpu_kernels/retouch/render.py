@@ -5,8 +5,10 @@ All in float32 on premultiplied RGBA (an RGB source is opaque; outside the image
 
 1. resample: for each source row tap ``u``: ``row = Σ_t wx_t * p(iy_u, ix_t)``, then
    ``acc = Σ_u wy_u * row`` (``p`` premultiplied: ``c * (a / 255)``, coverage ``a / 255``);
-2. pad / composite: ``A = clip(acc_a, 0, 1)``; white output ``S = acc_c + 255 * (1 - A)``,
-   transparent output ``S = acc_c`` (still premultiplied);
+2. pad / composite: ``A = clip(acc_a, 0, 1)``; white output ``S = min(acc_c + 255 * (1 -
+   acc_a), 255)`` (the unclipped coverage, as resampling a white-composited source would give,
+   and the clip: so a cubic lobe at the source's frame edge prints no grey line through the white
+   canvas, sharpened or not), transparent output ``S = acc_c`` (still premultiplied);
 3. sharpen: ``S' = S + amount * (S - blur(S))``, blur = ``[1 2 1]ᵀ[1 2 1] / 16`` with
    replicated canvas borders (rows first summed horizontally, then vertically);
 4. finalize: white → ``round(S')``; transparent → alpha ``round(255 A)`` and colour
@@ -93,7 +95,7 @@ def _pad(xp: Any, acc: Array, transparent: bool) -> tuple[Array, Array]:
     cover = xp.clip(acc[..., 3], 0, 1)
     if transparent:
         return acc[..., :3], cover
-    return acc[..., :3] + F32(255) * (F32(1) - cover)[..., None], cover
+    return xp.minimum(acc[..., :3] + F32(255) * (F32(1) - acc[..., 3])[..., None], F32(255)), cover
 
 
 def _sharpen(xp: Any, s_ext: Array, amount: float) -> Array:
@@ -252,8 +254,9 @@ def render_fused_cpu(
         if transparent:
             live[...] = acc[:, :3].transpose(1, 0, 2)
         else:
-            bg = F32(255) * (F32(1) - cover)
+            bg = F32(255) * (F32(1) - acc[:, 3])
             np.add(acc[:, :3].transpose(1, 0, 2), bg[None], out=live)
+            np.minimum(live, F32(255), out=live)
         padded[:, :, 0] = padded[:, :, 1]
         padded[:, :, -1] = padded[:, :, -2]
         v = _sharpen_planar(padded, amount)
