@@ -8,8 +8,10 @@ issue 14 (``--before DIR``: a checkout of that commit, run in a subprocess: whit
 background's mean, gains up to 2x) and after the current one. The cup also goes through
 ``taobao_main``; ``--png DIR`` writes those images.
 
-``mask``: IoU, boundary F and enclosed white islands of the mask post-processing, previous
-(threshold + drop small islands + inward feather) vs current, on composites with holes.
+``mask``: IoU, boundary F and enclosed holes of u2netp masks with the previous post-processing
+(threshold + drop small islands + inward feather) and the current one, on composites with holes
+and thin parts (``gpu_kernels.segment.hole_samples``), and on the first 8 images of the sample
+catalog: subject components, enclosed holes, enclosed white islands in taobao_main.
 
 Usage: ``git worktree add --detach /tmp/base 96ff878;
 PYTHONPATH=. python bench/bench_quality.py [wb] [mask] --before /tmp/base [--png DIR]``
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.presets import load_presets
-from gpu_kernels.quality import bright_subject_cast, enclosed_white_islands, neutral_cast
+from gpu_kernels.quality import boundary_f, bright_subject_cast, enclosed_white_islands, mask_iou, neutral_cast
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.retouch.scenes import SURFACES, WARM_CAST, make_scene
 
@@ -115,6 +117,61 @@ def bench_wb(before: Path, png: Path | None) -> None:
             cv2.imwrite(str(png / f"coffee_taobao_{which}.png"), cv2.cvtColor(out, cv2.COLOR_RGB2BGR))
 
 
+def holes_in(mask: np.ndarray) -> int:
+    """Background components of a bool mask that do not touch the frame."""
+    n, labels = cv2.connectedComponents((~mask).astype(np.uint8), connectivity=4)
+    frame = np.unique(np.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]]))
+    return len(set(range(1, n)) - set(frame.tolist()))
+
+
+def bench_mask(png: Path | None) -> None:
+    from PIL import Image
+
+    from gpu_kernels.segment import MaskPostprocess, OnnxSegmenter, ensure_u2netp
+    from gpu_kernels.segment.hole_samples import HOLED_SHAPES, holed_composite
+    from gpu_kernels.segment.samples import BACKGROUNDS, OBJECTS
+    from streams.samples import make_catalog
+
+    old_post = MaskPostprocess(erode_px=1, far_component=0.0, speck_hole=0.0, max_hole=0.0, guide_sigma=0.0)
+    model = ensure_u2netp().original
+    segs = {"before": OnnxSegmenter(model, post=old_post), "after": OnnxSegmenter(model)}
+    print("masks on composites with holes and thin parts (u2netp): IoU / boundary F (2 px) / holes (truth)")
+    print(f"{'composite':<28} {'before':>22} {'after':>22}")
+    totals: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+    for i, shape in enumerate(HOLED_SHAPES):
+        for j, bg in enumerate(BACKGROUNDS):
+            c = holed_composite(OBJECTS[(i + j) % len(OBJECTS)], shape, bg)
+            row = f"{c.name:<28}"
+            for which, seg in segs.items():
+                m = np.asarray(seg.segment_batch([c.image])[0]) >= 128
+                iou, bf = mask_iou(m, c.mask), boundary_f(m, c.mask)
+                totals[which].append((iou, bf))
+                row += f"  {iou:.3f} / {bf:.3f} / {holes_in(m)} ({holes_in(c.mask)})"
+            print(row)
+    for which, vals in totals.items():
+        arr = np.asarray(vals)
+        print(f"  mean {which:<7} IoU {arr[:, 0].mean():.3f}  boundary F {arr[:, 1].mean():.3f}")
+    r = CpuRetoucher()
+    preset = load_presets()["taobao_main"]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = make_catalog(Path(tmp), 8)
+        print("\nsample catalog in taobao_main: subject components / enclosed holes in the mask / enclosed white "
+              "islands in the output (>= 16 px)")
+        for path in paths:
+            image = np.asarray(Image.open(path).convert("RGB"))
+            row = f"{path.name:<36}"
+            for which, seg in segs.items():
+                alpha = np.asarray(seg.segment_batch([image])[0])
+                out = np.asarray(r.render(r.correct([image], [alpha], RetouchOptions("white"))[0], alpha, preset))
+                n = cv2.connectedComponents((alpha >= 128).astype(np.uint8), connectivity=8)[0] - 1
+                row += f"  {which}: {n:>2} / {holes_in(alpha >= 128):>2} / {enclosed_white_islands(out):>3} " \
+                       f"({enclosed_white_islands(out, 16)})"
+                if png is not None:
+                    png.mkdir(parents=True, exist_ok=True)
+                    cv2.imwrite(str(png / f"{path.stem}_{which}.png"), cv2.cvtColor(out, cv2.COLOR_RGB2BGR))
+            print(row)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", default=["wb", "mask"])
@@ -124,6 +181,8 @@ def main() -> None:
     args = parser.parse_args()
     if "wb" in args.parts:
         bench_wb(args.before, args.png)
+    if "mask" in args.parts:
+        bench_mask(args.png)
 
 
 if __name__ == "__main__":
