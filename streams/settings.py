@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
     log_level: str = "WARNING"
 
+    model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, isnet or birefnet "
+                                                  "(gpu_kernels.segment.model.KNOWN_SPECS)")
+    model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
+                                                             "overrides: input_size, mean, std, ...)")
+
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":
             return self.device

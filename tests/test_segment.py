@@ -519,3 +519,32 @@ def test_cleanup_backends_agree() -> None:
     a = alpha_from_probability(blurred, MaskPostprocess(), CpuOps(), image)
     b = alpha_from_probability(blurred, MaskPostprocess(), numpy_xp_ops(), image)
     assert (np.abs(a.astype(int) - b) > 2).mean() < 0.001
+
+
+# -- the model spec from the worker's settings ----------------------------------------------------
+
+def test_settings_carry_the_model_spec_to_the_segmenter(u2netp: ModelFiles, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LIGHTBOX_MODEL_SPEC`` / ``LIGHTBOX_MODEL_CONFIG_FILE`` reach the runner: another model's
+    spec never runs with u2netp's pre-processing, and u2netp alone needs no file."""
+    from gpu_kernels.segment import ISNET
+    from gpu_kernels.segment.model import resolve_model
+    from streams.settings import Settings
+
+    monkeypatch.setenv("LIGHTBOX_MODEL_SPEC", "isnet")
+    settings = Settings(model_path=u2netp.original)
+    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    assert path == u2netp.original and spec == ISNET
+    with pytest.raises(ProcessingFailed, match="needs a model file"):
+        resolve_model(None, "isnet")
+    with pytest.raises(ProcessingFailed, match="unknown model spec"):
+        resolve_model(u2netp.original, "sam")
+    assert resolve_model(None) == (None, U2NETP)
+    config = tmp_path / "model.toml"
+    config.write_text(f'[segment.model]\npath = "{u2netp.original}"\nspec = "u2netp"\ninput_size = [288, 288]\n')
+    monkeypatch.setenv("LIGHTBOX_MODEL_CONFIG_FILE", str(config))
+    settings = Settings()
+    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    assert path == u2netp.original and spec.input_size == (288, 288) and spec.mean == U2NETP.mean
+    seg = make_segmenter("model", "cpu", model_path=path, spec=spec)
+    assert isinstance(seg, OnnxSegmenter) and seg.spec.input_size == (288, 288)
