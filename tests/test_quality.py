@@ -211,3 +211,32 @@ def test_the_catalog_cup_has_no_white_islands(u2netp: Any, tmp_path: Any) -> Non
     out = np.asarray(r.render(r.correct([image], [alpha], RetouchOptions("white"))[0], alpha,
                               load_presets()["taobao_main"]))
     assert enclosed_white_islands(out, min_px=16) == 0
+
+
+# -- the quality report ---------------------------------------------------------------------------
+
+def test_quality_report_measures_flags_and_puts_flagged_images_first(tmp_path: Any) -> None:
+    """Real parts (the classical segmenter, the CPU retoucher): a clean product shot (the coffee
+    photo cut as an ellipse on a plain backdrop) has no shape flag (its cup stays warm, b* ~ 9,
+    under the neutral backdrop's evidence: ``cast`` may be raised); one cut by the frame and
+    enlarged 2.4x is flagged ``cut`` and ``upscaled``; in the PNG
+    its row comes first (red marker), the clean one after it (green marker)."""
+    from PIL import Image
+
+    from gpu_kernels.quality_report import THUMB, assess, write_quality_report
+    from gpu_kernels.segment import ClassicalSegmenter
+    from gpu_kernels.segment.samples import make_composite
+
+    clean = make_composite("coffee", "ellipse", "plain").image
+    cut = np.ascontiguousarray(make_composite("coffee", "ellipse", "plain", frac=0.9).image[300:, 450:])
+    seg, r, preset = ClassicalSegmenter(), CpuRetoucher(), load_presets()["taobao_main"]
+    rows = [assess("clean", clean, seg, r, preset), assess("cut", cut, seg, r, preset)]
+    assert set(rows[0].flags) <= {"cast"}, rows[0].measures
+    assert {"cut", "upscaled"} <= set(rows[1].flags), rows[1].measures
+    assert rows[0].measures["islands"] == 0 and rows[0].measures["border white %"] == 100.0
+    path = write_quality_report(rows, tmp_path / "report.png", title="test")
+    sheet = np.asarray(Image.open(path).convert("RGB"))
+    marker_x = 6 + 3 * (THUMB + 6) - 2
+    first, second = sheet[28 + THUMB // 2, marker_x], sheet[28 + THUMB + 6 + THUMB // 2, marker_x]
+    assert tuple(first) == (190, 0, 0)
+    assert tuple(second) == ((190, 0, 0) if rows[0].flags else (0, 120, 0))
