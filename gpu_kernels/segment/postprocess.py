@@ -74,20 +74,43 @@ class MaskPostprocess:
 
 
 def guided_probability(prob: Array, image: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
-    """``prob`` refined by a guided filter on ``image``'s grey levels where the model is unsure."""
+    """``prob`` refined by a guided filter on ``image``'s grey levels where the model is unsure.
+
+    The fast guided filter (He and Sun, 2015): the linear coefficients ``a``, ``b`` are computed
+    on a copy shrunk by ``s`` (window ``guide_sigma / s``) and enlarged back; the output
+    ``a * I + b`` uses the full-resolution guide ``I``, so edges stay sharp at full resolution.
+    """
     xp = ops.xp
-    rgb = image[..., :3].astype(xp.float32) if image.shape[-1] >= 3 else image.astype(xp.float32)
-    grey = (rgb[..., 0] * 0.299 + rgb[..., 1] * 0.587 + rgb[..., 2] * 0.114) / 255.0 if rgb.ndim == 3 else rgb / 255.0
+    h, w = prob.shape[:2]
+    rgb = image[..., :3] if image.ndim == 3 else image[..., None]
+    grey = ops.resize_map(_grey(xp, rgb), h, w) if rgb.shape[:2] != (h, w) else _grey(xp, rgb)
     p = prob.astype(xp.float32)
-    s = cfg.guide_sigma
-    mean_i, mean_p = ops.blur(grey, s), ops.blur(p, s)
-    cov = ops.blur(grey * p, s) - mean_i * mean_p
-    var = ops.blur(grey * grey, s) - mean_i * mean_i
+    s = max(1, min(4, int(cfg.guide_sigma // 1.5)))
+    sh, sw = max(1, h // s), max(1, w // s)
+    gi, gp = ops.resize_map(grey, sh, sw), ops.resize_map(p, sh, sw)
+    sigma = cfg.guide_sigma / s
+    mean_i, mean_p = ops.blur(gi, sigma), ops.blur(gp, sigma)
+    cov = ops.blur(gi * gp, sigma) - mean_i * mean_p
+    var = ops.blur(gi * gi, sigma) - mean_i * mean_i
     a = cov / (var + xp.float32(cfg.guide_eps))
     b = mean_p - a * mean_i
-    q = ops.blur(a, s) * grey + ops.blur(b, s)
-    unsure = xp.abs(p - xp.float32(0.5)) < xp.float32(cfg.guide_band)
-    return xp.where(unsure, xp.clip(q, 0.0, 1.0), p).astype(xp.float32)
+    q = ops.resize_map(ops.blur(a, sigma), h, w)
+    q *= grey
+    q += ops.resize_map(ops.blur(b, sigma), h, w)
+    xp.clip(q, xp.float32(0), xp.float32(1), out=q)
+    sure = xp.abs(p - xp.float32(0.5)) >= xp.float32(cfg.guide_band)
+    q[sure] = p[sure]
+    return q
+
+
+def _grey(xp: Any, rgb: Array) -> Array:
+    """``(H, W, 1|3)`` uint8 → ``(H, W)`` float32 grey in [0, 1] (Rec. 601 weights)."""
+    if rgb.shape[-1] == 1:
+        return rgb[..., 0].astype(xp.float32) * xp.float32(1 / 255)
+    out = rgb[..., 0] * xp.float32(0.299 / 255)
+    out += rgb[..., 1] * xp.float32(0.587 / 255)
+    out += rgb[..., 2] * xp.float32(0.114 / 255)
+    return out
 
 
 def drop_islands(hard: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
@@ -109,34 +132,43 @@ def drop_islands(hard: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
 
 
 def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
-    """``hard`` with its enclosed holes filled (see :class:`MaskPostprocess`)."""
+    """``hard`` with its enclosed holes filled (see :class:`MaskPostprocess`). Colours are
+    averaged on a strided grid (about 0.5 MP), enough for a hole's and the ring's means."""
     xp = ops.xp
     labels, n = ops.label(~hard, 4)
     if n == 0:
         return hard
-    flat = labels.ravel()
-    areas = xp.bincount(flat, minlength=n + 1).astype(xp.float64)
     frame = xp.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]])
     outside = xp.zeros(n + 1, dtype=bool)
     outside[frame] = True
     outside[0] = True  # label 0 is the subject itself
+    if bool(outside.all()):
+        return hard  # nothing enclosed: the common case ends here
+    flat = labels.ravel()
+    areas = xp.bincount(flat, minlength=n + 1).astype(xp.float64)
     subject = xp.maximum(xp.sum(hard).astype(xp.float64), 1.0)
     fill = ~outside & (areas <= cfg.speck_hole * subject)
-    if image is not None and cfg.max_hole > 0:
-        rgb = image[..., :3].astype(xp.float64) if image.ndim == 3 else image[..., None].astype(xp.float64)
+    medium = ~outside & ~fill & (areas <= cfg.max_hole * subject)
+    if image is not None and cfg.max_hole > 0 and bool(medium.any()):
+        h, w = hard.shape[:2]
+        st = max(1, math.ceil(math.sqrt(h * w / 500_000)))
+        lab_s, hard_s = labels[::st, ::st], hard[::st, ::st]
+        rgb = image[::st, ::st, :3] if image.ndim == 3 else image[::st, ::st, None]
+        rgb = rgb.astype(xp.float64)
         if rgb.shape[-1] == 1:
             rgb = xp.repeat(rgb, 3, axis=2)
-        sums = xp.stack([xp.bincount(flat, weights=rgb[..., c].ravel(), minlength=n + 1) for c in range(3)], axis=1)
-        means = sums / xp.maximum(areas, 1.0)[:, None]
-        radius = max(1.0, cfg.ring * math.hypot(*hard.shape[:2]))
-        ring = (~hard) & (ops.distance_to(hard) <= radius) & outside[labels]
-        ring_n = xp.maximum(xp.sum(ring), 1)
-        ring_mean = xp.stack([xp.sum(xp.where(ring, rgb[..., c], 0.0)) for c in range(3)]) / ring_n
-        lab = srgb_to_lab(xp, means)
-        ring_lab = srgb_to_lab(xp, ring_mean)
-        delta = xp.sqrt(((lab - ring_lab[None, :]) ** 2).sum(axis=1))
-        unlike_bg = (delta > cfg.hole_delta_e) | (xp.sum(ring) == 0)
-        fill = fill | (~outside & (areas <= cfg.max_hole * subject) & unlike_bg)
+        flat_s = lab_s.ravel()
+        counts = xp.bincount(flat_s, minlength=n + 1).astype(xp.float64)
+        sums = xp.stack([xp.bincount(flat_s, weights=rgb[..., c].ravel(), minlength=n + 1) for c in range(3)],
+                        axis=1)
+        means = sums / xp.maximum(counts, 1.0)[:, None]
+        radius = max(1.0, cfg.ring * math.hypot(h, w) / st)
+        ring = (~hard_s) & (ops.distance_to(hard_s) <= radius) & outside[lab_s]
+        ring_n = xp.sum(ring)
+        ring_mean = xp.stack([xp.sum(xp.where(ring, rgb[..., c], 0.0)) for c in range(3)]) / xp.maximum(ring_n, 1)
+        delta = xp.sqrt(((srgb_to_lab(xp, means) - srgb_to_lab(xp, ring_mean)[None, :]) ** 2).sum(axis=1))
+        unlike_bg = ((delta > cfg.hole_delta_e) & (counts > 0)) | (ring_n == 0)
+        fill = fill | (medium & unlike_bg)
     fill[0] = False
     return hard | fill[labels]
 
