@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed  ## virtualenv with lightbox and its dev tools
 
 kafka-jars: setup  ## fetch Apache Kafka's jars from Maven Central (once; cached)
-	$(BIN)/python -c "from streams.kafka_local import ensure_jars; print(ensure_jars())"
+	$(BIN)/python -c "from lightbox.kafka_local import ensure_jars; print(ensure_jars())"
 
 test: setup kafka-jars  ## the whole suite; starts its own Kafka broker; GPU tests skip without a GPU
 	$(BIN)/pytest -q -p no:cacheprovider

@@ -9,48 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
-from typing import Any
 
 import faust
-from aiokafka import AIOKafkaProducer
 
 from agents.batching import BatchingConfig, MicroBatcher
-from agents.process import BatchProcessor, OutRecord
+from agents.process import BatchProcessor
 from agents.runner import BatchRunner
 from agents.wiring import build_processor
 from streams.app import create_app, input_topic
 from streams.settings import Settings
+from streams.sink import KafkaSink
 
-__all__ = ["KafkaSink", "build_worker"]
+__all__ = ["build_worker"]
 
 log = logging.getLogger(__name__)
-
-
-class KafkaSink:
-    """Outputs and dead letters through one idempotent producer with acks=all."""
-
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.topics = {"processed": settings.output_topic, "dead_letter": settings.dlq_topic}
-        self._producer: AIOKafkaProducer | None = None
-
-    async def start(self) -> None:
-        self._producer = AIOKafkaProducer(
-            bootstrap_servers=self.settings.kafka_bootstrap, acks="all", enable_idempotence=True,
-            linger_ms=5, max_request_size=self.settings.max_image_bytes + (8 << 20),
-            client_id=f"lightbox-{self.settings.worker_id}")
-        await self._producer.start()
-
-    async def send(self, kind: str, out: OutRecord) -> Awaitable[Any]:
-        assert self._producer is not None, "KafkaSink.start() was not called"
-        headers = [(k, v or b"") for k, v in out.headers]
-        fut: Awaitable[Any] = await self._producer.send(self.topics[kind], out.value, key=out.key, headers=headers)
-        return fut
-
-    async def stop(self) -> None:
-        if self._producer is not None:
-            await self._producer.stop()
 
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None) -> faust.App:

@@ -5,7 +5,7 @@ CPU pipeline (issue 6, "Benchmark").
         [--presets jd_main,thumb_webp] [--segmenter classical] [--max-side 800] [--out bench/results]
 
 About 10 minutes on a 2-core machine (``--quick``: about 4). The sample catalog
-(:func:`streams.samples.make_catalog`, 1.2-1.9 MP photos) is shrunk to ``--max-side`` pixels
+(:func:`lightbox.samples.make_catalog`, 1.2-1.9 MP photos) is shrunk to ``--max-side`` pixels
 (0 keeps it) so a shared 2-core CPU does a few images/s and each point gets enough events.
 
 One local Kafka broker for the whole benchmark; every run gets a fresh ``lightbox worker``
@@ -60,11 +60,11 @@ import numpy as np
 from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from lightbox.demo import WorkerProcess
+from lightbox.kafka_local import LocalKafka
+from lightbox.samples import make_catalog
 from schemas.events import EventCodecs
-from streams.demo import WorkerProcess
-from streams.kafka_local import LocalKafka
 from streams.producer import ImageProducer
-from streams.samples import make_catalog
 
 __all__ = ["CONFIGS", "RunResult", "main", "summarize"]
 

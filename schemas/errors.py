@@ -11,7 +11,11 @@ onnxruntime, fastavro) are translated at the boundary of the stage that called t
     ├── UnsupportedFormat         UNSUPPORTED_FORMAT no
     ├── DecodeFailed              DECODE_FAILED   no
     ├── UnknownPreset             UNKNOWN_PRESET  no
-    └── ProcessingFailed          PROCESSING_FAILED no
+    ├── ProcessingFailed          PROCESSING_FAILED no
+    └── OutputTooLarge            OUTPUT_TOO_LARGE no
+
+    FatalError                    (not a dead letter: the worker leaves its group and exits non-zero)
+    └── StoreUnavailable          the output store stayed unreachable past its retry budget
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from typing import TypeVar
 __all__ = [
     "DecodeFailed",
     "ErrorCode",
+    "FatalError",
     "FetchFailed",
     "LightboxError",
+    "OutputTooLarge",
     "ProcessingFailed",
     "SchemaInvalid",
+    "StoreUnavailable",
     "TooLarge",
     "UnknownPreset",
     "UnsupportedFormat",
@@ -45,6 +52,7 @@ class ErrorCode(StrEnum):
     FETCH_FAILED = "FETCH_FAILED"
     UNKNOWN_PRESET = "UNKNOWN_PRESET"
     PROCESSING_FAILED = "PROCESSING_FAILED"
+    OUTPUT_TOO_LARGE = "OUTPUT_TOO_LARGE"
 
 
 class LightboxError(Exception):
@@ -91,6 +99,22 @@ class UnknownPreset(LightboxError):
 
 class ProcessingFailed(LightboxError):
     code = ErrorCode.PROCESSING_FAILED
+
+
+class OutputTooLarge(LightboxError):
+    """The processed event would exceed the output topic's ``max.message.bytes`` and no store is
+    configured to take the variants out of line."""
+
+    code = ErrorCode.OUTPUT_TOO_LARGE
+
+
+class FatalError(Exception):
+    """The worker cannot go on: it logs one line, leaves its group and exits non-zero, so its
+    partitions move to a healthy worker. Never turned into a dead letter."""
+
+
+class StoreUnavailable(FatalError):
+    """The output store stayed unreachable (or unwritable) past its retry budget."""
 
 
 def per_item(fn: Callable[[T], R], items: Iterable[T]) -> list[R | LightboxError]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from streams.cli import app
+from lightbox.cli import app
 
 runner = CliRunner()
 
@@ -44,7 +44,7 @@ def test_kafka_up_status_down(tmp_path: Path) -> None:
     env["LIGHTBOX_STATE_FILE"] = str(state)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "streams.cli", *args], env=env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "lightbox.cli", *args], env=env, capture_output=True,
                               text=True, timeout=180)
 
     up = cli("kafka", "up")

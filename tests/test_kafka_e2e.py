@@ -11,7 +11,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
 from gpu_kernels.presets import load_presets
-from streams.demo import WorkerProcess, collect_outputs
+from lightbox.demo import WorkerProcess, collect_outputs
 from streams.producer import ImageProducer
 from streams.settings import Settings
 

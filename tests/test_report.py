@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.report import stage_family, stage_table
+from lightbox.report import stage_family, stage_table
 
 
 def event(spans: list[tuple[str, int, int]], latency_ms: int) -> dict:

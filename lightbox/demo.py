@@ -31,7 +31,7 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "streams.cli", "worker", *self.args],
+            self.proc = subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker", *self.args],
                                          env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
         return self
@@ -77,10 +77,10 @@ async def collect_outputs(bootstrap: str, topics: Sequence[str], expected: int, 
 
 def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, console: Console,
              segmenter: str = "model") -> int:
-    from streams.cli import print_latency_table, save_variants
-    from streams.kafka_local import LocalKafka
+    from lightbox.kafka_local import LocalKafka
+    from lightbox.samples import BAD_INPUTS, make_bad_inputs, make_catalog
+    from lightbox.show import print_latency_table, save_variants
     from streams.producer import ImageProducer
-    from streams.samples import BAD_INPUTS, make_bad_inputs, make_catalog
     from streams.settings import Settings
 
     t0 = time.monotonic()

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -18,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from lightbox.show import event_table, print_latency_table, save_variants
 from streams.settings import Settings
 
 app = typer.Typer(help="lightbox: marketplace-ready product images from raw supplier photos, as a stream.",
@@ -25,6 +25,21 @@ app = typer.Typer(help="lightbox: marketplace-ready product images from raw supp
 kafka_app = typer.Typer(help="A local single-node Apache Kafka (KRaft) for development, demos and tests; no Docker.",
                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from lightbox import __version__
+        from streams.settings import PIPELINE_VERSION
+
+        typer.echo(f"lightbox {__version__} (pipeline {PIPELINE_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """lightbox: marketplace-ready product images from raw supplier photos, as a stream."""
 console = Console()
 err = Console(stderr=True)
 
@@ -37,7 +52,7 @@ def _bootstrap(explicit: str | None) -> str:
         return explicit
     if "LIGHTBOX_KAFKA_BOOTSTRAP" in os.environ:
         return os.environ["LIGHTBOX_KAFKA_BOOTSTRAP"]
-    from streams.kafka_local import read_state
+    from lightbox.kafka_local import read_state
 
     state = read_state()
     if state is not None and state.alive():
@@ -49,10 +64,13 @@ def _bootstrap(explicit: str | None) -> str:
 @kafka_app.command("up")
 def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default: a free one)")] = None,
              data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, "
-                                                                    "removed by `down`)")] = None) -> None:
+                                                                    "removed by `down`)")] = None,
+             secure: Annotated[bool, typer.Option(help="SASL_SSL with SCRAM-SHA-512: a CA and broker certificate "
+                                                       "made at start, a user `lightbox` with a password in a "
+                                                       "file")] = False) -> None:
     """Fetch Kafka's jars with Maven (once), format a KRaft log dir and start a broker+controller
-    on 127.0.0.1 in the background. Prints the bootstrap address."""
-    from streams.kafka_local import KafkaLaunchError, LocalKafka, read_state
+    on 127.0.0.1 in the background. Prints the settings a client needs."""
+    from lightbox.kafka_local import KafkaLaunchError, LocalKafka, read_state
 
     state = read_state()
     if state is not None and state.alive():
@@ -61,20 +79,21 @@ def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default
     t0 = time.monotonic()
     try:
         with console.status("starting Kafka (first run fetches its jars with Maven)…"):
-            kafka = LocalKafka.start(port=port, data_dir=data_dir)
+            kafka = LocalKafka.start(port=port, data_dir=data_dir, secure=secure)
     except KafkaLaunchError as exc:
         err.print(f"[red]kafka up failed:[/] {exc}")
         raise typer.Exit(1) from None
     kafka.save_state()
     console.print(f"Kafka up at [bold]{kafka.bootstrap}[/] in {time.monotonic() - t0:.1f} s "
                   f"(pid {kafka.pid}, log {kafka.log_file})")
-    console.print(f"export LIGHTBOX_KAFKA_BOOTSTRAP={kafka.bootstrap}")
+    for key, value in kafka.client_env().items():  # a secure broker: also protocol, user, CA and password files
+        console.print(f"export {key}={value}", soft_wrap=True)
 
 
 @kafka_app.command("down")
 def kafka_down() -> None:
     """Stop the broker `lightbox kafka up` started (clean shutdown) and remove its temporary data."""
-    from streams.kafka_local import clear_state, read_state
+    from lightbox.kafka_local import clear_state, read_state
 
     state = read_state()
     if state is None:
@@ -88,7 +107,7 @@ def kafka_down() -> None:
 @kafka_app.command("status")
 def kafka_status() -> None:
     """Say whether the local broker is running, and where. Exit code 1 when it is not."""
-    from streams.kafka_local import read_state
+    from lightbox.kafka_local import read_state
 
     state = read_state()
     if state is not None and state.alive():
@@ -96,6 +115,28 @@ def kafka_status() -> None:
         return
     console.print("not running")
     raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------- doctor
+@app.command()
+def doctor(bootstrap: Bootstrap = None) -> None:
+    """Check what this installation has and lacks (Python, JDK and Maven for the local broker,
+    DALI, CuPy and the GPU, ONNX Runtime providers, the cached model and its checksum, the broker
+    it would connect to), each with a one-line fix. Exits 1 when something required is missing."""
+    from rich.markup import escape
+
+    from lightbox.doctor import run_checks
+
+    checks = run_checks(_bootstrap(bootstrap))
+    table = Table(box=None, show_header=True, padding=(0, 2))
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    colour = {"ok": "green", "warn": "yellow", "missing": "red"}
+    for c in checks:
+        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(c.detail), escape(c.fix))
+    console.print(table)
+    if any(c.status == "missing" for c in checks):
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------------------------- worker
@@ -210,59 +251,6 @@ def tail(
         asyncio.run(go())
 
 
-TAIL_STAGES = ("decode", "segment", "correct", "render", "encode")  # fetch and produce: see `report`
-
-
-def event_table(ev: dict[str, Any], *, header: bool) -> Table:
-    """One processed event as a table row (fixed widths, so rows printed one by one line up)."""
-    from streams.report import per_event_stage_ms
-
-    stages = per_event_stage_ms(ev)
-    table = Table(show_header=header, box=None, pad_edge=False, collapse_padding=True, padding=(0, 1))
-    table.add_column("sku", width=18, no_wrap=True, style="bold")
-    table.add_column("variants", width=10, no_wrap=True, overflow="ellipsis")
-    for s in TAIL_STAGES:  # milliseconds
-        table.add_column(s, justify="right", width=7)
-    table.add_column("e2e ms", justify="right", width=6)
-    variants = f"{len(ev['variants'])}: " + " ".join(f"{v['width']}" for v in ev["variants"])
-    table.add_row(ev["sku"], variants, *(f"{stages.get(s, 0.0):.1f}" for s in TAIL_STAGES),
-                  f"{ev['latency_us'] / 1000:.0f}")
-    return table
-
-
-def save_variants(ev: dict[str, Any], folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
-    out = []
-    for v in ev["variants"]:
-        ext = {"jpeg": "jpg"}.get(v["format"], v["format"])
-        path = folder / f"{ev['sku']}.{v['preset']}.{ext}"
-        if v["data"] is not None:
-            path.write_bytes(v["data"])
-        elif v["uri"] and v["uri"].startswith("file://"):
-            shutil.copyfile(v["uri"][len("file://"):], path)
-        else:
-            continue
-        out.append(path)
-    return out
-
-
-def print_latency_table(events: list[dict[str, Any]]) -> None:
-    from streams.report import stage_table
-
-    rows, e2e = stage_table(events)
-    table = Table(title=f"lightbox stage latency over {e2e['n']} processed images")
-    for col in ("stage", "mean ms", "p50 ms", "p99 ms", "share", "per image ms"):
-        table.add_column(col, justify="left" if col == "stage" else "right")
-    for r in rows:
-        table.add_row(r.stage, f"{r.mean_ms:.1f}", f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", f"{r.share:.0%}",
-                      f"{r.per_image_ms:.1f}")
-    console.print(table)
-    console.print("[dim]ms: how long each image waited on the stage (a batched stage lasts as long as its batch); "
-                  "per image: the stage's time divided by its batch size[/]")
-    if e2e["n"]:
-        console.print(f"end to end (created_at → output): p50 {e2e['p50_ms']:.0f} ms, p99 {e2e['p99_ms']:.0f} ms")
-
-
 @app.command()
 def report(
     bootstrap: Bootstrap = None,
@@ -286,7 +274,7 @@ def report(
         raise typer.Exit(1)
     print_latency_table(events)
     if png:
-        from streams.report import draw_stage_chart
+        from lightbox.report import draw_stage_chart
 
         console.print(f"wrote {draw_stage_chart(events, png)}")
 
@@ -301,7 +289,7 @@ def contact_sheet(
     """Before | mask | cutout on white, one row per image: a sheet to look at the segmentation."""
     from gpu_kernels.codec import make_decoder
     from gpu_kernels.segment import make_segmenter
-    from gpu_kernels.segment.contact_sheet import write_contact_sheet
+    from lightbox.contact_sheet import write_contact_sheet
     from streams.producer import iter_image_files
 
     files = list(iter_image_files(paths))[:limit]
@@ -330,7 +318,7 @@ def samples(out: Annotated[Path, typer.Argument(help="folder to write into")] = 
             bad: Annotated[bool, typer.Option(help="also write inputs that must become dead letters")] = False) -> None:
     """Write a sample catalog: real photographs from scikit-image re-encoded at catalog sizes
     (JPEG, progressive JPEG, PNG, WebP)."""
-    from streams.samples import make_bad_inputs, make_catalog
+    from lightbox.samples import make_bad_inputs, make_catalog
 
     paths = make_catalog(out, count)
     if bad:
@@ -349,7 +337,7 @@ def demo(
     """End to end on this machine: start a local Kafka, publish the sample catalog (plus a few
     bad files), run a worker until every input has an output or a dead letter, print the
     latency table, write the images to OUT/images, stop everything."""
-    from streams.demo import run_demo
+    from lightbox.demo import run_demo
 
     rc = run_demo(out=out, count=count, presets=[p.strip() for p in presets.split(",") if p.strip()],
                   timeout_s=timeout, console=console, segmenter=segmenter)
@@ -365,7 +353,13 @@ def main() -> None:
 
     # aiokafka warns about topics that do not exist *yet* (they are created a moment later)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
-    app()
+    from streams.security import KafkaSecurityError
+
+    try:
+        app()
+    except KafkaSecurityError as exc:  # a refused password, an untrusted certificate, a missing setting
+        err.print(f"[red]kafka security:[/] {exc}", soft_wrap=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
