@@ -130,7 +130,7 @@ def bench_mask(png: Path | None) -> None:
     from gpu_kernels.segment import MaskPostprocess, OnnxSegmenter, ensure_u2netp
     from gpu_kernels.segment.hole_samples import HOLED_SHAPES, holed_composite
     from gpu_kernels.segment.samples import BACKGROUNDS, OBJECTS
-    from streams.samples import make_catalog
+    from lightbox.samples import make_catalog
 
     old_post = MaskPostprocess(erode_px=1, far_component=0.0, speck_hole=0.0, max_hole=0.0, guide_sigma=0.0)
     model = ensure_u2netp().original

@@ -132,7 +132,7 @@ def _catalog(folder: Path | None, limit: int) -> list[tuple[str, np.ndarray]]:
     import tempfile
 
     if folder is None:
-        from streams.samples import make_catalog
+        from lightbox.samples import make_catalog
 
         with tempfile.TemporaryDirectory() as tmp:
             return _catalog_from(make_catalog(Path(tmp), limit), limit)

@@ -199,7 +199,7 @@ def test_the_catalog_cup_has_no_white_islands(u2netp: Any, tmp_path: Any) -> Non
     from PIL import Image
 
     from gpu_kernels.segment import OnnxSegmenter
-    from streams.samples import make_catalog
+    from lightbox.samples import make_catalog
 
     path = make_catalog(tmp_path, 1)[0]
     assert "coffee" in path.name
