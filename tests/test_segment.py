@@ -548,3 +548,20 @@ def test_settings_carry_the_model_spec_to_the_segmenter(u2netp: ModelFiles, tmp_
     assert path == u2netp.original and spec.input_size == (288, 288) and spec.mean == U2NETP.mean
     seg = make_segmenter("model", "cpu", model_path=path, spec=spec)
     assert isinstance(seg, OnnxSegmenter) and seg.spec.input_size == (288, 288)
+
+
+@BOTH_OPS
+def test_an_unsure_background_coloured_leak_is_dropped_when_asked(ops: CpuOps) -> None:
+    """A bright product with a patch of dark backdrop the model half-took for product (prob
+    0.6): with ``leak_prob=0.8`` the patch goes, the product (prob 1) stays; off by default
+    (measured: it also trims fur and soft parts of real photos, see the bench)."""
+    image = np.full((300, 400, 3), 45, np.uint8)
+    image[100:200, 100:200] = 210
+    prob = np.zeros((300, 400), np.float32)
+    prob[100:200, 100:200] = 1.0
+    prob[120:180, 200:260] = 0.6  # the leak, backdrop-coloured
+    off = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0), ops, image) > 0
+    on = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0, leak_prob=0.8), ops,
+                                image) > 0
+    assert off[150, 230] and not on[150, 230]
+    assert on[100:200, 100:200].all()

@@ -27,7 +27,14 @@ from typing import Any
 from gpu_kernels.retouch.color import srgb_to_lab
 from gpu_kernels.segment.ops import ArrayOps
 
-__all__ = ["MaskPostprocess", "alpha_from_probability", "drop_islands", "fill_holes", "guided_probability"]
+__all__ = [
+    "MaskPostprocess",
+    "alpha_from_probability",
+    "drop_islands",
+    "drop_leaks",
+    "fill_holes",
+    "guided_probability",
+]
 
 Array = Any
 
@@ -43,6 +50,9 @@ class MaskPostprocess:
     more than ``hole_delta_e`` (CIELAB ΔE) from the background just around the subject
     (``ring`` share of the diagonal). Guided filter: Gaussian window ``guide_sigma`` px (0: off),
     regulariser ``guide_eps`` (on a 0..1 grey guide), applied where ``|prob - 0.5| < guide_band``.
+    Leaks (off by default, ``leak_prob`` 0): subject pixels with ``prob < leak_prob`` within
+    ``leak_delta_e`` of the background around the subject are dropped (on the sample catalog at
+    0.8 it removes the backdrop patch between the coins but also trims a cat's fur by 5 %).
     """
 
     threshold: float = 0.5  # probability at or above which a pixel is subject
@@ -58,6 +68,8 @@ class MaskPostprocess:
     guide_sigma: float = 3.0
     guide_eps: float = 1e-3
     guide_band: float = 0.45
+    leak_prob: float = 0.0
+    leak_delta_e: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -173,6 +185,35 @@ def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: Arra
     return hard | fill[labels]
 
 
+def drop_leaks(hard: Array, prob: Array, image: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """``hard`` without the pixels the model was unsure of (``prob < leak_prob``) whose colour is
+    within ``leak_delta_e`` of the background just around the subject: a patch of backdrop the
+    model took for product (the dark blob between skimage's coins)."""
+    xp = ops.xp
+    unsure = hard & (prob < xp.float32(cfg.leak_prob))
+    if not bool(unsure.any()):
+        return hard
+    h, w = hard.shape[:2]
+    st = max(1, math.ceil(math.sqrt(h * w / 500_000)))
+    hard_s = hard[::st, ::st]
+    rgb_s = image[::st, ::st, :3].astype(xp.float64) if image.ndim == 3 else xp.repeat(
+        image[::st, ::st, None].astype(xp.float64), 3, axis=2)
+    radius = max(1.0, cfg.ring * math.hypot(h, w) / st)
+    ring = (~hard_s) & (ops.distance_to(hard_s) <= radius)
+    ring_n = xp.sum(ring)
+    if int(ring_n) == 0:
+        return hard
+    ring_mean = xp.stack([xp.sum(xp.where(ring, rgb_s[..., c], 0.0)) for c in range(3)]) / ring_n
+    ys, xs = xp.nonzero(unsure)
+    rgb = image[ys, xs, :3].astype(xp.float64) if image.ndim == 3 else xp.repeat(
+        image[ys, xs, None].astype(xp.float64), 3, axis=1)
+    delta = xp.sqrt(((srgb_to_lab(xp, rgb) - srgb_to_lab(xp, ring_mean)[None, :]) ** 2).sum(axis=1))
+    leak = delta < cfg.leak_delta_e
+    out = hard.copy()
+    out[ys[leak], xs[leak]] = False
+    return out
+
+
 def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps, image: Array | None = None) -> Array:
     """``(H, W)`` float32 probability in [0, 1] -> ``(H, W)`` uint8 alpha (0 bg, 255 subject).
 
@@ -183,6 +224,8 @@ def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps, ima
     if image is not None and cfg.guide_sigma > 0:
         prob = guided_probability(prob, image, cfg, ops)
     hard = prob >= cfg.threshold
+    if image is not None and cfg.leak_prob > cfg.threshold:
+        hard = drop_leaks(hard, prob, image, cfg, ops)
     if cfg.min_component > 0:
         hard = drop_islands(hard, cfg, ops) if cfg.far_component > 0 else ops.keep_large_components(
             hard, cfg.min_component)
