@@ -138,7 +138,9 @@ def test_a_white_canvas_has_no_grey_line_at_the_source_frame() -> None:
 def test_the_espresso_cup_comes_out_neutral(u2netp: Any) -> None:
     """The demo's cup (skimage coffee, u2netp mask) in taobao_main: its brightest subject pixels
     have |a*|, |b*| <= 4 (the previous white balance took the wooden table for the light and
-    turned them blue: a* -14, b* -14), and no enclosed white island of 16 px or more."""
+    turned them blue: a* -14, b* -14), and no enclosed pure-white island of 2 px or more (cubic and
+    sharpening overshoot at its highlights made 73 specks of 1-11 px before the render kept
+    product pixels below 255)."""
     from gpu_kernels.segment import OnnxSegmenter
 
     cup = np.asarray(skimage.data.coffee())
@@ -150,7 +152,7 @@ def test_the_espresso_cup_comes_out_neutral(u2netp: Any) -> None:
     where = np.asarray(r.render(np.repeat((255 - mask)[..., None], 3, axis=2), mask, preset))[..., 0] < 8
     a, b = bright_subject_cast(out, where)
     assert abs(a) <= 4 and abs(b) <= 4, (a, b)
-    assert enclosed_white_islands(out, min_px=16) == 0
+    assert enclosed_white_islands(out, min_px=2) == 0  # was 0 before only because the cup was blue
 
 
 # -- masks ------------------------------------------------------------------------------------------

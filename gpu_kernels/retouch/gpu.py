@@ -238,8 +238,11 @@ __device__ void lb_render_phase(
                 LB_T(ty, tx, 0) = acc[0]; LB_T(ty, tx, 1) = acc[1]; LB_T(ty, tx, 2) = acc[2];
             } else {
                 const float bg = 255.0f * (1.0f - acc[3]);
-                LB_T(ty, tx, 0) = fminf(acc[0] + bg, 255.0f); LB_T(ty, tx, 1) = fminf(acc[1] + bg, 255.0f);
-                LB_T(ty, tx, 2) = fminf(acc[2] + bg, 255.0f);
+                for (int ch = 0; ch < 3; ++ch) {
+                    const float raw = acc[ch] + bg;
+                    const int product = raw >= 254.5f && fabsf(raw - 255.0f) > 0.01f;
+                    LB_T(ty, tx, ch) = product ? 254.0f : fminf(raw, 255.0f);
+                }
             }
             LB_T(ty, tx, 3) = cover;
         }
@@ -258,6 +261,7 @@ __device__ void lb_render_phase(
         const float blur = (h0 + 2.0f * h1 + h2) * 0.0625f;
         const float s = LB_T(ty, tx, ch);
         v[ch] = s + amount * (s - blur);
+        if (!transparent && s < 254.5f) v[ch] = fminf(v[ch], 254.0f);
     }
     const long long base = (long long)n * out_h * out_w + (long long)Y * out_w + X;
     if (!transparent) {
