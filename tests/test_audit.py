@@ -157,6 +157,13 @@ def test_audit_on_real_topics(settings, catalog: list[Path], bad_files: dict[str
     assert (report.duplicates, report.duplicates_identical, report.original_mismatches) == (1, True, [])
     assert report.error_codes == {"DECODE_FAILED": 1, "SCHEMA_INVALID": 1}
 
+    # a time range selects inputs by record timestamp
+    first, last = min(r.timestamp_ms for r in records), max(r.timestamp_ms for r in records)
+    topics = ([settings.input_topic], [settings.output_topic, settings.dlq_topic])
+    assert asyncio.run(run_audit(settings.kafka_bootstrap, *topics, since_ms=first)).inputs == 5
+    assert asyncio.run(run_audit(settings.kafka_bootstrap, *topics, since_ms=last + 1)).inputs == 0
+    assert asyncio.run(run_audit(settings.kafka_bootstrap, *topics, until_ms=first)).inputs == 0
+
     for key, val in (("KAFKA_BOOTSTRAP", settings.kafka_bootstrap), ("INPUT_TOPIC", settings.input_topic),
                      ("BACKFILL_TOPIC", settings.backfill_topic), ("OUTPUT_TOPIC", settings.output_topic),
                      ("DLQ_TOPIC", settings.dlq_topic)):
