@@ -223,10 +223,13 @@ def worker(
 
     from agents.retouch import EXIT_FAIL_STOP, build_worker
     from streams.app import ensure_topics
+    from streams.security import KafkaSecurityError
 
     try:  # before joining the group: a worker that cannot start never holds partitions
         created = asyncio.run(ensure_topics(settings))
         retouch = build_worker(settings)
+    except KafkaSecurityError:
+        raise  # a configuration error: main() prints one line and exits 2
     except Exception as exc:
         err.print(f"[red]lightbox worker could not start:[/] {type(exc).__name__}: {exc}")
         raise typer.Exit(EXIT_FAIL_STOP) from None
