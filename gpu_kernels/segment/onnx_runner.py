@@ -11,8 +11,8 @@ next bucket (1, 2, 4, 8, ... , ``max_batch``), so the runtime sees a handful of 
 plans each once (``warmup=True`` plans them all at start-up). A model whose input declares a
 fixed batch (the published u2netp.onnx: 1) limits the buckets to that size.
 
-RGBA images that already carry transparency are cut out already: their alpha is returned as
-the mask and they skip the model.
+RGBA images that already carry transparency are cut out already: their alpha (stray specks far
+from the subject zeroed, ``clean_cutout``) is returned as the mask and they skip the model.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import U2NETP, ModelSpec, output_to_probability, preprocess
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops
-from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
+from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, ProcessingFailed, per_item
 
 __all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "plan_chunks"]
@@ -287,7 +287,8 @@ class OnnxSegmenter:
 
         def checked(item: tuple[int, Array]) -> Array | None:
             validate_image(*item)
-            return precut_alpha(item[1], xp)
+            precut = precut_alpha(item[1], xp)
+            return None if precut is None else clean_cutout(precut, self.post, ops)
 
         masks: list[Array | LightboxError | None] = per_item(checked, enumerate(images))
         todo = [i for i, m in enumerate(masks) if m is None]
