@@ -17,6 +17,7 @@ from gpu_kernels.presets import Preset, load_presets
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.segment import make_segmenter
 from gpu_kernels.spans import SpanRecorder
+from gpu_kernels.stages.base import LANES
 from gpu_kernels.stages.compliance import border_white_share, measure_compliance, source_cut
 
 AMAZON = load_presets()["amazon_main"]
@@ -148,8 +149,8 @@ def cutout(*, shadow: bool = False, specks: bool = False, off_right: bool = Fals
     if shadow:
         floor = np.zeros((h, w), np.float32)
         cv2.ellipse(floor, (600, 730), (300, 30), 0, 0, 360, 1.0, -1)
-        floor = cv2.GaussianBlur(floor, (0, 0), 25)
-        rgba[..., 3] = np.rint(100 * floor / floor.max()).astype(np.uint8)
+        soft = np.asarray(cv2.GaussianBlur(floor, (0, 0), 25), np.float32)
+        rgba[..., 3] = np.rint(100 * soft / soft.max()).astype(np.uint8)
     if specks:
         dust = (np.random.default_rng(0).random((h, w)) < 0.001) & ~body
         rgba[dust] = (0, 0, 0, 2)
@@ -160,26 +161,22 @@ def cutout(*, shadow: bool = False, specks: bool = False, off_right: bool = Fals
     return rgba
 
 
-def segmenter_kinds() -> list[str]:
-    return ["classical", "model"]
-
-
 def run_with(data: bytes, presets: list[Preset], kind: str) -> tuple[JobResult, np.ndarray | None]:
     """The pipeline with one segmenter; also the mask the compliance stage saw."""
-    seg = make_segmenter(kind)
+    seg = make_segmenter("model" if kind == "model" else "classical")
     pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg if kind == "model" else None,
                            seg if kind == "classical" else None)
     job = Job(data, presets, RetouchOptions(), SpanRecorder())
     ctx = pipe.start([job])
-    for lane in ("decode", "device", "output"):
-        pipe.run_lane(ctx, lane)  # type: ignore[arg-type]
+    for lane in LANES:
+        pipe.run_lane(ctx, lane)
     (res,) = ctx.finalize()
     assert res.ok, res.error
     mask = ctx.masks.get(0)
     return res, None if mask is None else np.asarray(mask)
 
 
-@pytest.fixture(params=segmenter_kinds())
+@pytest.fixture(params=["classical", "model"])
 def kind(request: pytest.FixtureRequest) -> str:
     if request.param == "model":
         request.getfixturevalue("u2netp")  # skips when the model cannot be fetched
