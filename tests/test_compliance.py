@@ -275,3 +275,17 @@ def test_the_canvas_is_exactly_255_wherever_no_alpha_reaches() -> None:
     touched = cv2.dilate(touched.astype(np.uint8), np.ones((3, 3), np.uint8)).astype(bool)
     assert (canvas[~touched] == 255).all()
     assert touched.mean() < 0.9 and (canvas[touched] != 255).any(axis=1).mean() > 0.9
+
+
+def test_cut_out_clean_up_agrees_on_both_backends() -> None:
+    """``clean_cutout`` over OpenCV (CPU) and over the array-module code the GPU runs (here on
+    NumPy + SciPy): the same alpha; a cut-out with nothing stray comes back as the same array."""
+    from gpu_kernels.segment.ops import CpuOps, numpy_xp_ops
+    from gpu_kernels.segment.postprocess import MaskPostprocess, clean_cutout
+
+    alpha = cutout(shadow=True, specks=True)[..., 3]
+    cpu = clean_cutout(alpha, MaskPostprocess(), CpuOps())
+    xp = clean_cutout(alpha, MaskPostprocess(), numpy_xp_ops())
+    assert cpu.dtype == np.uint8 and np.array_equal(cpu, xp) and int((cpu != alpha).sum()) > 500
+    clean = cutout(shadow=True)[..., 3]
+    assert clean_cutout(clean, MaskPostprocess(), CpuOps()) is clean
