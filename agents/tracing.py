@@ -102,6 +102,29 @@ class Tracing:
             span.set_status(Status(StatusCode.ERROR, error_code))
         span.end()
 
+    def stages(self, key: RecordKey, stage_spans: Sequence[Mapping[str, Any]], origin_ns: int | None) -> None:
+        """One child of ``key``'s consumer span per stage the item went through, from its own
+        span records (batched stages carry their batch size): each input's trace shows where
+        its milliseconds went without following the batch link."""
+        span = self._open.get(key)
+        if span is None or origin_ns is None or not stage_spans:
+            return
+        from opentelemetry import trace
+
+        ctx = trace.set_span_in_context(span)
+        self._children(ctx, stage_spans, origin_ns)
+
+    def _children(self, ctx: Any, stage_spans: Sequence[Mapping[str, Any]], origin_ns: int) -> None:
+        for s in stage_spans:
+            name = str(s["stage"])
+            begin = origin_ns + int(s["start_us"]) * 1000
+            attrs: dict[str, Any] = {"lightbox.batch_size": int(s.get("batch_size") or 1),
+                                     "lightbox.device": str(s.get("device") or "cpu")}
+            if ":" in name:
+                attrs["lightbox.preset"] = name.split(":", 1)[1]
+            child = self.tracer.start_span(name, context=ctx, start_time=_epoch_ns(begin), attributes=attrs)
+            child.end(end_time=_epoch_ns(begin + int(s["duration_us"]) * 1000))
+
     def forget(self, keys: Iterable[RecordKey]) -> None:
         """Inputs whose partition was revoked: end their spans unfinished."""
         for key in keys:
@@ -126,15 +149,7 @@ class Tracing:
         ends = [b + int(s["duration_us"]) * 1000 for b, s in zip(starts, stage_spans, strict=True)]
         batch = self.tracer.start_span("batch", links=links, start_time=_epoch_ns(min(starts)),
                                        attributes={"lightbox.batch_size": len(keys)})
-        ctx = trace.set_span_in_context(batch)
-        for s, b, e in zip(stage_spans, starts, ends, strict=True):
-            name = str(s["stage"])
-            attrs: dict[str, Any] = {"lightbox.batch_size": int(s.get("batch_size") or 1),
-                                     "lightbox.device": str(s.get("device") or "cpu")}
-            if ":" in name:
-                attrs["lightbox.preset"] = name.split(":", 1)[1]
-            child = self.tracer.start_span(name, context=ctx, start_time=_epoch_ns(b), attributes=attrs)
-            child.end(end_time=_epoch_ns(e))
+        self._children(trace.set_span_in_context(batch), stage_spans, origin_ns)
         batch.end(end_time=_epoch_ns(max(ends)))
 
     def close(self) -> None:

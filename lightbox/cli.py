@@ -160,26 +160,49 @@ def worker(
         if val is not None:
             overrides[key] = val
     settings = Settings(**overrides)
+    import logging.config
+
     from faust import Worker
 
+    from agents.logs import logging_config
+    from agents.observe import Observability
     from agents.retouch import EXIT_FAIL_STOP, build_worker
+    from agents.wiring import build_processor
+    from lightbox import __version__
     from streams.app import ensure_topics
 
+    logs = logging_config(settings.log_format, loglevel)
+    logging.config.dictConfig(logs)  # Faust's Worker applies the same again when it starts
+    logging.captureWarnings(True)
+    say = logging.getLogger("lightbox.worker").warning if settings.log_format == "json" else err.print
+    obs = None
     try:  # before joining the group: a worker that cannot start never holds partitions
         created = asyncio.run(ensure_topics(settings))
-        retouch = build_worker(settings)
+        obs = Observability(settings)
+        device = settings.resolved_device()
+        processor = build_processor(settings, device)
+        retouch = build_worker(settings, processor=processor, observer=obs.telemetry)
+        obs.attach(retouch.app, device=device, model=processor.model_version, version=__version__)
     except Exception as exc:
-        err.print(f"[red]lightbox worker could not start:[/] {type(exc).__name__}: {exc}")
+        say(f"lightbox worker could not start: {type(exc).__name__}: {exc}")
+        if obs is not None:
+            obs.close()
         raise typer.Exit(EXIT_FAIL_STOP) from None
     if created:
-        err.print(f"created topics: {', '.join(created)}")
-    err.print(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
-              f"on {settings.kafka_bootstrap}, device {settings.resolved_device()}")
+        say(f"created topics: {', '.join(created)}")
+    say(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
+        f"on {settings.kafka_bootstrap}, device {device}"
+        + (f", metrics on :{obs.server.port}" if obs.server is not None else ""))
     code: Any = 0
     try:
-        Worker(retouch.app, loglevel=loglevel.upper(), quiet=True).execute_from_commandline()
+        runner = Worker(retouch.app, loglevel=loglevel.upper(), quiet=True, logging_config=logs)
+        if not runner.stdout.isatty():
+            runner.spinner = None  # it writes cursor codes even into files
+        runner.execute_from_commandline()
     except SystemExit as exc:
         code = exc.code
+    finally:
+        obs.close()
     raise typer.Exit(retouch.exit_code or (code if isinstance(code, int) else 1))
 
 

@@ -96,6 +96,12 @@ class Settings(BaseSettings):
     prepare_threads: int = Field(4, ge=1, description="fetch/prepare lane threads")
     output_threads: int = Field(2, ge=1, description="output lane threads (CPU encode, Avro, store writes)")
 
+    # -- observe
+    metrics_port: int = Field(9464, ge=0, le=65535, description="port of /metrics, /healthz and /readyz (0: off)")
+    log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line, with trace ids")
+    health_stall_s: float = Field(60.0, gt=0, description="/healthz fails when a lane with work queued made no "
+                                                          "progress for this long")
+
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":
             return self.device
