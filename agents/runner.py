@@ -57,6 +57,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -215,6 +216,7 @@ class BatchRunner:
         self._out_slots = asyncio.Semaphore(self.config.output_threads)
         self._ack_lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._staged: deque[Pair] = deque()  # prepared, waiting to enter the batcher
         self._pools = {
             "prepare": ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="lightbox-prepare"),
             "decode": ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode"),
@@ -277,8 +279,8 @@ class BatchRunner:
         try:
             async with asyncio.timeout(timeout_s):
                 while self._wm.pending and self.failure is None:
-                    for batch in self.batcher.flush():  # no waiting for batch-mates now
-                        await self._decode_q.put(batch)
+                    for batch in self._stage_into_batcher(all_of_them=True) + self.batcher.flush():
+                        await self._decode_q.put(batch)  # no waiting for batch-mates now
                     await asyncio.sleep(0.02)
         except TimeoutError:
             log.warning("drain timed out after %.0f s with %d inputs unacknowledged; they will be redelivered",
@@ -290,8 +292,8 @@ class BatchRunner:
         for task in [*self._lanes, *self._tasks]:
             task.cancel()
         await asyncio.gather(*self._lanes, *self._tasks, return_exceptions=True)
-        try:
-            await self.sink.stop()
+        try:  # after a fail-stop, unsent outputs do not matter (they are redone): no long flush
+            await asyncio.wait_for(self.sink.stop(), None if self.failure is None else 2.0)
         finally:
             for pool in self._pools.values():
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -310,23 +312,36 @@ class BatchRunner:
         if isinstance(res, OutRecord):
             self._send_q.put_nowait([(item, res)])
             return
-        for batch in self.batcher.add((item, res), res.shape_class, self.clock(), nbytes=res.nbytes):
-            await self._decode_q.put(batch)
+        self._staged.append((item, res))
         self._wake.set()
 
+    def _stage_into_batcher(self, *, all_of_them: bool = False) -> list[Batch[Pair]]:
+        """Prepared jobs enter the batcher only while a closed batch can go straight to decode:
+        while one waits, they stay staged, and then arrive together — the backlog signal that
+        lets the batcher grow batches under load (agents/batching.py)."""
+        closed: list[Batch[Pair]] = []
+        while self._staged and (all_of_them or (not closed and not self._decode_q.full())):
+            pair = self._staged.popleft()
+            closed += self.batcher.add(pair, pair[1].shape_class, self.clock(), nbytes=pair[1].nbytes)
+        return closed
+
     async def _timer_loop(self) -> None:
+        """Feeds the batcher and closes batches at their deadlines."""
         while True:
+            for batch in self._stage_into_batcher() + self.batcher.poll(self.clock()):
+                await self._decode_q.put(batch)
+            if self._staged and not self._decode_q.full():
+                continue
             deadline = self.batcher.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
-            for batch in self.batcher.poll(self.clock()):
-                await self._decode_q.put(batch)
 
     async def _decode_loop(self) -> None:
         while True:
             batch = await self._decode_q.get()
+            self._wake.set()  # room for the next batch: staged jobs may enter the batcher
             self.observer.lane_progress("decode", self._decode_q.qsize())
             pairs = list(batch.items)
             t0 = self.clock()
