@@ -275,7 +275,7 @@ def test_healthz_turns_unhealthy_while_a_stage_blocks(settings: Settings, catalo
                 await runner.submit(offset, InRecord(settings.input_topic, 0, offset, value))
             await asyncio.to_thread(block.entered.wait, 60)
             assert block.entered.is_set()
-            status, body = await asyncio.to_thread(
+            _, body = await asyncio.to_thread(
                 wait_for, "/healthz to fail", lambda: (r := http_get(healthz))[0] == 503 and r, 30, 0.2)
             assert "device" in body and "made no progress" in body
             assert metrics.in_flight._value.get() == 2  # held, not acknowledged
