@@ -53,8 +53,7 @@ class Observability:
         def on_assigned(sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
             assignment = app.consumer.assignment()
             self.health.assigned = bool(assignment)
-            log.info("partitions assigned: %s", _describe(assignment),
-                     extra={"partitions": sorted(f"{tp.topic}:{tp.partition}" for tp in assignment)})
+            log.info("partitions assigned: %s", _describe(assignment))
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]
         def on_revoked(sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:

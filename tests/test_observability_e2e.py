@@ -221,6 +221,27 @@ def test_json_logs_are_one_object_per_line_without_terminal_codes(run: Run) -> N
     assert dead["code"] == "DECODE_FAILED" and len(dead["trace_id"]) == 32
 
 
+def test_text_logs_in_a_file_carry_no_terminal_codes(settings: Settings, tmp_path: Path) -> None:
+    """Faust's start-up spinner hides the cursor with an escape code even when stdout is a file."""
+    port = free_port()
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "LIGHTBOX_GROUP_ID": settings.group_id,
+           "LIGHTBOX_INPUT_TOPIC": settings.input_topic, "LIGHTBOX_OUTPUT_TOPIC": settings.output_topic,
+           "LIGHTBOX_DLQ_TOPIC": settings.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": settings.backfill_topic,
+           "LIGHTBOX_DATA_DIR": str(settings.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+           "LIGHTBOX_METRICS_PORT": str(port)}
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        wait_for("/readyz", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200 or not worker.running(),
+                 timeout_s=120)
+        assert worker.running(), worker.log_tail()
+    finally:
+        rc = worker.stop()
+    assert rc == 0, worker.log_tail()
+    text = (tmp_path / "worker.log").read_text(errors="replace")
+    assert "lightbox worker stopped" in text and f"metrics on :{port}" in text
+    assert "\x1b" not in text
+
+
 # ------------------------------------------------------------------------ a stage that blocks
 class BlockingStage(Stage):
     """A device-lane stage that holds its batch until released."""
