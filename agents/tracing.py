@@ -7,10 +7,13 @@ spans go over OTLP/HTTP through a batching processor (the exporter reads every o
 Per input, a consumer span (``process <topic>``) that continues the producer's ``traceparent``
 from the Kafka headers, with the messaging attributes (system, destination, partition, offset,
 consumer group); it ends when the output is acknowledged, and the output event's
-``traceparent`` header names it, so a CDN publisher's spans hang under lightbox's. Per batch, a
-``batch`` span linked to every input it holds, with one child span per stage (``decode``,
-``segment``, ``preset:<name>``…) carrying batch size and device, re-created from the monotonic
-per-stage spans every output event carries. The produce span covers the broker round trip.
+``traceparent`` header names it, so a CDN publisher's spans hang under lightbox's. Under it, one
+child per stage the image went through (``fetch``, ``decode``, ``segment``, ``preset:<name>``…,
+batch size and device as attributes), so each input's own trace shows where its time went. Per
+batch, a ``batch`` span linked to every input it holds, with one child per batched stage. All are
+re-created from the monotonic per-stage spans every output event carries (no span is open while
+a stage runs, so tracing adds nothing inside the lanes). The ``produce`` span (kind PRODUCER)
+runs from sealing the output event to the brokers' acknowledgement.
 """
 
 from __future__ import annotations

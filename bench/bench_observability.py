@@ -9,11 +9,13 @@ off and on, side by side, on a real broker and the real CPU pipeline (issue 12, 
   and traces exported over OTLP/HTTP (batching span processor) to a receiver in this process
   that decodes every span (so the export is real).
 
-Runs alternate off/on (the pair order flips every pair so drift spreads out); each run is a fresh
-worker on fresh topics, warmed up, then given a backlog (closed loop) through
-:func:`bench_batching.one_run`. Per run: steady-state throughput (outputs over their broker
-append times) and the worker's CPU time per image (robust to the other users of a shared
-machine). The cost is reported per pair and as the median of the pair ratios.
+Both run ``LIGHTBOX_FIXED_BATCH=4`` by default (``--fixed-batch 0``: adaptive) so that the
+controller's load-dependent choices do not blur the comparison. Runs alternate off/on (the pair
+order flips every pair so drift spreads out); each run is a fresh worker on fresh topics, warmed
+up, then given a backlog (closed loop) through :func:`bench_batching.one_run`. Per run:
+steady-state throughput (outputs over their broker append times) and the worker's CPU time per
+image (robust to the other users of a shared machine). The cost is reported per pair and as the
+median of the pair ratios.
 
 Afterwards the stage breakdown is drawn from the Prometheus data of the "on" runs
 (:mod:`bench.plot_stage_breakdown`). Writes ``<out>/bench_observability.json`` and
@@ -62,8 +64,9 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         del os.environ[k]  # "off" must really be off
     port = _free_port()
     receiver = OtlpReceiver()
-    bb.CONFIGS["off"] = {"LIGHTBOX_METRICS_PORT": "0"}
-    bb.CONFIGS["on"] = {"LIGHTBOX_METRICS_PORT": str(port), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint}
+    batch = {"LIGHTBOX_FIXED_BATCH": str(args.fixed_batch)} if args.fixed_batch else {}
+    bb.CONFIGS["off"] = {"LIGHTBOX_METRICS_PORT": "0", **batch}
+    bb.CONFIGS["on"] = {"LIGHTBOX_METRICS_PORT": str(port), "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, **batch}
     workdir = Path(tempfile.mkdtemp(prefix="lightbox-bench-observe-"))
     files = bb.shrink(make_catalog(workdir / "catalog", args.images), args.max_side)
     t_start = time.monotonic()
@@ -119,7 +122,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "shared": True},
         "git": bb.git_state(),
-        "setup": {"events_per_run": args.events, "warmup": args.warmup, "presets": b.presets,
+        "setup": {"events_per_run": args.events, "fixed_batch": args.fixed_batch, "warmup": args.warmup,
+                  "presets": b.presets,
                   "segmenter": args.segmenter, "max_side": args.max_side, "images": len(files),
                   "scrape_interval_s": 1.0, "otlp": "http/protobuf, BatchSpanProcessor defaults"},
         "pairs": pairs,
@@ -143,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--presets", default="jd_main,thumb_webp")
     p.add_argument("--segmenter", default="classical", choices=("classical", "model", "none"))
     p.add_argument("--seed", type=int, default=12)
+    p.add_argument("--fixed-batch", type=int, default=4,
+                   help="both configs run this batch size (0: the adaptive controller, whose choices vary with "
+                        "the machine's load and would blur the comparison)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--keep", action="store_true")
     args = p.parse_args(argv)
