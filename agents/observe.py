@@ -34,8 +34,8 @@ class Observability:
         self.settings = settings
         self.metrics = Metrics()
         self.health = Health(stall_after_s=settings.health_stall_s)
-        self.tracing = tracing if tracing is not None else tracing_from_env(group=settings.group_id,
-                                                                            worker_id=settings.worker_id)
+        self.tracing = tracing if tracing is not None else tracing_from_env(
+            group=settings.group_id, worker_id=settings.worker_id, item_stages=settings.trace_item_stages)
         self.telemetry = Telemetry(self.metrics, self.health, self.tracing)
         self.server = (MetricsServer(self.metrics, self.health, port=settings.metrics_port).start()
                        if settings.metrics_port else None)

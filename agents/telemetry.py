@@ -195,7 +195,7 @@ class Telemetry:
         self._sent: dict[RecordKey, int] = {}
         self._in_hand: dict[str, int] = {}
         self._batches: deque[tuple[RecordKey, ...]] = deque(maxlen=1024)  # batches already observed
-        self._batch_ids: set[int] = set()
+        self._batch_set: set[tuple[RecordKey, ...]] = set()
 
     # -- RunnerObserver ----------------------------------------------------------------------
     def received(self, rec: InRecord) -> None:
@@ -218,7 +218,7 @@ class Telemetry:
     def sending(self, out: OutRecord) -> OutRecord:
         key = _key(out.source)
         self._sent[key] = self.clock_ns()
-        if out.spans and out.batch and id(out.batch) not in self._batch_ids:
+        if out.spans and out.batch and out.batch not in self._batch_set:
             self._observe_batch(out)
         if self.tracing is None:
             return out
@@ -262,9 +262,9 @@ class Telemetry:
 
     def _observe_batch(self, out: OutRecord) -> None:
         if len(self._batches) == self._batches.maxlen:
-            self._batch_ids.discard(id(self._batches[0]))
+            self._batch_set.discard(self._batches[0])
         self._batches.append(out.batch)
-        self._batch_ids.add(id(out.batch))
+        self._batch_set.add(out.batch)
         batched = [s for s in out.spans if s["stage"] not in PER_ITEM_STAGES]
         for s in batched:
             stage = str(s["stage"]).split(":", 1)[0]

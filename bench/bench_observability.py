@@ -17,6 +17,10 @@ steady-state throughput (outputs over their broker append times) and the worker'
 image (robust to the other users of a shared machine). The cost is reported per pair and as the
 median of the pair ratios.
 
+``--observer-only`` (also run after the pairs): the observer's CPU microseconds per image in
+process, metrics only and metrics + tracing, with GPU-like outputs: the figure to set against a
+GPU worker's time per image, where the pipeline is too fast for the CPU pairs to say much.
+
 Afterwards the stage breakdown is drawn from the Prometheus data of the "on" runs
 (:mod:`bench.plot_stage_breakdown`). Writes ``<out>/bench_observability.json`` and
 ``<out>/stage_breakdown.png``. A benchmark: it asserts nothing.
@@ -35,6 +39,7 @@ import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -136,6 +141,88 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+class _Sink:
+    """An OTLP/HTTP endpoint that reads and drops each request (decoding would bill this process)."""
+
+    def __init__(self) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self._server.server_port}/v1/traces"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def observer_cost(n: int = 4000, batch: int = 8) -> dict[str, Any]:
+    """CPU microseconds per image that the observer adds to a worker process: the calls on the
+    event loop plus the span export thread (batching processor, protobuf, HTTP to a sink that
+    drops the requests). Outputs look like a GPU worker's: 11 span records, batches of ``batch``.
+    The figure to set against a device's time per image."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+
+    from agents.process import InRecord, OutRecord
+    from agents.telemetry import Health, Metrics, Telemetry
+    from agents.tracing import Tracing
+
+    names = ["fetch", "decode", "segment", "correct", "preset:jd_main", "preset:thumb_webp", "encode:jd_main",
+             "encode:thumb_webp", "quality", "compliance", "produce"]
+    spans = tuple({"stage": s, "start_us": 100 * k, "duration_us": 90, "batch_size": batch, "device": "gpu"}
+                  for k, s in enumerate(names))
+
+    def run(tel: Telemetry) -> float:
+        outs = []
+        for i in range(n):
+            tp = f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01".encode()
+            rec = InRecord("images", 0, i, b"", headers=[("traceparent", tp)])
+            keys = tuple(("images", 0, j) for j in range(i - i % batch, i - i % batch + batch))
+            outs.append(OutRecord("processed", None, b"", [("traceparent", tp)], rec, spans=spans,
+                                  origin_ns=time.monotonic_ns(), created_ms=time.time_ns() // 1_000_000, batch=keys))
+        t0 = time.process_time()
+        for k in range(0, n, batch):
+            for out in outs[k:k + batch]:
+                tel.received(out.source)
+            tel.lane_progress("device", 0)
+            tel.batch_done("device", batch, 0.001)
+            for out in outs[k:k + batch]:
+                tel.output_acked(tel.sending(out))
+        if tel.tracing is not None:
+            tel.tracing.close()  # flushes: the export's CPU is counted
+        return 1e6 * (time.process_time() - t0) / n
+
+    def traced(sink: _Sink, **kw: Any) -> Telemetry:
+        sampler = kw.pop("sampler", None)
+        provider = TracerProvider(sampler=sampler)
+        exporter = OTLPSpanExporter(endpoint=sink.endpoint)
+        provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=1 << 16))  # no drops: all are paid
+        return Telemetry(Metrics(), Health(), Tracing(provider.get_tracer("bench"), group="g", provider=provider, **kw))
+
+    sink = _Sink()
+    try:
+        out = {"images": n, "batch": batch, "span_records_per_image": len(spans),
+               "metrics_us_per_image": run(Telemetry(Metrics(), Health())),
+               "metrics_tracing_us_per_image": run(traced(sink)),
+               "metrics_tracing_batch_stages_only_us_per_image": run(traced(sink, item_stages=False)),
+               "metrics_tracing_sampled_10pct_us_per_image": run(traced(sink, sampler=TraceIdRatioBased(0.1)))}
+    finally:
+        sink.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     p.add_argument("--pairs", type=int, default=4, help="off/on pairs")
@@ -152,9 +239,15 @@ def main(argv: list[str] | None = None) -> int:
                         "the machine's load and would blur the comparison)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--keep", action="store_true")
+    p.add_argument("--observer-only", action="store_true",
+                   help="only the observer's CPU cost per image, in process (no broker, no worker)")
     args = p.parse_args(argv)
+    if args.observer_only:
+        print(json.dumps(observer_cost(), indent=2))
+        return 0
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     result = asyncio.run(bench(args))
+    result["observer_cost"] = observer_cost()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "bench_observability.json").write_text(json.dumps(result, indent=2))
     for k, pr in enumerate(result["pairs"]):

@@ -101,6 +101,8 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line, with trace ids")
     health_stall_s: float = Field(60.0, gt=0, description="/healthz fails when a lane with work queued made no "
                                                           "progress for this long")
+    trace_item_stages: bool = Field(True, description="traces: a span per stage under each input's span (off: per "
+                                                      "batch only, about a quarter of the spans)")
 
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":

@@ -202,3 +202,29 @@ def test_telemetry_rewrites_the_output_traceparent_when_tracing() -> None:
     assert trace_id == "a" * 32 and span_id != "b" * 16  # the producer's trace, the worker's span
     tel.output_acked(sent)
     assert tel.tracing is not None and tel.tracing.trace_id(("images", 0, 9)) is None  # span ended
+
+
+def test_telemetry_traces_one_batch_span_per_batch_and_stage_spans_per_input() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from agents.telemetry import Telemetry
+    from agents.tracing import Tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tel = Telemetry(Metrics(), Health(), Tracing(provider.get_tracer("t"), group="g"))
+    spans = ({"stage": "fetch", "start_us": 0, "duration_us": 500, "batch_size": 1, "device": "cpu"},
+             {"stage": "decode", "start_us": 1000, "duration_us": 4000, "batch_size": 2, "device": "cpu"},
+             {"stage": "produce", "start_us": 6000, "duration_us": 300, "batch_size": 1, "device": "cpu"})
+    outs = [_out(k, spans=spans, batch=(("images", 0, 1), ("images", 0, 2)), origin_ns=1_000_000_000)
+            for k in (1, 2)]  # equal batch tuples, distinct objects
+    for out in outs:
+        tel.received(out.source)
+    for out in outs:
+        tel.output_acked(tel.sending(out))
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    # per input: consumer, fetch, decode, produce; per batch: batch + decode (the batched stages)
+    assert names == sorted(["batch", "decode"] + 2 * ["process images", "fetch", "decode", "produce"])
