@@ -76,8 +76,6 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 Ack = Callable[[Any], Awaitable[Any]]
-#: bytes left for a record's key and headers when the processor sizes an event's value
-KEY_AND_HEADERS_ROOM = 1024
 
 
 class OutputSink(Protocol):
@@ -185,6 +183,7 @@ class _Item:
     event: Any
     record: InRecord
     ticket: Ticket[_Item] | None = None
+    parsed: dict[str, Any] | None = None  # the decoded input event, once prepare read it
 
 
 Pair = tuple[_Item, Any]  # an input and its Prepared job
@@ -312,6 +311,7 @@ class BatchRunner:
         if isinstance(res, OutRecord):
             self._send_q.put_nowait([(item, res)])
             return
+        item.parsed = res.event
         self._staged.append((item, res))
         self._wake.set()
 
@@ -389,7 +389,8 @@ class BatchRunner:
     async def _output(self, pairs: list[Pair], state: Any) -> None:
         try:
             limit = self.sink.limits.get("processed")
-            value_limit = None if limit is None else limit - RECORD_OVERHEAD - KEY_AND_HEADERS_ROOM
+            # the processor sizes key + value + headers (agents.process.record_size); framing is ours
+            value_limit = None if limit is None else limit - RECORD_OVERHEAD
             t0 = self.clock()
             try:
                 outs = await self._call("output", len(pairs),
@@ -567,11 +568,11 @@ class BatchRunner:
             if rec.value is None and item.record.value is not None:
                 message += f"; the original value ({len(item.record.value)} bytes) is left out"
             try:
-                dead = self._dead_letter(item, OutputTooLarge(message, stage="output"), rec=rec)
+                dead = self._dead_letter(item, OutputTooLarge(message, stage="output"), item.parsed, rec=rec)
             except FatalError as exc:
                 if not isinstance(exc.__cause__, SchemaInvalid):
                     raise
-                dead = self._dead_letter(item, ProcessingFailed(message, stage="output"), rec=rec)
+                dead = self._dead_letter(item, ProcessingFailed(message, stage="output"), item.parsed, rec=rec)
             if dlq_limit is None or record_size(dead) <= dlq_limit:
                 log.error("%s:%d:%d: %s", item.record.topic, item.record.partition, item.record.offset, message)
                 return dead

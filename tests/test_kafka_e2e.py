@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from gpu_kernels.presets import load_presets
@@ -28,7 +30,8 @@ def worker_env(s: Settings) -> dict[str, str]:
     return {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
             "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
             "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical"}
+            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+            "LIGHTBOX_FILE_ROOTS": "/no/such/dir"}  # file:// is refused without roots; the missing file is in them
 
 
 @dataclass
@@ -128,6 +131,9 @@ def test_every_input_yields_exactly_one_output(settings: Settings, catalog: list
             assert orig["value"] == sent.value
             assert [(h["key"], h["value"]) for h in orig["headers"]] == sent.headers
             assert d["source_event_id"] == sent.event_id
+        missing = next(d for d in dead
+                       if by_pos[(d["original"]["partition"], d["original"]["offset"])] .what == "missing-file")
+        assert missing["message"].startswith("not found:")
 
         presets = load_presets()
         for ev in processed:
@@ -199,3 +205,80 @@ def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Setting
         first.stop()
         if second is not None:
             second.stop()
+
+
+async def group_members(s: Settings) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    await admin.start()
+    try:
+        (resp,) = await admin.describe_consumer_groups([s.group_id])
+        return len(resp.groups[0][5 if len(resp.groups[0]) == 6 else 6])
+    finally:
+        await admin.close()
+
+
+def test_a_worker_that_cannot_start_exits_at_once_without_joining(settings: Settings, tmp_path: Path) -> None:
+    env = {**worker_env(settings), "LIGHTBOX_PRESETS_FILE": str(tmp_path / "no-such-presets.toml")}
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    assert worker.proc is not None
+    assert worker.proc.wait(120) == 70, worker.log_tail()
+    assert "could not start" in worker.log_tail()  # built before joining: it never held partitions
+
+
+def test_a_worker_that_cannot_go_on_fail_stops_leaves_the_group_and_commits_nothing_unfinished(
+        settings: Settings, catalog: list[Path], tmp_path: Path) -> None:
+    """The output folder turns unwritable once the worker runs: one fail-stop line, exit 70, the
+    group left (its partitions free at once), and no committed offset passes an input without an
+    output."""
+    out = tmp_path / "out"
+    env = {**worker_env(settings), "LIGHTBOX_OUTPUT_DIR": str(out)}
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        async def joined() -> None:
+            for _ in range(240):
+                with contextlib.suppress(KafkaError):
+                    if await group_members(settings) == 1:
+                        return
+                await asyncio.sleep(0.5)
+            raise AssertionError("the worker never joined its group")
+
+        asyncio.run(joined())
+        for f in catalog[:6]:  # a file where each SKU's folder would go: every write now fails
+            (out / f.stem).write_text("in the way")
+        _, by_pos = asyncio.run(publish_all(settings, catalog[:6], {}))
+        assert worker.proc is not None
+        assert worker.proc.wait(180) == 70, worker.log_tail()
+        log = worker.log_tail(200)
+        assert sum("fail-stop" in line for line in log.splitlines()) == 1, log
+        assert "StoreUnavailable" in log
+        assert asyncio.run(group_members(settings)) == 0
+        outputs = asyncio.run(read_everything(settings))
+        done = ({ev["source_event_id"] for kind, ev in outputs if kind == "processed"}
+                | {(ev["original"]["partition"], ev["original"]["offset"]) for kind, ev in outputs
+                   if kind != "processed"})
+        for tp, off in asyncio.run(committed(settings)).items():
+            assert all(sent.event_id in done or (p, o) in done
+                       for (p, o), sent in by_pos.items() if p == tp.partition and o < off)
+    finally:
+        worker.stop()
+
+
+def test_topics_take_their_settings_and_the_sink_reads_their_limits(settings: Settings) -> None:
+    from streams.app import ensure_topics
+    from streams.sink import KafkaSink
+
+    s = settings.model_copy(update={"output_max_message_bytes": 1_500_000})
+    assert sorted(asyncio.run(ensure_topics(s))) == sorted(
+        [s.input_topic, s.backfill_topic, s.output_topic, s.dlq_topic])
+
+    async def limits() -> dict:
+        sink = KafkaSink(s)
+        await sink.start()
+        try:
+            return dict(sink.limits)
+        finally:
+            await sink.stop()
+
+    got = asyncio.run(limits())
+    assert got["processed"] == 1_500_000
+    assert got["dead_letter"] != 1_500_000 and got["dead_letter"] >= 1_000_000  # the broker's default

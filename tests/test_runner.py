@@ -491,3 +491,43 @@ def test_an_output_over_the_topic_limit_becomes_a_dead_letter_never_attempted() 
         await h.runner.stop()
 
     run(go)
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def received(self, rec: InRecord) -> None:
+        self.calls.append(("received", rec.offset))
+
+    def batch_done(self, lane: str, size: int, seconds: float) -> None:
+        self.calls.append(("batch_done", lane))
+
+    def output_acked(self, out: OutRecord) -> None:
+        self.calls.append(("output_acked", out.source.offset))
+
+    def lane_progress(self, lane: str, queued: int) -> None:
+        self.calls.append(("lane_progress", lane))
+
+    def in_flight(self, n: int) -> None:
+        self.calls.append(("in_flight", n))
+
+
+def test_the_observer_hears_every_input_batch_and_acknowledged_output() -> None:
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True))
+        obs = RecordingObserver()
+        h.runner.observer = obs
+        await h.runner.start()
+        await h.submit(rec(0, 0), rec(0, 1, b"bad"), rec(0, 2))
+        await h.runner.drain(10.0)
+        names = [name for name, _ in obs.calls]
+        assert sorted(v for n, v in obs.calls if n == "received") == [0, 1, 2]
+        assert sorted(v for n, v in obs.calls if n == "output_acked") == [0, 1, 2]
+        assert {v for n, v in obs.calls if n == "batch_done"} == {"decode", "device", "output"}
+        assert {v for n, v in obs.calls if n == "lane_progress"} == {"decode", "device", "output"}
+        assert names.index("received") < names.index("output_acked")
+        assert [v for n, v in obs.calls if n == "in_flight"][-1] == 0
+        await h.runner.stop()
+
+    run(go)
