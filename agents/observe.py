@@ -15,7 +15,7 @@ from typing import Any
 
 import faust
 
-from agents.telemetry import Health, Metrics, MetricsServer, Telemetry
+from agents.telemetry import Health, Metrics, MetricsServer, Telemetry, device_memory_bytes
 from agents.tracing import Tracing, tracing_from_env
 from streams.settings import Settings
 
@@ -79,13 +79,8 @@ class Observability:
                 continue
             if end is not None and pos is not None:
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, end - pos))
-        if self._device == "gpu":
-            try:
-                import cupy
-
-                self.metrics.device_memory.set(cupy.get_default_memory_pool().used_bytes())
-            except Exception:  # no CuPy here: the gauge stays absent
-                pass
+        if self._device == "gpu" and (used := device_memory_bytes()) is not None:
+            self.metrics.device_memory.set(used)
 
     def close(self) -> None:
         """Flush spans and stop serving."""

@@ -27,12 +27,11 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from agents.process import InRecord, OutRecord, RecordKey
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # at run time this module needs prometheus-client alone (bench/gpu_check_observe.py)
+    from agents.process import InRecord, OutRecord, RecordKey
     from agents.tracing import Tracing
 
-__all__ = ["Health", "Metrics", "MetricsServer", "Telemetry"]
+__all__ = ["Health", "Metrics", "MetricsServer", "Telemetry", "device_memory_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -175,6 +174,16 @@ class MetricsServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def device_memory_bytes() -> int | None:
+    """Bytes CuPy's default memory pool holds for this process (None without CuPy or a device)."""
+    try:
+        import cupy
+
+        return int(cupy.get_default_memory_pool().used_bytes())
+    except Exception:  # no CuPy, no driver, no device
+        return None
 
 
 class Telemetry:

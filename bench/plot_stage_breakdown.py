@@ -49,8 +49,8 @@ def query_breakdown(prom: Any, start: float, end: float, step_s: float = 2.0) ->
                             f"(increase(lightbox_stage_seconds_bucket[{window}])))", at=end):
             quantiles.setdefault(r["metric"]["stage"], {})[f"p{int(q * 100)}"] = float(r["value"][1])
     images = sum(float(r["value"][1]) for r in prom.query(f"sum(increase(lightbox_images_total[{window}]))", at=end))
-    return {"start": start, "end": end, "series": series, "total_s": total, "quantiles": quantiles,
-            "images": images}
+    return {"start": start, "end": end, "step_s": step_s, "series": series, "total_s": total,
+            "quantiles": quantiles, "images": images}
 
 
 def draw(data: dict[str, Any], path: Path, title: str = "lightbox stage breakdown (Prometheus)") -> None:
@@ -64,14 +64,17 @@ def draw(data: dict[str, Any], path: Path, title: str = "lightbox stage breakdow
     colours = {s: plt.get_cmap("tab10")(k % 10) for k, s in enumerate(stages)}
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(17, 5.2), gridspec_kw={"width_ratios": [2.2, 1, 1.3]})
 
-    # 1: stacked mean ms per image over time (NaN where a stage saw no image in the last 30 s)
-    grid = sorted({t for s in data["series"].values() for t, _ in s})
-    if grid:
-        t0 = grid[0]
+    # 1: stacked mean ms per image over time, on the query's regular grid: 0 where a stage saw no
+    # image in the last 30 s (between runs), so gaps show as gaps rather than as ramps
+    step = float(data.get("step_s", 2.0))
+    seen = sorted({t for s in data["series"].values() for t, _ in s})
+    if seen:
+        t0 = seen[0]
+        grid = [t0 + k * step for k in range(round((seen[-1] - t0) / step) + 1)]
         ys = []
         for s in stages:
-            pts = dict(data["series"].get(s, []))
-            ys.append([1000 * pts[t] if t in pts and np.isfinite(pts[t]) else 0.0 for t in grid])
+            pts = {round((t - t0) / step): v for t, v in data["series"].get(s, [])}
+            ys.append([1000 * pts[k] if k in pts and np.isfinite(pts[k]) else 0.0 for k in range(len(grid))])
         ax1.stackplot([t - t0 for t in grid], ys, labels=stages, colors=[colours[s] for s in stages], alpha=0.85)
     ax1.set_xlabel("seconds into the window")
     ax1.set_ylabel("ms per image (batch-amortized), 30 s mean")
@@ -120,10 +123,19 @@ class _Remote:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    p.add_argument("--prometheus", required=True, help="base URL of a Prometheus that scrapes lightbox workers")
+    p.add_argument("--prometheus", help="base URL of a Prometheus that scrapes lightbox workers")
     p.add_argument("--minutes", type=float, default=15.0, help="window ending now")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "stage_breakdown.png")
+    p.add_argument("--from-json", type=Path, default=None,
+                   help="redraw from bench_observability.json's stage_breakdown instead of querying")
     args = p.parse_args(argv)
+    if args.from_json is not None:
+        import json
+
+        data = json.loads(args.from_json.read_text())["stage_breakdown"]
+        draw(data, args.out)
+        print(f"wrote {args.out}")
+        return 0
     end = time.time()
     data = query_breakdown(_Remote(args.prometheus), end - 60 * args.minutes, end)
     draw(data, args.out)

@@ -76,6 +76,8 @@ class Run:
     stage_series: set[str]  # stage labels of lightbox_stage_seconds_bucket in Prometheus
     images_total: dict[str, float]  # outcome -> Prometheus's value
     dead_letters: dict[str, float]
+    lag: dict[str, float]  # input partition -> lightbox_consumer_lag once the run is done
+    info: list[dict[str, str]]  # lightbox_info's label sets
     ready: tuple[int, str]
     live: tuple[int, str]
     spans: list[ReceivedSpan]
@@ -151,14 +153,22 @@ def run(kafka_bootstrap: str, catalog: list[Path], bad_files: dict[str, Path],
         totals = wait_for("Prometheus to scrape every output", images_total, timeout_s=60)
         stages = {r["metric"]["stage"] for r in prom.query('count by (stage) (lightbox_stage_seconds_bucket)')}
         dead_letters = {r["metric"]["code"]: float(r["value"][1]) for r in prom.query("lightbox_dead_letters_total")}
+
+        def lag() -> dict[str, float] | None:  # refreshed every 5 s: every input partition, caught up
+            got = {r["metric"]["partition"]: float(r["value"][1])
+                   for r in prom.query(f'lightbox_consumer_lag{{topic="{s.input_topic}"}}')}
+            return got if len(got) == s.topic_partitions and not any(got.values()) else None
+
+        lags = wait_for("consumer lag of every input partition at 0", lag, timeout_s=60)
+        info = [r["metric"] for r in prom.query("lightbox_info")]
     finally:
         rc = worker.stop()
         if prom is not None:
             prom.stop()
         receiver.close()
     assert rc == 0, worker.log_tail()
-    yield Run(s, sent, processed, dead, headers, stages, totals, dead_letters, ready, live, list(receiver.spans),
-              log_path.read_text(errors="replace").splitlines())
+    yield Run(s, sent, processed, dead, headers, stages, totals, dead_letters, lags, info, ready, live,
+              list(receiver.spans), log_path.read_text(errors="replace").splitlines())
 
 
 def test_prometheus_scrapes_stage_buckets_and_an_image_count_equal_to_the_inputs(run: Run) -> None:
@@ -173,6 +183,12 @@ def test_prometheus_scrapes_stage_buckets_and_an_image_count_equal_to_the_inputs
 def test_ready_and_live_while_serving(run: Run) -> None:
     assert run.ready == (200, "ok\n")
     assert run.live == (200, "ok\n")
+
+
+def test_consumer_lag_per_partition_and_the_info_metric(run: Run) -> None:
+    assert sorted(run.lag) == [str(p) for p in range(run.settings.topic_partitions)]
+    (info,) = run.info
+    assert info["device"] == "cpu" and info["model"] and info["version"]
 
 
 def test_one_trace_per_input_continues_the_producers_traceparent_with_a_span_per_stage(run: Run) -> None:
