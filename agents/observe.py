@@ -37,8 +37,14 @@ class Observability:
         self.tracing = tracing if tracing is not None else tracing_from_env(
             group=settings.group_id, worker_id=settings.worker_id, item_stages=settings.trace_item_stages)
         self.telemetry = Telemetry(self.metrics, self.health, self.tracing)
-        self.server = (MetricsServer(self.metrics, self.health, port=settings.metrics_port).start()
-                       if settings.metrics_port else None)
+        self.server = None
+        if settings.metrics_port:
+            try:
+                self.server = MetricsServer(self.metrics, self.health, port=settings.metrics_port).start()
+            except OSError as exc:
+                raise OSError(exc.errno, f"metrics port {settings.metrics_port}: {exc.strerror} (set "
+                                         "LIGHTBOX_METRICS_PORT to a free port, one per worker on a host, or 0 "
+                                         "for none)") from exc
         self._device = "cpu"
 
     def attach(self, app: faust.App, *, device: str, model: str, version: str) -> None:

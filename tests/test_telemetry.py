@@ -228,3 +228,20 @@ def test_telemetry_traces_one_batch_span_per_batch_and_stage_spans_per_input() -
     names = sorted(s.name for s in exporter.get_finished_spans())
     # per input: consumer, fetch, decode, produce; per batch: batch + decode (the batched stages)
     assert names == sorted(["batch", "decode"] + 2 * ["process images", "fetch", "decode", "produce"])
+
+
+def test_a_busy_metrics_port_fails_the_start_naming_the_setting(tmp_path: Any) -> None:
+    import socket
+
+    from agents.observe import Observability
+    from streams.settings import Settings
+
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"metrics port {port}: .*LIGHTBOX_METRICS_PORT"):
+            Observability(Settings(metrics_port=port, data_dir=tmp_path))
+    obs = Observability(Settings(metrics_port=0, data_dir=tmp_path))  # 0: no server at all
+    assert obs.server is None
+    obs.close()
