@@ -23,13 +23,18 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
     """(model, classical fallback, model version) as configured."""
     if settings.segmenter == "none":
         return None, None, "none"
-    from gpu_kernels.segment import make_segmenter
+    from gpu_kernels.segment import ensure_u2netp, make_segmenter
 
     classical = make_segmenter("classical", device)
     if settings.segmenter == "classical":
         return None, classical, str(getattr(classical, "version", "classical"))
-    model = make_segmenter("model", device, model_path=settings.model_path)
-    return model, classical, str(getattr(model, "version", "model"))
+    from gpu_kernels.segment import make_model_segmenter
+
+    model, choice = make_model_segmenter(settings.model_path or ensure_u2netp().batched, device=device,
+                                         runtime=settings.segment_runtime, threads=settings.segment_threads,
+                                         cuda_graphs=settings.cuda_graphs)
+    runtime = "" if choice.runtime == "fp32" else f"+{choice.runtime}"  # events name the runtime when not fp32
+    return model, classical, f"{getattr(model, 'version', 'model')}{runtime}"
 
 
 def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:

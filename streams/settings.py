@@ -59,6 +59,14 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
     log_level: str = "WARNING"
 
+    # -- perf
+    segment_runtime: Literal["auto", "fp32", "int8", "openvino", "fp16"] = Field(
+        "auto", description="segment model runtime. CPU: auto picks the fastest of OpenVINO (bf16 where the CPU "
+                            "has it) and an INT8 QDQ model that passes the fidelity gate against fp32 masks, else "
+                            "fp32 (ONNX Runtime); GPU: auto is fp32, fp16 is a gated half-precision model")
+    segment_threads: int | None = Field(None, ge=1, description="model threads on CPU (default: the usable cores)")
+    cuda_graphs: bool = Field(False, description="GPU: capture one CUDA graph per batch bucket (ONNX Runtime)")
+
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":
             return self.device
