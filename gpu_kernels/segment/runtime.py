@@ -28,7 +28,7 @@ import logging
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +162,8 @@ class RuntimeChoice:
 class _GateCache:
     """Verdicts in a JSON file, keyed by everything that could change them."""
 
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
+    def __init__(self, path: Path | None, gate: tuple[float, float]) -> None:
+        self.path, self.gate = path, gate
         self.data: dict[str, Any] = {}
         if path is not None and path.is_file():
             with contextlib.suppress(OSError, ValueError):
@@ -186,7 +186,9 @@ class _GateCache:
 
     def get(self, key: str) -> GateResult | None:
         with contextlib.suppress(TypeError, KeyError):
-            return GateResult(**self.data[key]) if key in self.data else None
+            if key in self.data:
+                r = GateResult(**self.data[key])
+                return replace(r, passed=r.mean_iou >= self.gate[0] and r.worst_iou >= self.gate[1])
         return None
 
     def put(self, key: str, result: GateResult) -> None:
@@ -229,16 +231,19 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
                          runtime: str = "auto", threads: int | None = None, max_batch: int | None = None,
                          cuda_graphs: bool = False, cache_dir: Path | None = None,
                          images: Callable[[], Sequence[np.ndarray]] = gate_images,
+                         gate: tuple[float, float] = (GATE_MEAN_IOU, GATE_WORST_IOU),
                          **gpu_options: Any) -> tuple[Segmenter, RuntimeChoice]:
     """The model segmenter for ``device`` with the runtime chosen as the module docstring says.
 
     ``cache_dir``: where derived models and gate verdicts live (default ``model_cache_dir()``).
-    ``images``: the gate set (tests pass a smaller one). ``gpu_options`` go to OnnxSegmenter.
+    ``images``: the gate set (tests pass a smaller one). ``gate``: (mean, worst) IoU minimums;
+    cached verdicts keep the IoUs, so a changed gate re-judges them without running the model.
+    ``gpu_options`` go to OnnxSegmenter.
     """
     if runtime not in RUNTIMES:
         raise ProcessingFailed(f"unknown segment runtime {runtime!r}; known: {RUNTIMES}", stage="segment")
     cache_root = cache_dir or model_cache_dir()
-    gates = _GateCache(cache_root / "gate.json")
+    gates = _GateCache(cache_root / "gate.json", gate)
     model_path = Path(model_path)
     if device in ("gpu", "cuda"):
         return _gpu_segmenter(model_path, spec, runtime, max_batch, cuda_graphs, cache_root, gates, images,
@@ -276,7 +281,7 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
                 continue
             reference = reference or fp32()
             gate_set = gate_set if gate_set is not None else images()
-            result = run_gate(name, seg, reference, gate_set)
+            result = run_gate(name, seg, reference, gate_set, mean_min=gate[0], worst_min=gate[1])
             seg.close()
             gates.put(key, result)
         results.append(result)
@@ -319,7 +324,8 @@ def _gpu_segmenter(model_path: Path, spec: ModelSpec, runtime: str, max_batch: i
         import cupy
 
         reference = make(model_path)
-        result = run_gate("fp16", candidate, reference, [cupy.asarray(im) for im in images()])
+        result = run_gate("fp16", candidate, reference, [cupy.asarray(im) for im in images()],
+                          mean_min=gates.gate[0], worst_min=gates.gate[1])
         reference.close()
         gates.put(key, result)
     if result.passed:
