@@ -32,7 +32,8 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
 
     model, choice = make_model_segmenter(settings.model_path or ensure_u2netp().batched, device=device,
                                          runtime=settings.segment_runtime, threads=settings.segment_threads,
-                                         cuda_graphs=settings.cuda_graphs)
+                                         cuda_graphs=settings.cuda_graphs,
+                                         max_batch=settings.max_batch if device == "gpu" else None)  # CPU: 1
     runtime = "" if choice.runtime == "fp32" else f"+{choice.runtime}"  # events name the runtime when not fp32
     return model, classical, f"{getattr(model, 'version', 'model')}{runtime}"
 

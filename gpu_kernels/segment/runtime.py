@@ -9,6 +9,7 @@ the alpha masks (alpha >= 128) at least :data:`GATE_MEAN_IOU` and every image at
 - ``openvino``: OpenVINO on the CPU, bf16 inference where the CPU has it (gated), else f32.
 - ``int8``: ONNX Runtime on a static QDQ INT8 copy calibrated on :func:`calibration_images`
   (a set disjoint from the gate set).
+- ``openvino-bf16``, ``openvino-f32``: that OpenVINO precision, ungated (for measurements).
 - ``fp16``: GPU only, a float16 copy on the CUDA/TensorRT provider (gated on the GPU).
 - ``auto``: on the CPU, the fastest of openvino-bf16, openvino-f32 and int8 that passes the
   gate and is at least :data:`MIN_SPEEDUP` faster than fp32 in the same interleaved run, else
@@ -61,7 +62,7 @@ GATE_MEAN_IOU = 0.97
 GATE_WORST_IOU = 0.90
 MIN_SPEEDUP = 1.10
 GATE_VERSION = 1  # bump when the gate set or rule changes: cached verdicts are then ignored
-RUNTIMES = ("auto", "fp32", "openvino", "int8", "fp16")
+RUNTIMES = ("auto", "fp32", "openvino", "openvino-bf16", "openvino-f32", "int8", "fp16")
 GATE_PHOTOS = ("coffee", "chelsea", "astronaut", "rocket", "camera", "coins", "clock", "immunohistochemistry")
 
 
@@ -260,8 +261,10 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
         return fp32(), RuntimeChoice("fp32", "asked for")
     variants_dir = cache_root / "variants"
     candidates = _cpu_candidates(model_path, spec, threads, max_batch, variants_dir)
-    if runtime == "int8":
-        return candidates["int8"](), RuntimeChoice("int8", "asked for (not gated)")
+    if runtime in ("int8", "openvino-bf16", "openvino-f32"):
+        if runtime not in candidates:
+            raise ProcessingFailed(f"segment runtime {runtime} is not available on this machine", stage="segment")
+        return candidates[runtime](), RuntimeChoice(runtime, "asked for (not gated)")
     if runtime == "openvino":
         if "openvino-f32" not in candidates:
             raise ProcessingFailed("the openvino runtime needs the 'openvino' package", stage="segment")
