@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cpu_median": round(statistics.median(per_round_cpu), 3)}
             print(f"{name} / {base}: wall {statistics.median(per_round):.2f}x (rounds "
                   f"{', '.join(f'{x:.2f}' for x in per_round)}), CPU time {statistics.median(per_round_cpu):.2f}x")
-    processor.pipeline.close()
+    processor.close()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1))
     print(f"wrote {args.json}")

@@ -80,7 +80,7 @@ def run_grid(device: str, n: int, size: int, batches: list[int], runtime: str) -
                "stage_ms_per_image": {r.stage: round(r.per_image_ms, 2) for r in rows}}
         out["rows"].append(row)
         print(json.dumps(row), flush=True)
-    processor.pipeline.close()
+    processor.close()
     return out
 
 

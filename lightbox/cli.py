@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from lightbox.show import event_table, print_latency_table, save_variants
 from streams.settings import Settings
@@ -24,6 +25,21 @@ app = typer.Typer(help="lightbox: marketplace-ready product images from raw supp
 kafka_app = typer.Typer(help="A local single-node Apache Kafka (KRaft) for development, demos and tests; no Docker.",
                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from lightbox import __version__
+        from streams.settings import PIPELINE_VERSION
+
+        typer.echo(f"lightbox {__version__} (pipeline {PIPELINE_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """lightbox: marketplace-ready product images from raw supplier photos, as a stream."""
 console = Console()
 err = Console(stderr=True)
 
@@ -48,9 +64,12 @@ def _bootstrap(explicit: str | None) -> str:
 @kafka_app.command("up")
 def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default: a free one)")] = None,
              data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, "
-                                                                    "removed by `down`)")] = None) -> None:
+                                                                    "removed by `down`)")] = None,
+             secure: Annotated[bool, typer.Option(help="SASL_SSL with SCRAM-SHA-512: a CA and broker certificate "
+                                                       "made at start, a user `lightbox` with a password in a "
+                                                       "file")] = False) -> None:
     """Fetch Kafka's jars with Maven (once), format a KRaft log dir and start a broker+controller
-    on 127.0.0.1 in the background. Prints the bootstrap address."""
+    on 127.0.0.1 in the background. Prints the settings a client needs."""
     from lightbox.kafka_local import KafkaLaunchError, LocalKafka, read_state
 
     state = read_state()
@@ -60,14 +79,15 @@ def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default
     t0 = time.monotonic()
     try:
         with console.status("starting Kafka (first run fetches its jars with Maven)…"):
-            kafka = LocalKafka.start(port=port, data_dir=data_dir)
+            kafka = LocalKafka.start(port=port, data_dir=data_dir, secure=secure)
     except KafkaLaunchError as exc:
         err.print(f"[red]kafka up failed:[/] {exc}")
         raise typer.Exit(1) from None
     kafka.save_state()
     console.print(f"Kafka up at [bold]{kafka.bootstrap}[/] in {time.monotonic() - t0:.1f} s "
                   f"(pid {kafka.pid}, log {kafka.log_file})")
-    console.print(f"export LIGHTBOX_KAFKA_BOOTSTRAP={kafka.bootstrap}")
+    for key, value in kafka.client_env().items():  # a secure broker: also protocol, user, CA and password files
+        console.print(f"export {key}={value}", soft_wrap=True)
 
 
 @kafka_app.command("down")
@@ -95,6 +115,28 @@ def kafka_status() -> None:
         return
     console.print("not running")
     raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------- doctor
+@app.command()
+def doctor(bootstrap: Bootstrap = None) -> None:
+    """Check what this installation has and lacks (Python, JDK and Maven for the local broker,
+    DALI, CuPy and the GPU, ONNX Runtime providers, the cached model and its checksum, the broker
+    it would connect to), each with a one-line fix. Exits 1 when something required is missing."""
+    from rich.markup import escape
+
+    from lightbox.doctor import run_checks
+
+    checks = run_checks(_bootstrap(bootstrap))
+    table = Table(box=None, show_header=True, padding=(0, 2))
+    for col in ("check", "status", "detail", "fix"):
+        table.add_column(col, overflow="fold")
+    colour = {"ok": "green", "warn": "yellow", "missing": "red"}
+    for c in checks:
+        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(c.detail), escape(c.fix))
+    console.print(table)
+    if any(c.status == "missing" for c in checks):
+        raise typer.Exit(1)
 
 
 # ---------------------------------------------------------------------------------- worker
@@ -290,7 +332,7 @@ def process(
             summary = process_files(files, processor, out, presets=names, batch_size=batch, background=background,
                                     lighting="auto" if lighting else "off", on_result=advance)
     finally:
-        processor.pipeline.close()
+        processor.close()
     if table and summary.processed:
         print_latency_table(summary.processed)
     rate = len(files) / summary.seconds if summary.seconds else 0.0
@@ -377,7 +419,13 @@ def main() -> None:
 
     # aiokafka warns about topics that do not exist *yet* (they are created a moment later)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
-    app()
+    from streams.security import KafkaSecurityError
+
+    try:
+        app()
+    except KafkaSecurityError as exc:  # a refused password, an untrusted certificate, a missing setting
+        err.print(f"[red]kafka security:[/] {exc}", soft_wrap=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

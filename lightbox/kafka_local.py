@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
 
+from lightbox.kafka_secure import client_env, secure_setup
+
 __all__ = [
     "KAFKA_VERSION",
     "KafkaLaunchError",
@@ -124,6 +126,7 @@ class LocalKafka:
     controller_port: int
     data_dir: str
     owns_data_dir: bool = True
+    secure: bool = False  # a SASL_SSL listener (lightbox.kafka_secure); clients need client_env()
 
     @property
     def bootstrap(self) -> str:
@@ -143,6 +146,7 @@ class LocalKafka:
         max_message_bytes: int = 20 * 1024 * 1024,
         heap: str = "512m",
         timeout_s: float = 90.0,
+        secure: bool = False,
     ) -> LocalKafka:
         """Format storage and start the broker; return once it accepts connections."""
         lib = ensure_jars()
@@ -152,14 +156,17 @@ class LocalKafka:
         port = port or _free_port()
         controller_port = _free_port()
         props = ddir / "server.properties"
+        secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
+        props.touch(mode=0o600)
+        props.chmod(0o600)  # the secure config holds the inter-broker password
         props.write_text(SERVER_PROPERTIES.format(
             port=port, controller_port=controller_port, data_dir=ddir,
-            partitions=partitions, max_message_bytes=max_message_bytes))
+            partitions=partitions, max_message_bytes=max_message_bytes) + secure_props)
         java, cp = _java(), f"{lib}/*"
         log = ddir / "kafka.log"
         fmt = subprocess.run(
             [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-             "-t", str(uuid.uuid4()).replace("-", "")[:22], "-c", str(props)],
+             "-t", str(uuid.uuid4()).replace("-", "")[:22], "-c", str(props), *secure_fmt],
             capture_output=True, text=True, check=False)
         if fmt.returncode != 0:
             raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
@@ -171,7 +178,7 @@ class LocalKafka:
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         kafka = cls(pid=proc.pid, port=port, controller_port=controller_port,
-                    data_dir=str(ddir), owns_data_dir=owns)
+                    data_dir=str(ddir), owns_data_dir=owns, secure=secure)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -182,6 +189,12 @@ class LocalKafka:
             time.sleep(0.2)
         kafka.stop()
         raise KafkaLaunchError(f"broker did not start within {timeout_s:.0f} s; log:\n{kafka.log_tail()}")
+
+    def client_env(self) -> dict[str, str]:
+        """The ``LIGHTBOX_KAFKA_*`` settings a client needs for this broker."""
+        if not self.secure:
+            return {"LIGHTBOX_KAFKA_BOOTSTRAP": self.bootstrap}
+        return client_env(self.bootstrap, Path(self.data_dir))
 
     def log_tail(self, lines: int = 20) -> str:
         try:

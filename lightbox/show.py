@@ -10,6 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from schemas.paths import safe_component
+
 __all__ = ["event_table", "print_latency_table", "save_variants"]
 
 console = Console()
@@ -40,7 +42,7 @@ def save_variants(ev: dict[str, Any], folder: Path) -> list[Path]:
     out = []
     for v in ev["variants"]:
         ext = {"jpeg": "jpg"}.get(v["format"], v["format"])
-        path = folder / f"{ev['sku']}.{v['preset']}.{ext}"
+        path = folder / ".".join(safe_component(part) for part in (ev["sku"], v["preset"], ext))
         if v["data"] is not None:
             path.write_bytes(v["data"])
         elif v["uri"] and v["uri"].startswith("file://"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import faust
 
+from streams.security import aiokafka_kwargs, faust_credentials, preflight
 from streams.settings import Settings
 
 __all__ = ["create_app", "ensure_topics", "input_topic"]
@@ -32,6 +33,7 @@ def create_app(settings: Settings) -> faust.App:
         broker_session_timeout=settings.session_timeout_s,
         broker_heartbeat_interval=min(3.0, settings.session_timeout_s / 3),
         broker_commit_interval=1.0,
+        broker_credentials=faust_credentials(settings),
     )
 
 
@@ -51,11 +53,13 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
     from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
     names = [settings.input_topic, settings.backfill_topic, settings.output_topic, settings.dlq_topic]
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    security = aiokafka_kwargs(settings)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **security)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:
         try:
+            await preflight(settings.kafka_bootstrap, security)  # a refused password or CA: fail now
             await admin.start()
             break
         except KafkaConnectionError:

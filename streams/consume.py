@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -11,6 +11,7 @@ from aiokafka import AIOKafkaConsumer
 from schemas.codec import split_frame
 from schemas.errors import SchemaInvalid
 from schemas.events import EventCodecs
+from streams.security import client_kwargs, preflight
 
 __all__ = ["read_events"]
 
@@ -28,14 +29,17 @@ def decode_any(codecs: EventCodecs, value: bytes) -> tuple[str, dict[str, Any]]:
 
 async def read_events(bootstrap: str, topics: Sequence[str], *, from_beginning: bool = True,
                       limit: int | None = None, idle_s: float | None = None,
-                      codecs: EventCodecs | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                      codecs: EventCodecs | None = None,
+                      security: Mapping[str, Any] | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     """Decoded events from every partition of ``topics`` (no consumer group, nothing committed).
 
-    Stops after ``limit`` events, or ``idle_s`` seconds without one."""
+    Stops after ``limit`` events, or ``idle_s`` seconds without one. ``security``: aiokafka keyword
+    arguments (``streams.security.aiokafka_kwargs``); from the ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
     codecs = codecs or EventCodecs.create()
     # No group: the consumer reads every partition of the topics (and picks up topics that
     # appear later), from the start or the end, and commits nothing.
-    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+    await preflight(bootstrap, kw := client_kwargs(security))
+    consumer = AIOKafkaConsumer(*topics, **kw, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest" if from_beginning else "latest",
                                 max_partition_fetch_bytes=64 << 20, fetch_max_bytes=128 << 20,
                                 metadata_max_age_ms=2000)

@@ -11,7 +11,7 @@ import mimetypes
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -19,6 +19,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from schemas.events import EventCodecs
+from streams.security import client_kwargs, preflight
 
 __all__ = ["IMAGE_SUFFIXES", "ImageProducer", "iter_image_files", "new_traceparent"]
 
@@ -43,13 +44,22 @@ def new_traceparent() -> str:
 
 class ImageProducer:
     def __init__(self, bootstrap: str, topic: str = "lightbox.images.v1", *,
-                 codecs: EventCodecs | None = None, max_request_size: int = 48 << 20) -> None:
+                 codecs: EventCodecs | None = None, max_request_size: int = 48 << 20,
+                 security: Mapping[str, Any] | None = None) -> None:
+        """``security``: aiokafka keyword arguments (``streams.security.aiokafka_kwargs``); from the
+        ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
         self.topic = topic
+        self._bootstrap, self._security = bootstrap, client_kwargs(security)
         self.codecs = codecs or EventCodecs.create()
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                          linger_ms=5, max_request_size=max_request_size)
+                                          linger_ms=5, max_request_size=max_request_size, **self._security)
 
     async def __aenter__(self) -> ImageProducer:
+        try:
+            await preflight(self._bootstrap, self._security)
+        except BaseException:
+            await self._producer.stop()  # never started; closes it quietly
+            raise
         await self._producer.start()
         return self
 

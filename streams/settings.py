@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["PIPELINE_VERSION", "Settings"]
@@ -67,6 +67,22 @@ class Settings(BaseSettings):
                             "GPU: auto is fp32, fp16 is a gated half-precision model")
     segment_threads: int | None = Field(None, ge=1, description="model threads on CPU (default: the usable cores)")
     cuda_graphs: bool = Field(False, description="GPU: capture one CUDA graph per batch bucket (ONNX Runtime)")
+
+    # -- kafkasec: how every Kafka client (worker, output producer, produce, tail, audit, admin) connects.
+    #    Translated in one place: streams/security.py (aiokafka_kwargs, faust_credentials).
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="PLAINTEXT (local development only), SSL, SASL_PLAINTEXT or SASL_SSL")
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = Field(None, description="or kafka_sasl_password_file")
+    kafka_sasl_password_file: Path | None = Field(None, description="file whose first line is the password")
+    kafka_ssl_cafile: Path | None = Field(None, description="PEM CA bundle the broker's certificate must chain to "
+                                                            "(the system's trust store if unset)")
+    kafka_ssl_certfile: Path | None = Field(None, description="client certificate (PEM) for mutual TLS")
+    kafka_ssl_keyfile: Path | None = Field(None, description="its private key (PEM)")
+    kafka_ssl_key_password: SecretStr | None = None
+    kafka_allow_plain_over_plaintext: bool = Field(
+        False, description="allow SASL PLAIN over SASL_PLAINTEXT (sends the password in the clear)")
 
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 
+from streams.security import aiokafka_kwargs, preflight
 from streams.settings import Settings
 
 __all__ = ["KafkaSink", "Outgoing"]
@@ -33,7 +34,8 @@ class KafkaSink:
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        self._producer = AIOKafkaProducer(
+        await preflight(self.settings.kafka_bootstrap, security := aiokafka_kwargs(self.settings))
+        self._producer = AIOKafkaProducer(**security,
             bootstrap_servers=self.settings.kafka_bootstrap, acks="all", enable_idempotence=True,
             linger_ms=5, max_request_size=self.settings.max_image_bytes + (8 << 20),
             client_id=f"lightbox-{self.settings.worker_id}")

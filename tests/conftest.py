@@ -67,3 +67,28 @@ def settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
                     input_topic=f"t-{tag}.images", backfill_topic=f"t-{tag}.backfill",
                     output_topic=f"t-{tag}.processed", dlq_topic=f"t-{tag}.dlq",
                     data_dir=tmp_path / "faust", segmenter="classical", device="cpu")
+
+
+# -- kafkasec: one SASL_SSL (SCRAM-SHA-512) broker for the security tests
+@pytest.fixture(scope="session")
+def kafka_secure() -> Iterator[dict[str, str]]:
+    """A second local broker with only a SASL_SSL listener (``lightbox kafka up --secure``);
+    yields the ``LIGHTBOX_KAFKA_*`` settings a client needs (password in a file, CA file)."""
+    from lightbox.kafka_local import LocalKafka
+
+    kafka = LocalKafka.start(secure=True)
+    try:
+        yield kafka.client_env()
+    finally:
+        kafka.stop()
+
+
+@pytest.fixture
+def secure_settings(kafka_secure: dict[str, str], tmp_path: Path) -> Settings:
+    """Like ``settings``, on the secure broker."""
+    tag = uuid.uuid4().hex[:8]
+    sec = {k.removeprefix("LIGHTBOX_").lower(): v for k, v in kafka_secure.items()}
+    return Settings(**sec, group_id=f"lightbox-test-{tag}",
+                    input_topic=f"t-{tag}.images", backfill_topic=f"t-{tag}.backfill",
+                    output_topic=f"t-{tag}.processed", dlq_topic=f"t-{tag}.dlq",
+                    data_dir=tmp_path / "faust", segmenter="classical", device="cpu")

@@ -16,7 +16,7 @@ from lightbox.cli import app
 runner = CliRunner()
 
 SUBCOMMANDS = [[], ["kafka"], ["kafka", "up"], ["kafka", "down"], ["kafka", "status"], ["worker"],
-               ["produce"], ["tail"], ["samples"], ["demo"]]
+               ["produce"], ["tail"], ["samples"], ["demo"], ["process"]]
 
 
 @pytest.mark.parametrize("args", SUBCOMMANDS, ids=lambda a: " ".join(a) or "lightbox")

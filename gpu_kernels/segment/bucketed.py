@@ -16,6 +16,7 @@ from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import ModelSpec, output_to_probability, preprocess
 from gpu_kernels.segment.ops import ArrayOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
+from schemas.errors import LightboxError, per_item
 
 __all__ = ["BucketedSegmenter", "batch_buckets", "plan_chunks"]
 
@@ -66,16 +67,26 @@ class BucketedSegmenter:
         for b in self.buckets:
             self._infer(xp.zeros((b, 3, h, w) if self.spec.layout == "NCHW" else (b, h, w, 3), xp.float32))
 
-    def segment_batch(self, images: Sequence[Array]) -> list[Array]:
-        """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image."""
+    def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:
+        """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image;
+        an image of the wrong shape or dtype gets its ``ProcessingFailed`` in its place, and a
+        chunk the model fails on gets that error for each of its images (the next chunk runs)."""
         ops, xp = self._ops, self._ops.xp
-        for i, img in enumerate(images):
-            validate_image(i, img)
-        masks: list[Array | None] = [precut_alpha(img, xp) for img in images]
+
+        def checked(item: tuple[int, Array]) -> Array | None:
+            validate_image(*item)
+            return precut_alpha(item[1], xp)
+
+        masks: list[Array | LightboxError | None] = per_item(checked, enumerate(images))
         todo = [i for i, m in enumerate(masks) if m is None]
         for start, stop, bucket in plan_chunks(len(todo), self.buckets):
             idx = todo[start:stop]
-            raw = self._infer(preprocess([images[i] for i in idx], self.spec, bucket, ops))
+            try:
+                raw = self._infer(preprocess([images[i] for i in idx], self.spec, bucket, ops))
+            except LightboxError as exc:
+                for i in idx:
+                    masks[i] = exc
+                continue
             probs = output_to_probability(raw[: len(idx)], self.spec, xp)
             for i, prob in zip(idx, probs, strict=True):
                 h, w = images[i].shape[:2]

