@@ -4,6 +4,8 @@
 ``device="gpu"`` takes CuPy images and keeps them on the device: pre-processing in CuPy,
 TensorRT provider when onnxruntime has it (else CUDA), inputs and outputs bound to device
 memory with IO binding, post-processing in CuPy; the masks come back as CuPy arrays.
+``cuda_graphs=True`` replays one captured CUDA graph per bucket (see the class doc). On the
+CPU the session is tuned by :func:`cpu_session_options`.
 
 The session is created once, in the constructor (one per worker), never per event. A batch
 is cut into chunks of at most ``max_batch`` images and each chunk is zero-padded up to the
