@@ -1,7 +1,8 @@
 """The pipeline offline: image files in, variants and a JSONL of results out, no Kafka.
 
-``process_files`` wraps each file in a ``ProductImageEvent`` (SKU = file stem, the source a
-``file://`` URI read by the fetch stage with the usual size and pixel guards), sends it through
+``process_files`` wraps each file in a ``ProductImageEvent`` (SKU = file stem, the file's bytes
+inline, read up to one byte past the size limit so the fetch stage's guard refuses a file that is
+too large, then the usual header and pixel guards; ``file://`` fetching stays closed), sends it through
 the same :class:`~agents.process.BatchProcessor` the worker uses (``prepare`` then ``run``), in
 fixed batches of one shape class each (same resolution bin and preset set, as the worker's
 micro-batcher groups them), and for every input writes one JSON line:
@@ -73,11 +74,13 @@ def unique_skus(files: Sequence[Path]) -> list[str]:
     return out
 
 
-def file_event(path: Path, sku: str, presets: Sequence[str], *, background: str = "WHITE",
+def file_event(path: Path, sku: str, presets: Sequence[str], *, max_bytes: int, background: str = "WHITE",
                lighting: str = "AUTO", segmentation: str = "AUTO") -> dict[str, Any]:
-    """A ProductImageEvent whose source is ``path`` as a ``file://`` URI (read by the fetch stage)."""
+    """A ProductImageEvent carrying at most ``max_bytes + 1`` bytes of ``path`` inline (raises OSError)."""
+    with open(path, "rb") as fh:
+        data = fh.read(max_bytes + 1)
     return {"event_id": f"offline:{sku}", "sku": sku, "image_id": path.name, "merchant_id": "offline",
-            "source": {"uri": path.resolve().as_uri(), "sha256": None}, "content_type": None,
+            "source": {"data": data}, "content_type": None,
             "presets": list(presets),
             "retouch": {"background": background.upper(), "lighting": lighting.upper(),
                         "segmentation": segmentation.upper()},
@@ -127,16 +130,26 @@ def process_files(
     summary = OfflineSummary()
     t0 = time.perf_counter()
 
-    def prepare(i: int) -> tuple[int, Prepared | OutRecord]:
-        ev = file_event(files[i], skus[i], presets, background=background, lighting=lighting,
-                        segmentation=segmentation)
+    max_bytes = int(getattr(processor, "max_image_bytes", 40 << 20))
+
+    def prepare(i: int) -> tuple[int, Prepared | OutRecord | OfflineResult]:
+        try:
+            ev = file_event(files[i], skus[i], presets, max_bytes=max_bytes, background=background,
+                            lighting=lighting, segmentation=segmentation)
+        except OSError as exc:
+            return i, OfflineResult(files[i], {"path": str(files[i]), "sku": skus[i], "status": "dead_letter",
+                                               "error_code": "FETCH_FAILED", "stage": "fetch",
+                                               "message": f"cannot read {files[i].name}: {exc.strerror or exc}"})
         rec = InRecord(OFFLINE_TOPIC, 0, i, processor.codecs.product.encode(ev), key=skus[i].encode())
         return i, processor.prepare(rec)
 
     with open(jsonl, "w", encoding="utf-8") as sink, ThreadPoolExecutor(1, thread_name_prefix="offline-read") as pool:
-        def emit(out: OutRecord) -> None:
-            i = out.source.offset
-            res = _line(files[i], skus[i], out, processor, out_dir)
+        def emit(out: OutRecord | OfflineResult) -> None:
+            if isinstance(out, OfflineResult):
+                res = out
+            else:
+                i = out.source.offset
+                res = _line(files[i], skus[i], out, processor, out_dir)
             sink.write(json.dumps(res.line) + "\n")
             summary.results.append(res)
             if on_result is not None:
@@ -148,7 +161,7 @@ def process_files(
 
         buckets: dict[Any, list[Prepared]] = {}
         for _, prepared in _prefetch(pool, prepare, len(files), ahead=batch_size):
-            if isinstance(prepared, OutRecord):
+            if isinstance(prepared, OutRecord | OfflineResult):
                 emit(prepared)
                 continue
             bucket = buckets.setdefault(prepared.shape_class, [])
@@ -161,10 +174,12 @@ def process_files(
     return summary
 
 
-def _prefetch(pool: ThreadPoolExecutor, fn: Callable[[int], tuple[int, Prepared | OutRecord]], n: int,
-              ahead: int) -> Iterator[tuple[int, Prepared | OutRecord]]:
+Item = tuple[int, Prepared | OutRecord | OfflineResult]
+
+
+def _prefetch(pool: ThreadPoolExecutor, fn: Callable[[int], Item], n: int, ahead: int) -> Iterator[Item]:
     """``fn(0..n-1)`` in order, at most ``ahead`` running before they are consumed."""
-    pending: deque[Future[tuple[int, Prepared | OutRecord]]] = deque()
+    pending: deque[Future[Item]] = deque()
     nxt = 0
     while nxt < n or pending:
         while nxt < n and len(pending) < ahead:

@@ -86,3 +86,15 @@ def test_process_with_the_model(catalog: list[Path], tmp_path: Path, u2netp: obj
     for r in summary.results:  # the model found a subject, and not the whole frame
         assert r.line["stages_ms"]["segment"] > 0
         assert 0.0 < r.line["quality"]["subject_coverage"] < 0.95, r.line
+
+
+def test_unreadable_and_oversized_files_become_dead_letters(catalog: list[Path], tmp_path: Path) -> None:
+    processor = build_processor(Settings(segmenter="none", device="cpu", max_image_bytes=50_000))
+    small = tmp_path / "small.png"
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(small)
+    gone = tmp_path / "gone.jpg"  # listed, then removed before it is read
+    summary = process_files([catalog[0], gone, small], processor, tmp_path / "out", presets=["thumb_webp"])
+    by_name = {r.path.name: r.line for r in summary.results}
+    assert by_name["gone.jpg"]["error_code"] == "FETCH_FAILED" and "gone.jpg" in by_name["gone.jpg"]["message"]
+    assert by_name[catalog[0].name]["error_code"] == "TOO_LARGE"  # over 50 kB: refused before decoding
+    assert by_name["small.png"]["status"] == "ok"
