@@ -8,7 +8,10 @@ fixed batches of one shape class each (same resolution bin and preset set, as th
 micro-batcher groups them), and for every input writes one JSON line:
 
     {"path": ..., "sku": ..., "status": "ok", "variants": [{"preset", "path", "width", ...}],
-     "quality": {...}, "stages_ms": {...}, "latency_ms": ...}
+     "quality": {...}, "stages_ms": {...}, "stages_ms_per_image": {...}, "latency_ms": ...}
+
+(``stages_ms``: how long this image waited on each stage, a batched stage lasting as long as its
+batch; ``stages_ms_per_image``: that divided by the batch size, the image's share of the work.)
     {"path": ..., "sku": ..., "status": "dead_letter", "error_code": ..., "stage": ..., "message": ...}
 
 Variants land in ``out_dir`` as ``<sku>.<preset>.<ext>``. Files are read one batch ahead on a
@@ -101,6 +104,7 @@ def _line(path: Path, sku: str, out: OutRecord, processor: BatchProcessor, out_d
                 for v in ev["variants"]]
     line = {"path": str(path), "sku": sku, "status": "ok", "variants": variants, "quality": ev["quality"],
             "stages_ms": {k: round(v, 3) for k, v in per_event_stage_ms(ev).items()},
+            "stages_ms_per_image": {k: round(v, 3) for k, v in per_event_stage_ms(ev, amortized=True).items()},
             "latency_ms": ev["latency_us"] / 1000.0}
     for v in ev["variants"]:  # the bytes are on disk now; keep the event light for the latency table
         v["data"] = None
