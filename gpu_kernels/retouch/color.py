@@ -1,4 +1,4 @@
-"""White balance and exposure/gamma: parameter estimation and the per-pixel maths.
+"""White balance and exposure: parameter estimation and the per-pixel maths.
 
 Estimation runs on a strided sample of the image (``image[::s, ::s]``, at most
 ``sample_side`` pixels along the longer side) in float64, with array-module-generic code
@@ -10,19 +10,17 @@ Working values ("levels") are float32 on the 0..255 scale. The per-pixel maths:
 * white balance: ``v_c = min(x_c * wb_c, 255 * min(wb))`` (one gain per channel; the clip makes
   every channel saturate together, so a highlight clipped in the input stays neutral instead of
   taking the colour of the gains);
-* exposure + gamma + highlight protection: one monotone tone curve ``f`` applied to every
+* exposure + highlight protection: one monotone tone curve ``f`` applied to every
   channel, tabulated as a float32 look-up table of ``lut_size`` entries over ``[0, v_max]`` and
   read with linear interpolation: ``t = v * scale``, ``i = min(int(t), n - 2)``,
   ``y = lut[i] + (t - i) * (lut[i + 1] - lut[i])``. The GPU kernel does exactly these float32
   operations in this order, so both backends agree to rounding.
 
-The curve maps the subject's luminance percentiles ``(p_low, p_mid, p_high)`` to
-``(target_low, target_mid, target_high)``: levels ``t = (v - lo) / (hi - lo)``, gamma on
-``[0, 1]`` (``target_low + (target_high - target_low) * t ** gamma``), a linear toe from
-``(0, 0)`` to ``(lo, target_low)`` below, and above ``hi`` an exponential shoulder that keeps
-the slope at ``hi`` and approaches ``ceiling * 255`` without clipping (highlight protection; a
-ceiling under 255 keeps a product's highlights apart from a pure-white background). Stretch and
-gamma are clipped to the config's limits, so the targets are met only within those limits.
+The curve is an exposure gain ``g >= 1`` (:func:`estimate_tone`: from the frame's highlights, so
+that a dark or saturated product on a white backdrop keeps its colour and only an underexposed
+photo is raised), linear up to ``knee * 255``, then an exponential shoulder that keeps the slope
+at the knee and approaches ``ceiling * 255`` without clipping (highlight protection; a ceiling
+under 255 keeps a product's highlights apart from a pure-white background).
 """
 
 from __future__ import annotations
@@ -93,38 +91,43 @@ class WhiteBalanceConfig:
 
 @dataclass(frozen=True, slots=True)
 class ExposureConfig:
-    """Exposure and gamma from luminance percentiles (subject pixels when there is a mask).
+    """Exposure from the frame's highlights (see :func:`estimate_tone`).
 
-    Percentiles in percent, targets as fractions of 255. ``max_black``: the black point never
-    moves above this fraction; ``max_stretch``/``min_stretch`` bound the levels' slope
-    ``(target_high - target_low) * 255 / (hi - lo)``; ``gamma_min``/``gamma_max`` bound gamma.
+    ``high_pct``: the percentile (in percent) of the per-pixel channel mean (and max channel)
+    taken as the bright reference, over the whole frame and over the subject (the larger wins).
+    ``target_high``: the level (fraction of 255) a bright reference below it is raised to (the
+    bright max channel is raised to ``ceiling`` at most, its ``peak_pct`` percentile); ``max_gain``
+    bounds that gain. ``low_pct``: the percentile of the frame's channel mean taken as its black
+    level; a black level at ``veil_full`` or below allows the whole gain, at ``veil_none`` or above
+    none (a washed-out, veiled photo has no shadows left: raising it would wash it out more). ``knee``: where the linear part ends and the highlight shoulder starts (fraction of 255,
+    output); the shoulder approaches ``ceiling * 255`` without reaching it.
     ``subject_min_alpha``: alpha at or above which a pixel is subject. ``lut_size``: entries of
     the tone table.
     """
 
+    high_pct: float = 99.5
+    peak_pct: float = 95.0
     low_pct: float = 1.0
-    mid_pct: float = 50.0
-    high_pct: float = 99.0
-    target_low: float = 0.02
-    target_mid: float = 0.45
-    target_high: float = 0.96
+    veil_full: float = 0.25
+    veil_none: float = 0.40
+    target_high: float = 1.0
+    max_gain: float = 3.0
+    knee: float = 0.95
     ceiling: float = 0.985
-    max_black: float = 0.12
-    max_stretch: float = 2.5
-    min_stretch: float = 0.6
-    gamma_min: float = 0.5
-    gamma_max: float = 2.0
     subject_min_alpha: int = 128
     lut_size: int = 1024
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.low_pct < self.mid_pct < self.high_pct <= 100.0:
-            raise ValueError(f"exposure percentiles must rise within [0, 100]; got {self}")
-        if not 0.0 < self.target_low < self.target_mid < self.target_high < self.ceiling <= 1.0:
-            raise ValueError(f"exposure targets and ceiling must rise within (0, 1]; got {self}")
-        stretch_ok = 0 < self.min_stretch <= 1 <= self.max_stretch
-        if not (stretch_ok and 0 < self.gamma_min <= 1 <= self.gamma_max):
-            raise ValueError(f"exposure stretch/gamma limits must bracket 1; got {self}")
+        if not 0.0 < self.high_pct <= 100.0:
+            raise ValueError(f"exposure high_pct must be within (0, 100]; got {self.high_pct}")
+        if not (0.5 <= self.target_high <= 1.0 and 0.0 < self.knee < self.ceiling <= 1.0):
+            raise ValueError(f"exposure target_high must lie within [0.5, 1], knee < ceiling within (0, 1]; got {self}")
+        if not (0.0 <= self.low_pct < self.high_pct and 0.0 < self.peak_pct <= 100.0):
+            raise ValueError(f"exposure percentiles must lie within [0, 100], low below high; got {self}")
+        if not 0.0 <= self.veil_full < self.veil_none <= 1.0:
+            raise ValueError(f"exposure veil_full < veil_none must lie within [0, 1]; got {self}")
+        if self.max_gain < 1.0:
+            raise ValueError(f"exposure max_gain must be >= 1; got {self.max_gain}")
         if self.lut_size < 16:
             raise ValueError(f"exposure lut_size must be >= 16; got {self.lut_size}")
 
@@ -265,49 +268,58 @@ def estimate_white_balance(
     return gains.astype(xp.float32)
 
 
-def estimate_tone(xp: Any, lum: Array, alpha: Array | None, cfg: ExposureConfig) -> Array:
-    """Tone parameters ``(4,)`` float64 ``[lo, mid, hi, gamma]`` (levels, levels, levels, -).
+def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConfig) -> Array:
+    """Exposure gain ``(1,)`` float64 (>= 1) from the frame's highlights.
 
-    ``lum``: ``(n,)`` float64 luma of the white-balanced (and illumination-corrected) sample;
-    ``alpha``: ``(n,)`` 0..255 or None. Subject pixels are used when there are at least 16 of
-    them (and 0.5 % of the sample), else all pixels.
+    ``levels``: ``(n, 3)`` float64 levels of the input sample (the camera's exposure: before white
+    balance, whose gains keep the mean level but move clipped highlights); ``alpha``: ``(n,)``
+    0..255 or None. Two bright references, each over the whole frame, or over the subject when
+    that is higher (at least 16 subject pixels and 0.5 % of the sample): the ``high_pct``
+    percentile of the channel mean (the level of a white backdrop, of a product's highlights, of a
+    scene's brightest parts) and the ``peak_pct`` percentile of the max channel. A photo is
+    underexposed when even its bright mean is below ``target_high``: the gain raises it there, but
+    never lifts the bright max channel above ``ceiling`` (a saturated colour keeps its channels
+    apart), never exceeds ``max_gain``, and fades out when the frame's black level is high (a
+    veiled, washed-out photo). Nothing else moves: a dark, saturated or light product on a
+    well-exposed backdrop keeps its levels, hue and saturation (the subject's median is no target:
+    a navy dress is not a mid-grey one), and a photo bright enough is not darkened (an over-exposed
+    one has lost the information to do so). One gain for all channels: hue is kept wherever the
+    curve is linear (below the knee).
     """
-    everything = xp.ones(lum.shape, dtype=bool)
+    stats = xp.stack([levels.mean(axis=1), levels.max(axis=1)])
+    everything = xp.ones(levels.shape[0], dtype=bool)
+    qs = (cfg.high_pct, cfg.peak_pct)
+    refs = xp.stack([masked_percentiles(xp, v, everything, (q,))[0] for v, q in zip(stats, qs, strict=True)])
     if alpha is not None:
         subject = alpha >= cfg.subject_min_alpha
-        enough = xp.sum(subject) >= max(16.0, 0.005 * lum.shape[0])
+        enough = xp.sum(subject) >= max(16.0, 0.005 * levels.shape[0])
         select = xp.where(enough, subject, everything)
-    else:
-        select = everything
-    p = masked_percentiles(xp, lum, select, (cfg.low_pct, cfg.mid_pct, cfg.high_pct))
-    t_lo, t_mid, t_hi = cfg.target_low, cfg.target_mid, cfg.target_high
-    span = (t_hi - t_lo) * 255.0
-    lo = xp.minimum(p[0], cfg.max_black * 255.0)
-    hi = xp.minimum(xp.maximum(p[2], lo + span / cfg.max_stretch), lo + span / cfg.min_stretch)
-    t_m = xp.minimum(xp.maximum((p[1] - lo) / (hi - lo), 0.02), 0.98)
-    tau = (t_mid - t_lo) / (t_hi - t_lo)
-    gamma = xp.minimum(xp.maximum(math.log(tau) / xp.log(t_m), cfg.gamma_min), cfg.gamma_max)
-    return xp.stack([lo, p[1], hi, gamma])
+        own = xp.stack([masked_percentiles(xp, v, select, (q,))[0] for v, q in zip(stats, qs, strict=True)])
+        refs = xp.maximum(refs, own)
+    refs = xp.maximum(refs, 1e-6)
+    gain = xp.minimum(cfg.target_high * 255.0 / refs[0], cfg.ceiling * 255.0 / refs[1])
+    gain = xp.minimum(xp.maximum(gain, 1.0), cfg.max_gain)
+    black = masked_percentiles(xp, stats[0], everything, (cfg.low_pct,))[0] / 255.0
+    veil = xp.clip((cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full), 0.0, 1.0)
+    return (1.0 + (gain - 1.0) * veil).reshape(1)
 
 
 def tone_lut(xp: Any, tone: Array, v_max: Array, cfg: ExposureConfig) -> tuple[Array, Array]:
     """The tone curve as ``(lut (lut_size,) float32, scale (1,) float32)``.
 
-    ``lut[i] = f(i * v_max / (n - 1))`` in levels, ``scale = (n - 1) / v_max``. ``tone`` is
-    :func:`estimate_tone`'s output, ``v_max`` a float64 scalar array (largest possible input).
+    ``lut[i] = f(i * v_max / (n - 1))`` in levels, ``scale = (n - 1) / v_max``; ``f(v) = g v``
+    up to the knee ``k = knee * 255``, then a shoulder with the same slope at the knee that
+    approaches ``c = ceiling * 255``: ``k + (c - k) (1 - exp(-(g v - k) / (c - k)))`` (highlight
+    protection). ``tone`` is :func:`estimate_tone`'s gain ``g``, ``v_max`` a float64 scalar array
+    (largest possible input).
     """
     n = cfg.lut_size
-    t_lo, t_hi = cfg.target_low, cfg.target_high
-    lo, hi, gamma = tone[0], tone[2], tone[3]
+    gain = tone[0]
     v = xp.arange(n, dtype=xp.float64) * (v_max / (n - 1))
-    t = (v - lo) / (hi - lo)
-    body = t_lo + (t_hi - t_lo) * xp.power(xp.minimum(xp.maximum(t, 0.0), 1.0), gamma)
-    slope = (t_hi - t_lo) * gamma  # d out / d t at t = 1
-    above = xp.maximum(t - 1.0, 0.0)
-    top = cfg.ceiling
-    shoulder = t_hi + (top - t_hi) * (1.0 - xp.exp(-slope * above / (top - t_hi)))
-    toe = t_lo * xp.maximum(v / xp.maximum(lo, 1e-6), 0.0)
-    out = xp.where(t > 1.0, shoulder, xp.where(v < lo, toe, body))
+    lin = gain * v / 255.0
+    knee, top = cfg.knee, cfg.ceiling
+    shoulder = knee + (top - knee) * (1.0 - xp.exp(-xp.maximum(lin - knee, 0.0) / (top - knee)))
+    out = xp.where(lin > knee, shoulder, lin)
     lut = (out * 255.0).astype(xp.float32)
     scale = ((n - 1) / v_max).astype(xp.float32).reshape(1)
     return lut, scale

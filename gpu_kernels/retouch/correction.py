@@ -4,7 +4,7 @@
 generic, no device sync); the pass itself is per pixel, in float32, in this order::
 
     v_c = min(x_c * wb_c, 255 min(wb)) * g(x, y)   # white balance, then the Retinex gain (if any)
-    y_c = tone_lut(v_c)                 # exposure + gamma + highlight shoulder (if lighting)
+    y_c = tone_lut(v_c)                 # exposure gain + highlight shoulder (if lighting)
     out = composite(y, alpha)           # white / transparent / keep, rounded to uint8
 
 :func:`correct_reference` runs these as separate full-image stages (float32 intermediates) and
@@ -85,9 +85,8 @@ def plan_correction(
     if cfg.retinex.strength > 0:
         weight = xp.ones((gh, gw), xp.float64) if a is None else a / 255.0
         gain_map = illumination_gain(xp, lum, weight, cfg.retinex, matrix)
-        lum = lum * gain_map.astype(xp.float64)
         v_max = v_max * xp.max(gain_map).astype(xp.float64)
-    tone = estimate_tone(xp, lum.reshape(-1), flat_a, cfg.exposure)
+    tone = estimate_tone(xp, rgb.reshape(-1, 3), flat_a, cfg.exposure)  # the camera's exposure
     lut, scale = tone_lut(xp, tone, v_max, cfg.exposure)
     return ColorPlan(wb, gain_map, s, lut, scale)
 

@@ -1,0 +1,178 @@
+"""Exposure/tone before/after, side by side in one run (issue 14: products keep their colour).
+
+Scenes (``tone_scenes``): flat red (150, 30, 40), navy (25, 35, 90), black (20, 20, 22),
+white (245, 245, 245) and a saturated orange (240, 120, 20) product on a white (255) backdrop,
+with their exact masks; skimage photos (astronaut, coffee, chelsea) darkened to 45 % (levels
+times 0.45), over-exposed (times 1.5, clipped) and washed out (0.55 x + 110).
+
+Measures, for pass (a) of the CPU retoucher (``keep`` background, default config, Retinex on):
+
+* products: median and 95th percentile CIEDE2000 (skimage) between input and output over the
+  subject pixels, the share of subject pixels with a channel at 255 in the output but not in the
+  input (newly clipped), and the median subject colour in and out;
+* photos: mean L* of the original, the input and each output; and the mean |L*| difference
+  between each run's output and the same run's output for the original photo (the white balance
+  and Retinex act on both, so this isolates what exposure could not restore), and against the
+  original photo itself, beside the input's.
+
+``--before TREE`` runs the same scenes through the code of another checkout (a subprocess with
+``PYTHONPATH=TREE``); ``--png DIR`` writes input / before / after strips of the products and
+photos.
+
+Usage: ``git worktree add --detach /tmp/tone_base <commit>;
+PYTHONPATH=. python bench/bench_tone.py --before /tmp/tone_base [--png DIR]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import skimage.data
+from skimage.color import deltaE_ciede2000, rgb2lab
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu_kernels.backends import RetouchOptions  # noqa: E402
+from gpu_kernels.retouch import CpuRetoucher  # noqa: E402
+
+PRODUCTS = {
+    "red": (150, 30, 40),
+    "navy": (25, 35, 90),
+    "black": (20, 20, 22),
+    "white": (245, 245, 245),
+    "orange": (240, 120, 20),
+}
+PHOTOS = ("astronaut", "coffee", "chelsea")
+
+RUN = """
+import sys, numpy as np
+from gpu_kernels.backends import RetouchOptions
+from gpu_kernels.retouch import CpuRetoucher
+data = np.load(sys.argv[1])
+r, out = CpuRetoucher(), {}
+for key in data.files:
+    if key.startswith("image_"):
+        k = key[6:]
+        mask = data["mask_" + k] if "mask_" + k in data.files else None
+        out[k] = r.correct([data[key]], [mask], RetouchOptions("keep"))[0]
+np.savez(sys.argv[2], **out)
+"""
+
+
+def product_scene(rgb: tuple[int, int, int], h: int = 480, w: int = 640) -> tuple[np.ndarray, np.ndarray]:
+    """A flat product (an ellipse, +-2 levels of noise) on a white backdrop, and its mask."""
+    yy, xx = np.mgrid[:h, :w]
+    inside = ((yy - h / 2) / (0.32 * h)) ** 2 + ((xx - w / 2) / (0.28 * w)) ** 2 <= 1.0
+    noise = np.random.default_rng(7).integers(-2, 3, (h, w, 3))
+    image = np.full((h, w, 3), 255, np.int16)
+    image[inside] = np.clip(np.array(rgb) + noise[inside], 0, 255)
+    return image.astype(np.uint8), np.where(inside, 255, 0).astype(np.uint8)
+
+
+def photo(name: str) -> np.ndarray:
+    return np.ascontiguousarray(getattr(skimage.data, name)()[..., :3])
+
+
+def photo_variants(name: str) -> dict[str, np.ndarray]:
+    base = photo(name).astype(np.float64)
+    return {
+        "dark45": (base * 0.45).astype(np.uint8),
+        "over150": np.clip(base * 1.5, 0, 255).astype(np.uint8),
+        "washed": (base * 0.55 + 110).astype(np.uint8),
+    }
+
+
+def tone_scenes() -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
+    items: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
+    for name, rgb in PRODUCTS.items():
+        items[f"product_{name}"] = product_scene(rgb)
+    for name in PHOTOS:
+        items[f"photo_{name}_original"] = (photo(name), None)
+        for kind, image in photo_variants(name).items():
+            items[f"photo_{name}_{kind}"] = (image, None)
+    return items
+
+
+def run_here(items: dict[str, tuple[np.ndarray, np.ndarray | None]]) -> dict[str, np.ndarray]:
+    r = CpuRetoucher()
+    return {k: r.correct([img], [m], RetouchOptions("keep"))[0] for k, (img, m) in items.items()}
+
+
+def run_tree(tree: Path, items: dict[str, tuple[np.ndarray, np.ndarray | None]]) -> dict[str, np.ndarray]:
+    with tempfile.TemporaryDirectory() as tmp:
+        arrays = {f"image_{k}": img for k, (img, _) in items.items()}
+        arrays.update({f"mask_{k}": m for k, (_, m) in items.items() if m is not None})
+        np.savez(Path(tmp) / "in.npz", **arrays)  # type: ignore[arg-type]
+        env = {**os.environ, "PYTHONPATH": str(tree)}
+        subprocess.run([sys.executable, "-c", RUN, str(Path(tmp) / "in.npz"), str(Path(tmp) / "out.npz")],
+                       check=True, env=env, cwd=tree)
+        data = np.load(Path(tmp) / "out.npz")
+        return {k: data[k] for k in data.files}
+
+
+def product_measures(image: np.ndarray, mask: np.ndarray, out: np.ndarray) -> tuple[float, float, float, str]:
+    sel = mask == 255
+    de = deltaE_ciede2000(rgb2lab(image[sel][None]), rgb2lab(out[sel][None]))[0]
+    newly = ((out[sel] == 255) & (image[sel] < 255)).any(axis=1).mean()
+    med = np.median(out[sel], axis=0).astype(int)
+    return float(np.median(de)), float(np.percentile(de, 95)), float(newly), str(tuple(med.tolist()))
+
+
+def mean_lstar(image: np.ndarray) -> float:
+    return float(rgb2lab(image)[..., 0].mean())
+
+
+def lstar_error(reference: np.ndarray, image: np.ndarray) -> float:
+    return float(np.abs(rgb2lab(reference)[..., 0] - rgb2lab(image)[..., 0]).mean())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", type=Path, help="a checkout of the code to compare with")
+    parser.add_argument("--png", type=Path, help="write input | before | after strips here")
+    args = parser.parse_args()
+    items = tone_scenes()
+    runs = {"after": run_here(items)}
+    if args.before:
+        runs = {"before": run_tree(args.before, items), **runs}
+    names = list(runs)
+    print("products on white (subject pixels): dE2000 median/p95, newly clipped share, median colour")
+    for key, (image, mask) in items.items():
+        if mask is None:
+            continue
+        cells = []
+        for n in names:
+            d50, d95, clip, med = product_measures(image, mask, runs[n][key])
+            cells.append(f"{n}: dE {d50:5.2f}/{d95:5.2f} clip {clip:5.3f} {med:>15}")
+        print(f"  {key:16} in {str(PRODUCTS[key[8:]]):>15} | " + " | ".join(cells))
+    print("photos: mean L* (original photo, input, each run's output) | mean |dL*| of each run's output against")
+    print("        the same run's output for the original photo | mean |dL*| against the original photo")
+    for key, (image, _) in items.items():
+        if not key.startswith("photo_") or key.endswith("_original"):
+            continue
+        original = photo(key.split("_")[1])
+        ref = f"photo_{key.split('_')[1]}_original"
+        cells = [f"{n} {mean_lstar(runs[n][key]):5.1f}" for n in names]
+        errs = [f"{n} {lstar_error(runs[n][ref], runs[n][key]):5.2f}" for n in names]
+        abs_errs = [f"{n} {lstar_error(original, runs[n][key]):5.2f}" for n in names]
+        print(f"  {key:24} L* orig {mean_lstar(original):5.1f} in {mean_lstar(image):5.1f} " + " ".join(cells)
+              + " | vs own-original " + " ".join(errs)
+              + f" | vs photo: in {lstar_error(original, image):5.2f} " + " ".join(abs_errs))
+    if args.png:
+        import cv2
+
+        args.png.mkdir(parents=True, exist_ok=True)
+        for key, (image, _) in items.items():
+            strip = np.concatenate([image] + [runs[n][key] for n in names], axis=1)
+            cv2.imwrite(str(args.png / f"{key}.png"), cv2.cvtColor(strip, cv2.COLOR_RGB2BGR))
+        print(f"PNGs (input | {' | '.join(names)}) in {args.png}")
+
+
+if __name__ == "__main__":
+    main()
