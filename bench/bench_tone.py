@@ -38,8 +38,8 @@ from skimage.color import deltaE_ciede2000, rgb2lab
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpu_kernels.backends import RetouchOptions  # noqa: E402
-from gpu_kernels.retouch import CpuRetoucher  # noqa: E402
+from gpu_kernels.backends import RetouchOptions
+from gpu_kernels.retouch import CpuRetoucher
 
 PRODUCTS = {
     "red": (150, 30, 40),
@@ -150,7 +150,7 @@ def main() -> None:
         for n in names:
             d50, d95, clip, med = product_measures(image, mask, runs[n][key])
             cells.append(f"{n}: dE {d50:5.2f}/{d95:5.2f} clip {clip:5.3f} {med:>15}")
-        print(f"  {key:16} in {str(PRODUCTS[key[8:]]):>15} | " + " | ".join(cells))
+        print(f"  {key:16} in {PRODUCTS[key[8:]]!s:>15} | " + " | ".join(cells))
     print("photos: mean L* (original photo, input, each run's output) | mean |dL*| of each run's output against")
     print("        the same run's output for the original photo | mean |dL*| against the original photo")
     for key, (image, _) in items.items():

@@ -99,7 +99,8 @@ class ExposureConfig:
     bright max channel is raised to ``ceiling`` at most, its ``peak_pct`` percentile); ``max_gain``
     bounds that gain. ``low_pct``: the percentile of the frame's channel mean taken as its black
     level; a black level at ``veil_full`` or below allows the whole gain, at ``veil_none`` or above
-    none (a washed-out, veiled photo has no shadows left: raising it would wash it out more). ``knee``: where the linear part ends and the highlight shoulder starts (fraction of 255,
+    none (a washed-out, veiled photo has no shadows left: raising it would wash it out more).
+    ``knee``: where the linear part ends and the highlight shoulder starts (fraction of 255,
     output); the shoulder approaches ``ceiling * 255`` without reaching it.
     ``subject_min_alpha``: alpha at or above which a pixel is subject. ``lut_size``: entries of
     the tone table.
