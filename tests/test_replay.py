@@ -162,12 +162,11 @@ def test_progress_randomized_against_a_model() -> None:
         for s in order[: rng.randrange(len(order) + 1)]:
             p.acked(0, s, (0, s))
             done.add(s)
-            first_missing = next((x for x in seqs if x not in done), None)
-            expected = first_missing if first_missing is not None else seqs[-1] + 1
-            if first_missing == seqs[0]:
+            prefix = [x for i, x in enumerate(seqs) if all(y in done for y in seqs[: i + 1])]
+            if not prefix:
                 assert 0 not in p.cursor
-            else:
-                assert p.cursor[0] == expected
+            else:  # past the done prefix's last item; no item lies between it and the next pending one
+                assert p.cursor[0] == prefix[-1] + 1
 
 
 def test_checkpoint_round_trip_and_job_ids(tmp_path: Path) -> None:
