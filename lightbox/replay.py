@@ -207,8 +207,7 @@ class TopicSource:
         from aiokafka import TopicPartition
 
         async with _consumer(self.bootstrap, self.security) as consumer:
-            await consumer.topics()  # a metadata request: the client knows no topic before one
-            known = consumer.partitions_for_topic(self.topic)
+            known = await _partitions(consumer, self.topic)
             if not known:
                 raise ReplayError(f"topic {self.topic!r} does not exist on {self.bootstrap}")
             wanted = self.partitions or sorted(known)
@@ -277,6 +276,13 @@ async def _consumer(bootstrap: str, security: Mapping[str, Any] | None) -> Async
         yield consumer
     finally:
         await consumer.stop()
+
+
+async def _partitions(consumer: Any, topic: str) -> set[int] | None:
+    """The topic's partitions, from a fresh metadata request (an unassigned consumer has none cached)."""
+    cluster = await consumer._client.fetch_all_metadata()
+    found: set[int] | None = cluster.partitions_for_topic(topic)
+    return found
 
 
 # ------------------------------------------------------------------------------------ progress
@@ -397,8 +403,7 @@ async def _already_published(bootstrap: str, security: Mapping[str, Any] | None,
 
     found: set[tuple[int, int]] = set()
     async with _consumer(bootstrap, security) as consumer:
-        await consumer.topics()  # a metadata request: the client knows no topic before one
-        known = consumer.partitions_for_topic(topic)
+        known = await _partitions(consumer, topic)
         if not known:
             raise ReplayError(f"target topic {topic!r} does not exist on {bootstrap} (`lightbox worker` creates it)")
         tps = {p: TopicPartition(topic, p) for p in sorted(known)}
