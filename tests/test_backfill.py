@@ -16,8 +16,15 @@ from typing import Any
 
 import pytest
 
-from lightbox.replay import REPLAY_JOB_HEADER, REPLAY_OF_HEADER, REPLAY_SEQ_HEADER, Defaults, FolderSource, \
-    TopicSource, run_replay
+from lightbox.replay import (
+    REPLAY_JOB_HEADER,
+    REPLAY_OF_HEADER,
+    REPLAY_SEQ_HEADER,
+    Defaults,
+    FolderSource,
+    TopicSource,
+    run_replay,
+)
 from streams.app import ensure_topics
 from streams.settings import Settings
 
