@@ -497,6 +497,45 @@ def replay_topic(
                 restart=restart)
 
 
+# ---------------------------------------------------------------------------------- redrive
+@app.command()
+def redrive(
+    code: Annotated[str | None, typer.Option(help="only these error codes, comma-separated (e.g. FETCH_FAILED)")]
+    = None,
+    since: Annotated[str | None, typer.Option(help="only dead letters that failed at or after this time (ISO 8601)")]
+    = None,
+    until: Annotated[str | None, typer.Option(help="only dead letters that failed before this time (ISO 8601)")] = None,
+    source_topic: Annotated[str | None, typer.Option(help="only dead letters of inputs from this topic")] = None,
+    max_attempts: Annotated[int, typer.Option(help="leave dead letters that already had this many attempts")] = 5,
+    dry_run: DryRun = False,
+    topic: Annotated[str | None, typer.Option("--topic", help="where to republish (default: "
+                                                              "$LIGHTBOX_INPUT_TOPIC)")] = None,
+    bootstrap: Bootstrap = None,
+) -> None:
+    """After a fix, republish dead letters to the input topic: the original record (value, key,
+    headers) with `lightbox-attempts` = attempts + 1, so one that fails again shows the new count."""
+    from lightbox.redrive import RedriveFilter, parse_codes, run_redrive
+    from schemas.errors import ErrorCode
+
+    settings = Settings()
+    try:
+        codes = parse_codes(code, [str(c) for c in ErrorCode])
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    flt = RedriveFilter(codes=codes, since_ms=_ms(since), until_ms=_ms(until), source_topic=source_topic,
+                        max_attempts=max_attempts)
+    target = topic or settings.input_topic
+    res = asyncio.run(run_redrive(_bootstrap(bootstrap), settings.dlq_topic, target, flt, dry_run=dry_run))
+    verb = "would redrive" if dry_run else "redrove"
+    by_code = ", ".join(f"{c} {n}" for c, n in res.by_code.most_common()) or "none"
+    console.print(f"read {res.read} dead letters from {settings.dlq_topic}; {verb} {res.redriven} to {target} "
+                  f"({by_code})")
+    if res.left_out:
+        console.print("left out: " + ", ".join(f"{why} {n}" for why, n in res.left_out.most_common()))
+    for where in res.no_value[:10]:
+        console.print(f"[yellow]no original value in the dead letter; replay it from {where}[/]")
+
+
 def main() -> None:
     import logging
 

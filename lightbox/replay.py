@@ -46,7 +46,7 @@ from streams.manifest import event_from_row, read_manifest, scan_manifest
 
 __all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint", "Defaults", "FolderSource",
            "ManifestSource", "ReplayError", "ReplayItem", "ReplayProgress", "ReplayResult", "ReplaySource",
-           "TopicSource", "default_checkpoint", "job_id", "run_replay"]
+           "TopicSource", "default_checkpoint", "job_id", "raw_consumer", "run_replay"]
 
 REPLAY_JOB_HEADER = "lightbox-replay-job"
 REPLAY_SEQ_HEADER = "lightbox-replay-seq"
@@ -206,7 +206,7 @@ class TopicSource:
     async def plan(self) -> Plan:
         from aiokafka import TopicPartition
 
-        async with _consumer(self.bootstrap, self.security) as consumer:
+        async with raw_consumer(self.bootstrap, self.security) as consumer:
             known = await _partitions(consumer, self.topic)
             if not known:
                 raise ReplayError(f"topic {self.topic!r} does not exist on {self.bootstrap}")
@@ -238,7 +238,7 @@ class TopicSource:
         todo = {p: r for p, r in todo.items() if r[0] < r[1]}
         if not todo:
             return
-        async with _consumer(self.bootstrap, self.security) as consumer:
+        async with raw_consumer(self.bootstrap, self.security) as consumer:
             tps = {p: TopicPartition(self.topic, p) for p in todo}
             consumer.assign(list(tps.values()))
             for p, (s, _) in todo.items():
@@ -262,7 +262,8 @@ class TopicSource:
 
 
 @contextlib.asynccontextmanager
-async def _consumer(bootstrap: str, security: Mapping[str, Any] | None) -> AsyncIterator[Any]:
+async def raw_consumer(bootstrap: str, security: Mapping[str, Any] | None) -> AsyncIterator[Any]:
+    """A started consumer with no group (assign and seek it yourself); nothing is committed."""
     from aiokafka import AIOKafkaConsumer
 
     from streams.security import client_kwargs, preflight
@@ -402,7 +403,7 @@ async def _already_published(bootstrap: str, security: Mapping[str, Any] | None,
     from aiokafka import TopicPartition
 
     found: set[tuple[int, int]] = set()
-    async with _consumer(bootstrap, security) as consumer:
+    async with raw_consumer(bootstrap, security) as consumer:
         known = await _partitions(consumer, topic)
         if not known:
             raise ReplayError(f"target topic {topic!r} does not exist on {bootstrap} (`lightbox worker` creates it)")

@@ -162,3 +162,71 @@ def test_replay_a_topic_range_references_the_originals(settings: Settings, catal
         assert topic == settings.input_topic
         assert r.value == orig.value and r.key == orig.key  # same event, same event_id
     assert not wanted
+
+
+def worker_env(s: Settings, **extra: str) -> dict[str, str]:
+    return {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
+            "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
+            "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
+            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+            **extra}
+
+
+@pytest.mark.slow
+def test_redrive_round_trip(settings: Settings, catalog: list[Path], tmp_path: Path) -> None:
+    """Two inputs fail (their files are missing); one file is put in place (the fix); redrive: the
+    fixed one is processed, the other fails again with attempts 2; the republished records are
+    the originals (value, key, headers) plus the attempt count."""
+    from lightbox.demo import WorkerProcess, collect_outputs
+    from lightbox.redrive import REDRIVE_OF_HEADER, RedriveFilter, run_redrive
+    from schemas.headers import ATTEMPTS_HEADER
+    from streams.producer import ImageProducer
+
+    fixed, still_missing = tmp_path / "later" / "SKU-fixed.jpg", tmp_path / "never" / "SKU-broken.jpg"
+    worker = WorkerProcess(worker_env(settings), tmp_path / "worker.log").start()
+    try:
+        async def publish() -> dict[str, str]:
+            async with ImageProducer(settings.kafka_bootstrap, settings.input_topic) as prod:
+                ids = {}
+                for f in (fixed, still_missing):
+                    ev = prod.event({"uri": f.as_uri(), "sha256": None}, sku=f.stem, image_id=f.name,
+                                    presets=["jd_main"])
+                    await (await prod.publish(ev))
+                    ids[f.stem] = ev["event_id"]
+                return ids
+
+        ids = asyncio.run(publish())
+        _, dead = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.dlq_topic], 2, 120,
+                                              worker.running))
+        assert sorted((d["error_code"], d["attempts"]) for d in dead) == [("FETCH_FAILED", 1)] * 2, worker.log_tail()
+
+        fixed.parent.mkdir()
+        fixed.write_bytes(catalog[0].read_bytes())  # the fix
+        flt = RedriveFilter(codes=frozenset({"FETCH_FAILED"}))
+        dry = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic, flt,
+                                      dry_run=True))
+        assert (dry.read, dry.redriven) == (2, 2)
+        none = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic,
+                                       RedriveFilter(codes=frozenset({"DECODE_FAILED"}))))
+        assert (none.redriven, none.left_out["code"]) == (0, 2)
+        res = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic, flt))
+        assert res.redriven == 2
+
+        processed, dead = asyncio.run(collect_outputs(
+            settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic], 4, 180, worker.running))
+        assert [p["source_event_id"] for p in processed] == [ids["SKU-fixed"]], worker.log_tail()
+        again = [d for d in dead if d["attempts"] == 2]
+        assert [(d["source_event_id"], d["error_code"]) for d in again] == [(ids["SKU-broken"], "FETCH_FAILED")]
+        assert sorted(d["attempts"] for d in dead) == [1, 1, 2]
+    finally:
+        worker.stop()
+
+    inputs = asyncio.run(read_raw(settings.kafka_bootstrap, settings.input_topic))
+    originals = [r for r in inputs if ATTEMPTS_HEADER not in dict(r.headers)]
+    redriven = [r for r in inputs if ATTEMPTS_HEADER in dict(r.headers)]
+    assert len(originals) == len(redriven) == 2
+    for r in redriven:
+        h = dict(r.headers)
+        orig = next(o for o in originals if o.value == r.value)
+        assert r.key == orig.key and h[ATTEMPTS_HEADER] == b"2" and h[REDRIVE_OF_HEADER].startswith(b"t-")
+        assert h["traceparent"] == dict(orig.headers)["traceparent"]  # the original headers travel
