@@ -1,32 +1,52 @@
 """Event in, pure pipeline call, event out: the part of the agent that needs no Kafka.
 
-``BatchProcessor.prepare`` turns one consumed record into a :class:`Prepared` job (Avro read,
-presets resolved, image fetched) or a dead letter; ``run`` takes a batch of prepared jobs
-through the :class:`~gpu_kernels.pipeline.RetouchPipeline` and returns one :class:`OutRecord`
-per input: a ``ProcessedImageEvent`` or a ``DeadLetterEvent``, already serialized. The Faust
-agent only moves these records between Kafka and this class.
+:class:`BatchProcessor` has one method per lane of the runner (see INTERFACES.md):
+
+    prepare(rec)   fetch lane (CPU threads)   Avro read, presets, fetch + header guards;
+                                              a Prepared job or a dead letter. Never raises.
+    decode(batch)  decode lane (one thread)   the pipeline's decode stages. Never raises.
+    device(state)  device lane (ONE thread)   segment, correct, render, device-side encode.
+                                              Never raises.
+    output(state)  output lane (CPU threads)  CPU encode, quality, store writes, Avro; one
+                                              OutRecord per item, in batch order. Raises only
+                                              FatalError (e.g. StoreUnavailable).
+    run(batch)     all of them in order (offline use, tests)
+
+The records out are ``ProcessedImageEvent`` s or ``DeadLetterEvent`` s, already serialized. The
+runner only moves these records between Kafka and this class.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec.sniff import ImageInfo, sniff
 from gpu_kernels.fetch import fetch_source
-from gpu_kernels.pipeline import Decoded, Job, JobResult, RetouchPipeline, Variant
+from gpu_kernels.pipeline import BatchContext, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
-from schemas.errors import LightboxError, ProcessingFailed
+from gpu_kernels.stages.base import Lane
+from schemas.errors import (
+    FatalError,
+    FetchFailed,
+    LightboxError,
+    OutputTooLarge,
+    ProcessingFailed,
+    StoreUnavailable,
+)
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
 from schemas.headers import attempts_of
 
-__all__ = ["BatchProcessor", "InRecord", "OutRecord", "Prepared", "resolution_bin"]
+__all__ = ["BatchProcessor", "BatchState", "DirStore", "InRecord", "OutRecord", "Prepared", "VariantStore",
+           "record_size", "resolution_bin"]
 
 Headers = list[tuple[str, bytes | None]]
 PASS_HEADERS = ("traceparent", "tracestate")
@@ -83,19 +103,110 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _describe(exc: BaseException) -> str:
+    """Type and text of an unexpected exception, bounded (never a payload dump)."""
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def record_size(value: bytes, key: bytes | None, headers: Headers) -> int:
+    """Bytes a record takes against a topic's ``max.message.bytes``, less Kafka's own framing
+    (a record batch header of about 70 bytes and a few varints: the caller's headroom)."""
+    return len(value) + len(key or b"") + sum(len(k.encode()) + len(v or b"") for k, v in headers)
+
+
+class VariantStore(Protocol):
+    """Where variant bytes go when they leave the event (``gpu_kernels.store.OutputStore`` has
+    this shape). ``put`` is idempotent and returns the URI; it raises ``StoreUnavailable`` once
+    its retry budget is spent."""
+
+    def put(self, key: str, data: bytes, content_type: str) -> str: ...
+
+    def close(self) -> None: ...
+
+
+_STORE_NAME = re.compile(r"^[0-9a-f]{64}\.(jpg|png|webp)$")
+
+
+class DirStore:
+    """The ``--output-dir`` store: ``<root>/<sha[:2]>/<sha>.<ext>`` (content-addressed, so a
+    replay writes nothing new), written through a temporary file and an atomic rename."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def put(self, key: str, data: bytes, content_type: str) -> str:
+        name = key.rsplit("/", 1)[-1]
+        if not _STORE_NAME.match(name):
+            raise ProcessingFailed(f"store key must end in <sha256>.<ext>, got {name[:80]!r}", stage="store")
+        path = self.root / name[:2] / name
+        try:
+            if not path.exists():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".{hashlib.sha256(data).hexdigest()[:8]}.tmp")
+                tmp.write_bytes(data)
+                tmp.replace(path)
+        except OSError as exc:
+            raise StoreUnavailable(f"output dir {str(self.root)!r} is not writable: {exc.strerror or exc}") from exc
+        return path.resolve().as_uri()
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+_CONTENT_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
+_EXT = {"jpeg": "jpg"}
+
+
+@dataclass(slots=True)
+class BatchState:
+    """A batch between lanes. Opaque to the runner, which may read ``len(state)`` and ``items``.
+
+    ``error`` is a batch-level failure (an exception that was no item's own): every item of the
+    batch then becomes a ``PROCESSING_FAILED`` dead letter."""
+
+    items: list[Prepared]
+    ctx: BatchContext
+    error: LightboxError | None = None
+    lanes_done: list[Lane] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
 class BatchProcessor:
+    """One method per runner lane (module docstring). ``store`` takes variants out of line:
+    ``offload="always"`` sends every variant there (today's ``--output-dir``), ``"oversize"``
+    only when an event would exceed ``max_record_bytes``. ``output_dir`` is shorthand for a
+    :class:`DirStore` with ``offload="always"``."""
+
     def __init__(self, pipeline: RetouchPipeline, presets: PresetBook, codecs: EventCodecs, *,
                  worker_id: str, pipeline_version: str, model_version: str = "none",
                  max_image_bytes: int = 40 << 20, max_pixels: int = 64_000_000, file_roots: Sequence[Path] = (),
-                 output_dir: Path | None = None, wall_ms: Callable[[], int] = _now_ms) -> None:
+                 output_dir: Path | None = None, store: VariantStore | None = None,
+                 offload: Literal["always", "oversize"] = "always",
+                 wall_ms: Callable[[], int] = _now_ms) -> None:
         self.pipeline, self.presets, self.codecs = pipeline, presets, codecs
         self.worker_id, self.pipeline_version, self.model_version = worker_id, pipeline_version, model_version
         self.max_image_bytes, self.max_pixels = max_image_bytes, max_pixels
         self.file_roots, self.output_dir = file_roots, output_dir
+        self.store: VariantStore | None = store or (DirStore(output_dir) if output_dir is not None else None)
+        self.offload = offload
         self.wall_ms = wall_ms
 
-    # -- one record -> a job or a dead letter ------------------------------------------------
+    def close(self) -> None:
+        self.pipeline.close()
+        if self.store is not None:
+            self.store.close()
+
+    # -- fetch lane: one record -> a job or a dead letter ---------------------------------------
     def prepare(self, rec: InRecord) -> Prepared | OutRecord:
+        """Never raises: whatever goes wrong becomes this record's dead letter."""
+        try:
+            return self._prepare(rec)
+        except Exception as exc:  # not a LightboxError (those are handled inside): a bug or a library surprise
+            return self._last_resort(rec, ProcessingFailed(_describe(exc), stage="prepare"))
+
+    def _prepare(self, rec: InRecord) -> Prepared | OutRecord:
         spans = SpanRecorder()
         event: dict[str, Any] | None = None
         try:
@@ -109,53 +220,106 @@ class BatchProcessor:
             options = RetouchOptions(background=opts["background"].lower(), lighting=opts["lighting"].lower(),
                                      segmentation=opts["segmentation"].lower())
             with spans.span("fetch"):  # the bytes, and what their header says (guards run here)
-                data = fetch_source(event["source"], max_bytes=self.max_image_bytes, file_roots=self.file_roots)
+                try:
+                    data = fetch_source(event["source"], max_bytes=self.max_image_bytes, file_roots=self.file_roots)
+                except LightboxError:
+                    raise
+                except Exception as exc:  # e.g. a NUL byte in a file:// path (ValueError from the OS layer)
+                    raise FetchFailed(_describe(exc), stage="fetch", retriable=False) from exc
                 info = sniff(data, self.max_image_bytes, self.max_pixels)
         except LightboxError as exc:
-            return self.dead_letter(rec, exc, event)
+            return self._last_resort(rec, exc, event)
         return Prepared(rec, event, Job(data, presets, options, spans), info)
 
-    # -- a batch of jobs -> one output per job --------------------------------------------------
-    def run(self, batch: Sequence[Prepared]) -> list[OutRecord]:
-        return self.finish(batch, self.decode(batch))
-
-    def decode(self, batch: Sequence[Prepared]) -> Decoded | ProcessingFailed:
-        """The decode half of :meth:`run` (a runner overlaps it with the previous batch's finish)."""
+    def _last_resort(self, rec: InRecord, exc: LightboxError, event: dict[str, Any] | None = None) -> OutRecord:
+        """The dead letter; if even that cannot be written (an event id that is not a string...),
+        one without the parsed event."""
         try:
-            return self.pipeline.decode([p.job for p in batch])
-        except Exception as exc:  # the pipeline catches per item; this is the last line of defence
-            return ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="decode")
+            return self.dead_letter(rec, exc, event)
+        except Exception as second:
+            if event is None:
+                raise
+            exc.message = f"{exc.message} (and the event could not be echoed: {type(second).__name__})"
+            return self.dead_letter(rec, exc, None)
 
-    def finish(self, batch: Sequence[Prepared], decoded: Decoded | ProcessingFailed) -> list[OutRecord]:
-        """Everything after decode, and one serialized output per item."""
+    # -- decode / device lanes ---------------------------------------------------------------
+    def decode(self, batch: Sequence[Prepared]) -> BatchState:
+        """The decode lane. Never raises: a batch-level exception fails every item of it."""
+        items = list(batch)
         try:
-            if isinstance(decoded, ProcessingFailed):
-                raise decoded
-            results = self.pipeline.finish(decoded)
+            state = BatchState(items, self.pipeline.start([p.job for p in items]))
         except Exception as exc:
-            err = exc if isinstance(exc, LightboxError) else ProcessingFailed(f"{type(exc).__name__}: {exc}",
-                                                                              stage="pipeline")
-            results = [JobResult(error=err) for _ in batch]
+            state = BatchState(items, BatchContext([], [], time.monotonic_ns),
+                               ProcessingFailed(_describe(exc), stage="decode"))
+        return self._lane(state, "decode", fatal_passes=False)
+
+    def device(self, state: BatchState) -> BatchState:
+        """The device lane (one thread). Never raises."""
+        return self._lane(state, "device", fatal_passes=False)
+
+    def _lane(self, state: BatchState, lane: Lane, *, fatal_passes: bool) -> BatchState:
+        if state.error is None:
+            try:
+                self.pipeline.run_lane(state.ctx, lane)
+            except FatalError:
+                if fatal_passes:
+                    raise
+                state.error = ProcessingFailed(f"fatal error in the {lane} lane", stage=lane)
+            except Exception as exc:  # the stages catch per item; this is the last line of defence
+                state.error = exc if isinstance(exc, LightboxError) else ProcessingFailed(_describe(exc), stage=lane)
+        state.lanes_done.append(lane)
+        return state
+
+    # -- output lane -------------------------------------------------------------------------
+    def output(self, state: BatchState, *, max_record_bytes: int | None = None) -> list[OutRecord]:
+        """CPU encode, quality, store writes and Avro: one OutRecord per item, in batch order.
+        Raises only :class:`FatalError`."""
+        self._lane(state, "output", fatal_passes=True)
+        if state.error is not None:
+            results = [JobResult(error=state.error) for _ in state.items]
+        else:
+            results = state.ctx.finalize()
         out = []
-        for p, res in zip(batch, results, strict=True):
+        for p, res in zip(state.items, results, strict=True):
             if res.error is not None:
-                out.append(self.dead_letter(p.record, res.error, p.event))
-            else:
-                out.append(self.processed(p, res))
+                out.append(self._last_resort(p.record, res.error, p.event))
+                continue
+            try:
+                out.append(self.processed(p, res, max_record_bytes=max_record_bytes))
+            except FatalError:
+                raise
+            except LightboxError as exc:
+                out.append(self._last_resort(p.record, exc, p.event))
+            except Exception as exc:
+                out.append(self._last_resort(p.record, ProcessingFailed(_describe(exc), stage="produce"), p.event))
         return out
 
-    def processed(self, p: Prepared, res: JobResult) -> OutRecord:
+    def run(self, batch: Sequence[Prepared], *, max_record_bytes: int | None = None) -> list[OutRecord]:
+        """Every lane in order (offline use, tests)."""
+        return self.output(self.device(self.decode(batch)), max_record_bytes=max_record_bytes)
+
+    def finish(self, batch: Sequence[Prepared], state: BatchState) -> list[OutRecord]:
+        """Device + output lanes in one call: the pre-lane runner's entry point, kept until the
+        lane runner replaces it."""
+        return self.output(self.device(state))
+
+    # -- records -----------------------------------------------------------------------------
+    def processed(self, p: Prepared, res: JobResult, *, max_record_bytes: int | None = None) -> OutRecord:
         ev, spans = p.event, p.job.spans
         start = spans.clock()
         now = self.wall_ms()
         created = ev["created_at"]
         created_ms = int(created.timestamp() * 1000) if isinstance(created, datetime) else int(created)
         q = res.quality
+        variants = [self._variant(v) for v in res.variants]
+        if self.store is not None and self.offload == "always":
+            for rec, v in zip(variants, res.variants, strict=True):
+                self._offload(ev, rec, v)
         record = {
             "event_id": processed_event_id(ev["event_id"], self.pipeline_version, self.model_version),
             "source_event_id": ev["event_id"],
             "sku": ev["sku"], "image_id": ev["image_id"], "merchant_id": ev["merchant_id"],
-            "variants": [self._variant(v) for v in res.variants],
+            "variants": variants,
             "quality": {"subject_coverage": q.subject_coverage if q else 0.0,
                         "background_whiteness": q.background_whiteness if q else 0.0,
                         "sharpness": q.sharpness if q else 0.0},
@@ -164,26 +328,53 @@ class BatchProcessor:
             "worker_id": self.worker_id, "model_version": self.model_version,
             "pipeline_version": self.pipeline_version, "processed_at": now,
         }
-        # "produce" covers building and serializing this event up to the producer hand-off;
-        # the broker's acknowledgement comes after the event is sealed (see metrics for it).
+        key, headers = p.record.key, self._headers(p.record)
+        value = self._seal(record, spans, start)
+        if max_record_bytes is not None and record_size(value, key, headers) > max_record_bytes:
+            first = record_size(value, key, headers)
+            if self.store is None:
+                sizes = ", ".join(f"{v.preset} {v.size} B" for v in res.variants)
+                raise OutputTooLarge(f"processed event of {first} bytes exceeds the output limit of {max_record_bytes} "
+                                     f"bytes (variants: {sizes}); configure an output store to send variants out "
+                                     "of line", stage="produce")
+            # largest variants first, until the event fits
+            for k in sorted(range(len(variants)), key=lambda k: -res.variants[k].size):
+                if variants[k]["data"] is None:
+                    continue
+                self._offload(ev, variants[k], res.variants[k])
+                value = self._seal(record, spans, start)
+                if record_size(value, key, headers) <= max_record_bytes:
+                    break
+            if record_size(value, key, headers) > max_record_bytes:
+                raise OutputTooLarge(f"processed event of {record_size(value, key, headers)} bytes (variants out of "
+                                     f"line; {first} bytes inline) still exceeds the output limit of "
+                                     f"{max_record_bytes} bytes", stage="produce")
+        return OutRecord("processed", key, value, headers, p.record)
+
+    def _seal(self, record: dict[str, Any], spans: SpanRecorder, start: int) -> bytes:
+        # "produce" covers building and serializing this event (store writes included) up to the
+        # producer hand-off; the broker's acknowledgement comes after the event is sealed.
+        kept = [s for s in spans.spans if s.stage != "produce"]
+        spans.spans[:] = kept
         spans.add("produce", start, spans.clock(), device="cpu")
         record["spans"] = [s.as_record() for s in spans.spans]
-        value = self.codecs.processed.encode(record)
-        return OutRecord("processed", p.record.key, value, self._headers(p.record), p.record)
+        return self.codecs.processed.encode(record)
 
-    def _variant(self, v: Variant) -> dict[str, Any]:
-        rec: dict[str, Any] = {"preset": v.preset, "width": v.width, "height": v.height, "format": v.format,
-                               "data": v.data, "uri": None, "sha256": v.sha256, "size": v.size}
-        if self.output_dir is not None:  # content-addressed: same bytes, same path, on any replay
-            ext = {"jpeg": "jpg"}.get(v.format, v.format)
-            path = self.output_dir / v.sha256[:2] / f"{v.sha256}.{ext}"
-            if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(v.data)
-                tmp.replace(path)
-            rec["data"], rec["uri"] = None, path.resolve().as_uri()
-        return rec
+    @staticmethod
+    def _variant(v: Variant) -> dict[str, Any]:
+        c = v.compliance
+        return {"preset": v.preset, "width": v.width, "height": v.height, "format": v.format,
+                "data": v.data, "uri": None, "sha256": v.sha256, "size": v.size,
+                "compliance": None if c is None else {"white_border": c.white_border, "fill": c.fill,
+                                                      "cut_off": c.cut_off, "min_side_ok": c.min_side_ok,
+                                                      "compliant": c.compliant}}
+
+    def _offload(self, ev: dict[str, Any], rec: dict[str, Any], v: Variant) -> None:
+        """Move one variant's bytes into the store (content-addressed key), its URI into the event."""
+        assert self.store is not None
+        key = f"{ev['sku']}/{v.preset}/{v.sha256}.{_EXT.get(v.format, v.format)}"
+        rec["uri"] = self.store.put(key, v.data, _CONTENT_TYPES.get(v.format, "application/octet-stream"))
+        rec["data"] = None
 
     def dead_letter(self, rec: InRecord, exc: LightboxError, event: dict[str, Any] | None = None) -> OutRecord:
         record = {

@@ -6,6 +6,10 @@ settings, by :func:`gpu_kernels.pipeline.build_pipeline`; never deep in a call p
 Per-item failures are returned, not raised: a batch method returns, for each input, either
 its result or the :class:`~schemas.errors.LightboxError` that item failed with, so one bad
 image never fails its batch-mates.
+
+Every backend carries ``device`` ("cpu" or "gpu"), ``version`` (a short string that changes
+when its output may change; it goes into logs and the model version of output events) and
+``close()`` (release what it holds; the pipeline calls it once, at shutdown).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ class RetouchOptions:
 @runtime_checkable
 class Decoder(Protocol):
     device: str
+    version: str
 
     def decode_batch(
         self, blobs: Sequence[bytes], *, max_side: int | None = None
@@ -57,9 +62,11 @@ class Decoder(Protocol):
 @runtime_checkable
 class Segmenter(Protocol):
     device: str
+    version: str
 
-    def segment_batch(self, images: Sequence[Array]) -> list[Array]:
-        """Foreground alpha ``(H, W)`` uint8 per image, same H and W as the image."""
+    def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:
+        """Foreground alpha ``(H, W)`` uint8 per image, same H and W as the image; an image that
+        cannot be segmented (bad shape or dtype) gets its :class:`LightboxError` in its place."""
         ...
 
     def close(self) -> None: ...
@@ -68,10 +75,11 @@ class Segmenter(Protocol):
 @runtime_checkable
 class Retoucher(Protocol):
     device: str
+    version: str
 
     def correct(
         self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
-    ) -> list[Array]:
+    ) -> list[Array | LightboxError]:
         """Colour stages + composite (DESIGN.md steps 4 and 5) as one fused pass per image.
 
         Returns RGB for a white/keep background, RGBA when ``options.background`` is
@@ -89,10 +97,13 @@ class Retoucher(Protocol):
         takes its place."""
         ...
 
+    def close(self) -> None: ...
+
 
 @runtime_checkable
 class Encoder(Protocol):
     device: str
+    version: str
 
     def encode(self, image: Array, preset: Preset) -> bytes:
         """Encode to the preset's format and quality (PNG/WebP keep alpha)."""

@@ -15,6 +15,7 @@ __all__ = ["DEFAULT_PRESETS_FILE", "Preset", "PresetBook", "load_presets"]
 DEFAULT_PRESETS_FILE = Path(__file__).with_name("presets.toml")
 Format = Literal["jpeg", "png", "webp"]
 Background = Literal["white", "transparent"]
+Shadow = Literal["none", "contact"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +28,12 @@ class Preset:
     fill: float = 0.8
     background: Background = "white"
     sharpen: float = 0.5
+    shadow: Shadow = "none"  # "contact": a soft shadow right under the product (gpu_kernels/stages/shadow.py)
+    # marketplace rules, checked per variant (gpu_kernels/stages/compliance.py)
+    min_side: int = 0          # both sides of the variant at least this
+    min_fill: float = 0.0      # the subject's box takes at least this share along its limiting axis
+    pure_white: bool = False   # every border pixel exactly (255, 255, 255)
+    allow_cut: bool = True     # False: the subject must not touch the photo's or the canvas' edge
 
     def __post_init__(self) -> None:
         if self.width < 1 or self.height < 1:
@@ -39,6 +46,12 @@ class Preset:
             raise ValueError(f"preset {self.name!r}: a transparent background needs png or webp, not jpeg")
         if not 0.05 <= self.fill <= 1.0:
             raise ValueError(f"preset {self.name!r}: fill must be within [0.05, 1]; got {self.fill}")
+        if self.shadow not in ("none", "contact"):
+            raise ValueError(f"preset {self.name!r}: shadow must be none or contact; got {self.shadow!r}")
+        if self.shadow == "contact" and self.background != "white":
+            raise ValueError(f"preset {self.name!r}: a contact shadow needs a white background")
+        if not 0.0 <= self.min_fill <= 1.0 or self.min_side < 0:
+            raise ValueError(f"preset {self.name!r}: min_fill must be within [0, 1] and min_side >= 0")
 
 
 class PresetBook(Mapping[str, Preset]):

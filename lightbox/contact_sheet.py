@@ -85,10 +85,14 @@ def write_contact_sheet(
 
             segmenter = make_segmenter("model", "cpu")
         try:
-            masks = segmenter.segment_batch(list(images))
+            found = segmenter.segment_batch(list(images))
         finally:
             if owned:
                 segmenter.close()
+        failed = next((m for m in found if isinstance(m, LightboxError)), None)
+        if failed is not None:
+            raise failed
+        masks = [np.asarray(m) for m in found]
     masks = [np.asarray(m) for m in masks]
     names = list(labels) if labels is not None else [f"#{i}" for i in range(len(images))]
     sheet = compose_rows(images, masks, names, row_height)

@@ -62,7 +62,9 @@ def check_backward(old: Schema, new: Schema) -> None:
     """Raise :class:`IncompatibleSchema` unless a reader on ``new`` reads data written with ``old``.
 
     The rule kept here is the project's: a new version may only add fields that have a default
-    (and may not change the type of an existing one). Nested records are checked recursively.
+    (and may not change the type of an existing one), and an enum may only gain symbols (it must
+    carry a ``default`` so that older readers map a new symbol to it). Nested records, also as
+    array items, are checked recursively.
     """
     if old.get("name") != new.get("name"):
         raise IncompatibleSchema(f"record renamed {old.get('name')!r} -> {new.get('name')!r}")
@@ -72,11 +74,29 @@ def check_backward(old: Schema, new: Schema) -> None:
             if "default" not in field:
                 raise IncompatibleSchema(f"{new['name']}.{name}: a new field needs a default")
             continue
-        ot, nt = old_f[name]["type"], field["type"]
-        if isinstance(ot, dict) and isinstance(nt, dict) and ot.get("type") == "record":
+        _check_type(f"{new['name']}.{name}", old_f[name]["type"], field["type"])
+
+
+def _check_type(where: str, ot: Any, nt: Any) -> None:
+    if isinstance(ot, dict) and isinstance(nt, dict) and ot.get("type") == nt.get("type"):
+        kind = ot.get("type")
+        if kind == "record":
             check_backward(ot, nt)
-        elif json.dumps(ot, sort_keys=True) != json.dumps(nt, sort_keys=True):
-            raise IncompatibleSchema(f"{new['name']}.{name}: type changed from {ot!r} to {nt!r}")
+            return
+        if kind == "array":
+            _check_type(f"{where}[]", ot["items"], nt["items"])
+            return
+        if kind == "enum" and ot.get("name") == nt.get("name"):
+            gone = [s for s in ot["symbols"] if s not in nt["symbols"]]
+            if gone:
+                raise IncompatibleSchema(f"{where}: enum symbols removed: {', '.join(gone)}")
+            if nt["symbols"] != ot["symbols"] and "default" not in nt:
+                raise IncompatibleSchema(f"{where}: an enum that gains symbols needs a default for older readers")
+            same = ("symbols", "doc")
+            if {k: v for k, v in ot.items() if k not in same} == {k: v for k, v in nt.items() if k not in same}:
+                return
+    if json.dumps(ot, sort_keys=True) != json.dumps(nt, sort_keys=True):
+        raise IncompatibleSchema(f"{where}: type changed from {ot!r} to {nt!r}")
 
 
 def _canonical(schema: Schema) -> str:

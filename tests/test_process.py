@@ -144,3 +144,158 @@ def test_header_guards_run_before_batching(processor: BatchProcessor, bad_files:
     """A pixel bomb is refused when the record is prepared: it never takes a batch slot."""
     out = processor.prepare(record(event_bytes(bad_files["pixel-bomb.png"])))
     assert isinstance(out, OutRecord) and out.error_code == "TOO_LARGE"
+
+
+# -- lanes ---------------------------------------------------------------------------------------
+def test_lanes_one_at_a_time_give_what_run_gives(processor: BatchProcessor, catalog: list[Path]) -> None:
+    from agents.process import BatchState
+
+    recs = [record(event_bytes(p), i) for i, p in enumerate(catalog[:2])]
+    prepared = [processor.prepare(r) for r in recs]
+    assert all(isinstance(p, Prepared) for p in prepared)
+    state = processor.decode(prepared)  # type: ignore[arg-type]
+    assert isinstance(state, BatchState) and len(state) == 2 and state.items == prepared
+    state = processor.device(state)
+    outs = processor.output(state)
+    assert [o.kind for o in outs] == ["processed"] * 2 and [o.source.offset for o in outs] == [0, 1]
+    stages = [s["stage"] for s in decode(outs[0])["spans"]]
+    assert stages.index("preset:jd_main") < stages.index("encode:jd_main") < stages.index("quality") < stages.index(
+        "produce")
+
+
+def test_a_batch_level_exception_in_the_device_lane_dead_letters_the_batch(
+        processor: BatchProcessor, catalog: list[Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    prepared = [processor.prepare(record(event_bytes(p), i)) for i, p in enumerate(catalog[:3])]
+    state = processor.decode(prepared)  # type: ignore[arg-type]
+
+    def broken(ctx, lane):  # type: ignore[no-untyped-def]
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(processor.pipeline, "run_lane", broken)
+    state = processor.device(state)  # never raises
+    monkeypatch.undo()
+    outs = processor.output(state)
+    assert [(o.kind, o.error_code, o.source.offset) for o in outs] == [
+        ("dead_letter", "PROCESSING_FAILED", k) for k in range(3)]
+    dead = decode(outs[0])
+    assert dead["stage"] == "device" and "RuntimeError: device lost" in dead["message"]
+
+
+def test_an_unwritable_output_dir_is_fatal_not_a_dead_letter(catalog: list[Path], tmp_path: Path) -> None:
+    from schemas.errors import StoreUnavailable
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_bytes(b"")
+    proc = build_processor(Settings(device="cpu", segmenter="none", output_dir=blocker))
+    prepared = proc.prepare(record(event_bytes(catalog[0])))
+    assert isinstance(prepared, Prepared)
+    state = proc.device(proc.decode([prepared]))
+    with pytest.raises(StoreUnavailable, match="not writable"):
+        proc.output(state)
+
+
+# -- prepare never raises ------------------------------------------------------------------------
+def test_a_nul_byte_in_a_file_path_is_a_fetch_failed_dead_letter(processor: BatchProcessor) -> None:
+    out = processor.prepare(record(event_bytes(source={"uri": "file:///tmp/a\x00b.jpg", "sha256": None})))
+    assert isinstance(out, OutRecord) and out.error_code == "FETCH_FAILED"
+    dead = decode(out)
+    assert dead["stage"] == "fetch" and "ValueError" in dead["message"]
+
+
+def _garbage_records():  # type: ignore[no-untyped-def]
+    from hypothesis import strategies as st
+
+    codecs = EventCodecs.create()
+    uri = st.one_of(st.text(max_size=40), st.builds(lambda t: "file:///" + t, st.text(max_size=30)),
+                    st.sampled_from(["file:///dev/zero", "file:///proc/self/mem", "file:///", "file://host/x",
+                                     "file:///%00", "s3://b/k", "http://127.0.0.1:1/x"]))
+    source = st.one_of(st.builds(lambda d: {"data": d}, st.binary(max_size=64)),
+                       st.builds(lambda u, h: {"uri": u, "sha256": h}, uri, st.one_of(st.none(), st.text(max_size=8))))
+    presets = st.lists(st.one_of(st.sampled_from(PRESETS), st.text(max_size=10)), max_size=3)
+    avro = st.builds(lambda s, p, sku, bg: codecs.product.encode(
+        ImageProducer.event(s, sku=sku, image_id="i", presets=p, background=bg)),
+        source, presets, st.text(max_size=10), st.sampled_from(["WHITE", "TRANSPARENT", "KEEP"]))
+    framed = st.builds(lambda body: b"\x00\x00\x00\x00\x01" + body, st.binary(max_size=80))
+    value = st.one_of(st.none(), st.binary(max_size=80), framed, avro)
+    header = st.tuples(st.text(max_size=12), st.one_of(st.none(), st.binary(max_size=12)))
+    headers = st.one_of(st.none(), st.lists(header, max_size=3))
+    return st.builds(InRecord, st.text(min_size=1, max_size=20), st.integers(0, 2**31 - 1), st.integers(0, 2**63 - 1),
+                     value, st.one_of(st.none(), st.binary(max_size=16)), headers,
+                     st.one_of(st.none(), st.integers(0, 2**62)))
+
+
+def test_prepare_never_raises_on_garbage(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from hypothesis import HealthCheck, given, settings
+
+    root = tmp_path_factory.mktemp("roots")
+    proc = build_processor(Settings(device="cpu", segmenter="none", file_roots=[root]))
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(_garbage_records())
+    def check(rec: InRecord) -> None:
+        out = proc.prepare(rec)
+        if isinstance(out, OutRecord):
+            assert out.kind == "dead_letter" and out.source is rec
+            dead = decode(out)
+            assert dead["original"]["offset"] == rec.offset and dead["original"]["value"] == rec.value
+            assert dead["error_code"] == out.error_code
+        else:
+            assert isinstance(out, Prepared)
+
+    check()
+
+
+# -- output size ---------------------------------------------------------------------------------
+def _sizes(outs: list[OutRecord]) -> int:
+    from agents.process import record_size
+
+    return record_size(outs[0].value, outs[0].key, outs[0].headers)
+
+
+def test_an_event_over_the_limit_without_a_store_is_output_too_large(
+        processor: BatchProcessor, catalog: list[Path]) -> None:
+    rec = record(event_bytes(catalog[0]))
+    full = _sizes(run_all(processor, [rec]))
+    prepared = processor.prepare(rec)
+    out = processor.run([prepared], max_record_bytes=full - 64)[0]  # type: ignore[list-item]
+    assert (out.kind, out.error_code) == ("dead_letter", "OUTPUT_TOO_LARGE")
+    dead = decode(out)
+    assert dead["error_code"] == "OUTPUT_TOO_LARGE" and dead["stage"] == "produce"
+    import re
+
+    # sizes vary by a few bytes between runs (span durations and latency are varints)
+    said = re.fullmatch(r"processed event of (\d+) bytes exceeds the output limit of (\d+) bytes "
+                        r"\(variants: jd_main (\d+) B, thumb_webp (\d+) B\); configure an output store .*",
+                        dead["message"])
+    assert said is not None, dead["message"]
+    assert int(said[2]) == full - 64 and abs(int(said[1]) - full) < 32 < int(said[3]) + int(said[4]) < full
+    # with room for that jitter it goes through
+    prepared = processor.prepare(rec)
+    assert processor.run([prepared], max_record_bytes=full + 32)[0].kind == "processed"  # type: ignore[list-item]
+
+
+def test_an_event_over_the_limit_moves_its_largest_variants_to_the_store(catalog: list[Path], tmp_path: Path) -> None:
+    import hashlib
+
+    from agents.process import DirStore
+
+    proc = build_processor(Settings(device="cpu", segmenter="classical"))
+    proc.store, proc.offload = DirStore(tmp_path / "cdn"), "oversize"
+    rec = record(event_bytes(catalog[0]))
+    inline = run_all(proc, [rec])[0]
+    ev = decode(inline)
+    assert all(v["data"] is not None and v["uri"] is None for v in ev["variants"])  # fits: nothing moved
+    assert not (tmp_path / "cdn").exists()
+    big = max(ev["variants"], key=lambda v: v["size"])
+    small = min(ev["variants"], key=lambda v: v["size"])
+    limit = _sizes([inline]) - big["size"] // 2  # moving the big one is enough
+    out = proc.run([proc.prepare(rec)], max_record_bytes=limit)[0]  # type: ignore[list-item]
+    assert out.kind == "processed" and _sizes([out]) <= limit
+    moved = {v["preset"]: v for v in decode(out)["variants"]}
+    assert moved[big["preset"]]["data"] is None and moved[big["preset"]]["uri"].startswith("file://")
+    stored = Path(moved[big["preset"]]["uri"][len("file://"):]).read_bytes()
+    assert hashlib.sha256(stored).hexdigest() == big["sha256"] and len(stored) == big["size"]
+    assert moved[small["preset"]]["data"] == small["data"]  # the small one stays inline
+    # a limit no event can meet even with every variant out of line: OUTPUT_TOO_LARGE, sizes given
+    out = proc.run([proc.prepare(rec)], max_record_bytes=100)[0]  # type: ignore[list-item]
+    assert out.error_code == "OUTPUT_TOO_LARGE" and "limit of 100 bytes" in decode(out)["message"]

@@ -127,3 +127,46 @@ def test_faust_codecs_are_registered_and_round_trip() -> None:
     data = faust_codecs.dumps("lightbox.product", copy.deepcopy(ev))
     assert data[0] == 0
     assert faust_codecs.loads("lightbox.product", data)["event_id"] == ev["event_id"]
+
+
+def test_dead_letter_v2_adds_output_too_large_and_v1_readers_fall_back_to_the_default(tmp_path: Path) -> None:
+    store = FileSchemaStore()
+    latest_id, v2 = store.latest("DeadLetterEvent")
+    v1 = store.schema(3)  # the frozen v1
+    assert latest_id == 4
+    assert "OUTPUT_TOO_LARGE" in next(f for f in v2["fields"] if f["name"] == "error_code")["type"]["symbols"]
+    codecs = EventCodecs.create()
+    assert codecs.dead_letter.writer_id == 4
+    dead = {"event_id": "d", "original": {"topic": "t", "partition": 0, "offset": 1}, "error_code": "OUTPUT_TOO_LARGE",
+            "message": "m", "stage": "produce", "worker_id": "w", "failed_at": int(time.time() * 1000)}
+    data = codecs.dead_letter.encode(dead)
+    assert codecs.dead_letter.decode(data)["error_code"] == "OUTPUT_TOO_LARGE"
+    old_reader = AvroCodec(store, "DeadLetterEvent", reader_schema=v1, writer_schema=v1)
+    assert old_reader.writer_id == 3
+    assert old_reader.decode(data)["error_code"] == "PROCESSING_FAILED"  # the enum's default
+    old_bytes = old_reader.encode({**dead, "error_code": "TOO_LARGE"})
+    assert codecs.dead_letter.decode(old_bytes)["error_code"] == "TOO_LARGE"
+    # a store seeded before v2 existed registers it as a new, BACKWARD-checked version
+    old_store = tmp_path / "old"
+    FileSchemaStore(old_store)
+    assert EventCodecs.create(FileSchemaStore(old_store)).dead_letter.writer_id == 4
+
+
+def test_an_enum_may_gain_symbols_but_not_lose_them(tmp_path: Path) -> None:
+    schema = load_schema("dead_letter_event")
+    enum = next(f for f in schema["fields"] if f["name"] == "error_code")["type"]
+    store = FileSchemaStore(tmp_path / "store")
+    grown = copy.deepcopy(schema)
+    next(f for f in grown["fields"] if f["name"] == "error_code")["type"]["symbols"].append("NEW_CODE")
+    assert store.register("DeadLetterEvent", grown) > max(FileSchemaStore()._entries)  # a new version
+    shrunk = copy.deepcopy(grown)
+    next(f for f in shrunk["fields"] if f["name"] == "error_code")["type"]["symbols"].remove("TOO_LARGE")
+    with pytest.raises(IncompatibleSchema, match="removed: TOO_LARGE"):
+        store.register("DeadLetterEvent", shrunk)
+    no_default = copy.deepcopy(grown)
+    t = next(f for f in no_default["fields"] if f["name"] == "error_code")["type"]
+    t["symbols"].append("ANOTHER")
+    del t["default"]
+    with pytest.raises(IncompatibleSchema, match="needs a default"):
+        store.register("DeadLetterEvent", no_default)
+    assert enum["default"] == "PROCESSING_FAILED"

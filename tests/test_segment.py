@@ -202,14 +202,14 @@ def test_model_masks_shape_dtype_inputs_untouched_and_precut_alpha(
 def test_model_rejects_bad_input_and_use_after_close(u2netp: ModelFiles) -> None:
     seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2, warmup=True)
     assert isinstance(seg, Segmenter) and seg.device == "cpu"
-    with pytest.raises(ProcessingFailed, match="image 1"):
-        seg.segment_batch([np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8), np.uint8)])
-    with pytest.raises(ProcessingFailed, match="image 0"):
-        seg.segment_batch([np.zeros((8, 8, 3), np.float32)])
+    good, bad = seg.segment_batch([np.zeros((8, 8, 3), np.uint8), np.zeros((8, 8), np.uint8)])
+    assert good.shape == (8, 8) and isinstance(bad, ProcessingFailed) and "image 1" in str(bad)  # per item
+    (bad,) = seg.segment_batch([np.zeros((8, 8, 3), np.float32)])
+    assert isinstance(bad, ProcessingFailed) and "image 0" in str(bad)
     assert seg.segment_batch([]) == []
     seg.close()
-    with pytest.raises(ProcessingFailed, match="close"):
-        seg.segment_batch([np.zeros((8, 8, 3), np.uint8)])
+    (closed,) = seg.segment_batch([np.zeros((8, 8, 3), np.uint8)])
+    assert isinstance(closed, ProcessingFailed) and "close" in str(closed)
 
 
 def test_fixed_batch_model_refuses_bigger_buckets(u2netp: ModelFiles, tmp_path: Path) -> None:

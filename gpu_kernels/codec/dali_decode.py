@@ -118,6 +118,8 @@ class DaliDecoder:
         reduce: reduced-size decode strategy; ``"auto"`` = ``"dct"`` on CPU, ``"resize"`` on GPU.
     """
 
+    version = "dali-decode-1"
+
     def __init__(
         self,
         device: str = "cpu",

@@ -70,6 +70,8 @@ def _check(image: Any, preset: Preset) -> np.ndarray:
 class CpuEncoder:
     """:class:`~gpu_kernels.backends.Encoder` on the CPU (libjpeg-turbo, libpng, libwebp)."""
 
+    version = "cpu-encode-1"
+
     def __init__(self, device: str = "cpu", settings: EncodeSettings | None = None) -> None:
         if device != "cpu":
             raise ValueError(f"CpuEncoder: device must be 'cpu', got {device!r}")
@@ -132,6 +134,8 @@ class NvJpegEncoder:
 
     Takes CuPy (or NumPy) ``(H, W, 3|4)`` uint8 images. nvImageCodec is imported lazily.
     """
+
+    version = "nvjpeg-encode-1"
 
     def __init__(
         self,

@@ -40,9 +40,13 @@ class CpuRetoucher:
     """
 
     device = "cpu"
+    version = "retouch-1"
 
     def __init__(self, config: RetouchConfig | None = None) -> None:
         self.config = config or RetouchConfig()
+
+    def close(self) -> None:
+        """Nothing to release."""
 
     def correct(
         self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions

@@ -31,7 +31,7 @@ import numpy as np
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops, disk
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
-from schemas.errors import ProcessingFailed
+from schemas.errors import LightboxError, ProcessingFailed, per_item
 
 __all__ = ["ClassicalConfig", "ClassicalSegmenter", "background_distance", "classical_foreground"]
 
@@ -160,15 +160,17 @@ class ClassicalSegmenter:
         prob = ops.resize_map(ops.asarray(fg), h, w)
         return alpha_from_probability(prob, self.post, ops)
 
-    def segment_batch(self, images: Sequence[Array]) -> list[Array]:
-        """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image."""
-        for i, img in enumerate(images):
+    def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:
+        """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image;
+        an image of the wrong shape or dtype gets its ``ProcessingFailed`` in its place."""
+
+        def one(item: tuple[int, Array]) -> Array:
+            i, img = item
             validate_image(i, img)
-        out = []
-        for img in images:
             precut = precut_alpha(img, self._ops.xp)
-            out.append(precut if precut is not None else self._segment_one(img))
-        return out
+            return precut if precut is not None else self._segment_one(img)
+
+        return per_item(one, enumerate(images))
 
     def close(self) -> None:
         """Nothing to release."""

@@ -30,7 +30,7 @@ from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import U2NETP, ModelSpec, output_to_probability, preprocess
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
-from schemas.errors import ProcessingFailed
+from schemas.errors import LightboxError, ProcessingFailed, per_item
 
 __all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "plan_chunks"]
 
@@ -280,17 +280,26 @@ class OnnxSegmenter:
         return view.astype(cupy.float32, copy=True)  # our own memory; onnxruntime's can go
 
     # -- Segmenter -----------------------------------------------------------------------------
-    def segment_batch(self, images: Sequence[Array]) -> list[Array]:
-        """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image."""
+    def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:
+        """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image;
+        an image of the wrong shape or dtype gets its ``ProcessingFailed`` in its place."""
         ops, xp = self._ops, self._ops.xp
-        for i, img in enumerate(images):
-            validate_image(i, img)
-        masks: list[Array | None] = [precut_alpha(img, xp) for img in images]
+
+        def checked(item: tuple[int, Array]) -> Array | None:
+            validate_image(*item)
+            return precut_alpha(item[1], xp)
+
+        masks: list[Array | LightboxError | None] = per_item(checked, enumerate(images))
         todo = [i for i, m in enumerate(masks) if m is None]
         for start, stop, bucket in plan_chunks(len(todo), self.buckets):
             idx = todo[start:stop]
             chunk = [images[i] for i in idx]
-            raw = self._infer(preprocess(chunk, self.spec, bucket, ops))
+            try:
+                raw = self._infer(preprocess(chunk, self.spec, bucket, ops))
+            except LightboxError as exc:  # this chunk's images fail; the next chunk may still run
+                for i in idx:
+                    masks[i] = exc
+                continue
             probs = output_to_probability(raw[: len(idx)], self.spec, xp)
             for i, prob in zip(idx, probs, strict=True):
                 h, w = images[i].shape[:2]

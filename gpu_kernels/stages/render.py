@@ -1,0 +1,31 @@
+"""Render (DESIGN.md step 6): per preset, one batched crop + resize + pad + sharpen over every
+image that asked for it (span ``preset:<name>``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from gpu_kernels.backends import Retoucher
+from gpu_kernels.presets import Preset
+from gpu_kernels.stages.base import BatchContext, Stage, Step
+
+__all__ = ["RenderStage"]
+
+
+class RenderStage(Stage):
+    name = "preset"
+
+    def __init__(self, retoucher: Retoucher) -> None:
+        self.retoucher, self.device = retoucher, retoucher.device
+
+    def steps(self, ctx: BatchContext) -> Iterable[Step]:
+        for preset in ctx.presets():
+            yield Step(f"preset:{preset.name}", self.device, ctx.asking(preset),
+                       lambda ix, p=preset: self.retoucher.render_batch(  # type: ignore[misc]
+                           [ctx.corrected[i] for i in ix], [ctx.masks.get(i) for i in ix], p),
+                       lambda i, img, p=preset: self._keep(ctx, i, p, img))  # type: ignore[misc]
+
+    @staticmethod
+    def _keep(ctx: BatchContext, i: int, preset: Preset, image: Any) -> None:
+        ctx.rendered[i, preset.name] = image
