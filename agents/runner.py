@@ -1,43 +1,154 @@
-"""Drives a :class:`~agents.batching.MicroBatcher` and a :class:`~agents.process.BatchProcessor`
-from an asyncio loop: events in, batches to the device thread, outputs to Kafka, acks back.
+"""Drives the :class:`~agents.process.BatchProcessor` lanes from an asyncio loop: inputs in,
+batches through decode, device and output, outputs to the brokers, acknowledgements back in order.
 
-Delivery (DESIGN.md): an input is acknowledged to Faust — and so becomes committable — only
-after its processed event or dead letter is acknowledged by the brokers (acks=all, idempotent
-producer). Bounded in flight: at most ``max_in_flight`` inputs are held; past that ``submit``
-waits, the agent stops pulling, and Faust pauses the partitions' fetch.
+Lanes, joined by bounded queues so that a slow lane holds back the ones before it and, in the
+end, the consumer (back-pressure), and so that the device never waits on I/O::
 
-Double buffering: while the device thread finishes batch N (segment, retouch, render, encode),
-the decode thread decodes batch N+1 and the event loop keeps fetching and filling the batcher;
-at most one closed batch waits for decode and one decoded batch waits for the device.
+    submit ─► prepare (CPU pool) ─► batcher ─► decode (1 thread) ─► device (1 thread) ─► output (CPU pool) ─► send
+                 └── dead letters ───────────────────────────────────────────────────────────────────────────┘
+
+The device thread runs ``processor.device`` and nothing else; Avro, store writes and produce run
+in the output lane. At most ``max_in_flight`` inputs are held (handed and not yet committable);
+past that ``submit`` waits, the agent stops pulling, and Faust pauses the partitions' fetch.
+
+Delivery (at-least-once, never a lost input)
+    An input is acknowledged only after its processed event or dead letter was acknowledged by
+    the brokers (acks=all, idempotent producer) *and* every lower offset of its partition that
+    this worker was handed is too: :class:`~agents.watermark.Watermarks` keeps one queue per
+    partition in hand-over order and releases only the contiguous done prefix, whatever order
+    batches and dead letters finish in.
+
+    Why acknowledge through Faust and not commit ourselves: Faust's consumer owns the group
+    generation (aiokafka runs in its own thread) and its rebalance handler waits (``wait_empty``)
+    for every message it handed out to be acknowledged before it commits and gives the partitions
+    up; committing around it would race that machinery. So the runner calls Faust's ack only for
+    released inputs, in offset order, one at a time under one lock. Faust then commits
+    ``Consumer._new_offset(tp)`` (faust-streaming 0.15.3): one past the end of the first run of
+    consecutive numbers in the sorted acked offsets, to which it adds the gap intervals it
+    recorded between consecutive fetched records (``[previous + 1, next]``) that start below the
+    highest acked offset. Every acked offset ``a`` has all handed offsets ``<= a`` done; a gap
+    interval that starts below ``max(acked)`` ends at a record that was handed before (or at)
+    ``max(acked)``, so it is done too. Hence the committed offset is at most ``max(acked) + 1``,
+    which never passes the lowest unacknowledged input. Faust's own gap check — which lets gaps
+    through on a fresh group (FACTS.md) — is never relied on: we never hand it a gap.
+
+    Rebalances: Faust's revoke handler waits for the acks of everything handed out, commits,
+    then sends ``on_partitions_revoked``; :meth:`BatchRunner.revoke` then drops those partitions'
+    queues. A ticket of a dropped queue is stale: its completion releases nothing, so in-flight
+    work of a revoked partition never acknowledges into a later assignment generation.
+
+Supervision (never a silent stall)
+    An exception that is not an item's own (a lane call raising, a lane returning the wrong
+    number of outputs) becomes ``PROCESSING_FAILED`` dead letters for that batch's items, logged
+    once per batch; the lanes go on. When the runner cannot go on — a :class:`FatalError` (e.g.
+    the output store unreachable past its retry budget), a produce that fails for good or keeps
+    failing past ``delivery_timeout_s``, a lane call running longer than ``stage_timeout_s``
+    (watchdog), a lane task crashing — it fail-stops: logs one line, acknowledges nothing more,
+    sets :attr:`BatchRunner.failed` and calls ``on_fatal``, whose job is to make the worker
+    leave its group and exit non-zero. What was in flight stays uncommitted and goes to the
+    partitions' next owner (same event ids, same bytes).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from agents.batching import Batch, MicroBatcher
-from agents.process import BatchProcessor, InRecord, OutRecord, Prepared
+from agents.process import InRecord, OutRecord
+from agents.watermark import OffsetRewound, Ticket, Watermarks
+from schemas.errors import FatalError, LightboxError, OutputTooLarge, ProcessingFailed, SchemaInvalid
+from streams.sink import RECORD_OVERHEAD, record_size
 
-__all__ = ["BatchRunner", "OutputSink", "RunnerStats"]
+__all__ = ["BatchRunner", "Lanes", "NullObserver", "OutputSink", "RunnerConfig", "RunnerFailed",
+           "RunnerObserver", "RunnerStats", "record_of"]
 
 log = logging.getLogger(__name__)
 
+R = TypeVar("R")
 Ack = Callable[[Any], Awaitable[Any]]
+#: bytes left for a record's key and headers when the processor sizes an event's value
+KEY_AND_HEADERS_ROOM = 1024
 
 
 class OutputSink(Protocol):
-    """Where outputs go: ``send`` queues one record and returns an awaitable broker ack."""
+    """Where outputs go (:class:`streams.sink.KafkaSink`; a fake in unit tests)."""
+
+    #: the largest record each kind's topic accepts (None: unknown); valid after ``start``
+    limits: Mapping[str, int | None]
 
     async def start(self) -> None: ...
-    async def send(self, kind: str, out: OutRecord) -> Awaitable[Any]: ...
+    async def send_batch(self, records: Sequence[OutRecord]) -> Sequence[BaseException | None]: ...
+    def retriable(self, exc: BaseException) -> bool: ...
     async def stop(self) -> None: ...
+
+
+class Lanes(Protocol):
+    """The processor's lanes (INTERFACES.md); :class:`agents.process.BatchProcessor` is one."""
+
+    def prepare(self, rec: InRecord) -> Any: ...  # Prepared | OutRecord
+    def decode(self, batch: Sequence[Any]) -> Any: ...
+    def device(self, state: Any) -> Any: ...
+    def output(self, state: Any, *, max_record_bytes: int | None = None) -> list[OutRecord]: ...
+    def dead_letter(self, rec: InRecord, exc: LightboxError, event: dict[str, Any] | None = None) -> OutRecord: ...
+    def close(self) -> None: ...
+
+
+class RunnerObserver(Protocol):
+    """Hooks for metrics and tracing; called on the event loop, must be quick and never raise."""
+
+    def received(self, rec: InRecord) -> None: ...
+    def batch_done(self, lane: str, size: int, seconds: float) -> None: ...
+    def output_acked(self, out: OutRecord) -> None: ...  # after the brokers acknowledged it
+    def lane_progress(self, lane: str, queued: int) -> None: ...
+    def in_flight(self, n: int) -> None: ...
+
+
+class NullObserver:
+    """The default :class:`RunnerObserver`: does nothing."""
+
+    def received(self, rec: InRecord) -> None:
+        pass
+
+    def batch_done(self, lane: str, size: int, seconds: float) -> None:
+        pass
+
+    def output_acked(self, out: OutRecord) -> None:
+        pass
+
+    def lane_progress(self, lane: str, queued: int) -> None:
+        pass
+
+    def in_flight(self, n: int) -> None:
+        pass
+
+
+class RunnerFailed(RuntimeError):
+    """The runner fail-stopped (see the module docstring); ``__cause__`` says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    """Lane sizes and timeouts. Seconds are on the runner's clock (``delivery_timeout_s``,
+    ``stage_timeout_s``) or real time (``watchdog_interval_s``, ``retry_backoff_s``)."""
+
+    max_in_flight: int = 64
+    prepare_threads: int = 4
+    output_threads: int = 2
+    queue_depth: int = 1  # closed batches waiting in front of each of decode, device, output
+    delivery_timeout_s: float = 120.0
+    stage_timeout_s: float = 300.0
+    watchdog_interval_s: float = 1.0
+    retry_backoff_s: float = 0.5
+    max_send_batch: int = 256
 
 
 @dataclass
@@ -46,6 +157,8 @@ class RunnerStats:
     dead_letters: int = 0
     batches: int = 0
     batch_items: int = 0
+    batch_failures: int = 0
+    send_retries: int = 0
 
 
 def record_of(event: Any) -> InRecord:
@@ -60,42 +173,141 @@ def record_of(event: Any) -> InRecord:
                     timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None)
 
 
+@dataclass(eq=False, slots=True)
+class _Item:
+    """One handed input on its way through the lanes."""
+
+    event: Any
+    record: InRecord
+    ticket: Ticket[_Item] | None = None
+
+
+Pair = tuple[_Item, Any]  # an input and its Prepared job
+Sent = tuple[_Item, OutRecord]
+
+
 class BatchRunner:
-    def __init__(self, processor: BatchProcessor, sink: OutputSink, batcher: MicroBatcher[Any], *,
-                 max_in_flight: int = 64, clock: Callable[[], float] = time.monotonic) -> None:
+    """See the module docstring. ``ack(event)`` acknowledges one input to the consumer;
+    ``on_fatal(exc)`` is called once when the runner fail-stops."""
+
+    def __init__(self, processor: Lanes, sink: OutputSink, batcher: MicroBatcher[Pair], *, ack: Ack,
+                 config: RunnerConfig | None = None, clock: Callable[[], float] = time.monotonic,
+                 observer: RunnerObserver | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
         self.processor, self.sink, self.batcher, self.clock = processor, sink, batcher, clock
+        self.config = config or RunnerConfig()
+        self.observer: RunnerObserver = observer or NullObserver()
         self.stats = RunnerStats()
-        self._slots = asyncio.Semaphore(max_in_flight)
-        self._ready: asyncio.Queue[Batch[tuple[Prepared, Any, Ack]]] = asyncio.Queue(maxsize=1)
-        self._decoded: asyncio.Queue[tuple[Sequence[tuple[Prepared, Any, Ack]], Any, float]] = asyncio.Queue(maxsize=1)
+        self.failure: BaseException | None = None
+        self.failed = asyncio.Event()
+        self._ack, self._on_fatal = ack, on_fatal
+        self._wm: Watermarks[_Item] = Watermarks()
+        self._slots = asyncio.Semaphore(self.config.max_in_flight)
+        depth = self.config.queue_depth
+        self._decode_q: asyncio.Queue[Batch[Pair]] = asyncio.Queue(depth)
+        self._device_q: asyncio.Queue[tuple[list[Pair], Any, float]] = asyncio.Queue(depth)
+        self._output_q: asyncio.Queue[tuple[list[Pair], Any]] = asyncio.Queue(depth)
+        self._send_q: asyncio.Queue[list[Sent]] = asyncio.Queue()  # bounded by max_in_flight
+        self._out_slots = asyncio.Semaphore(self.config.output_threads)
+        self._ack_lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._device = ThreadPoolExecutor(1, thread_name_prefix="lightbox-device")
-        self._decoder = ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode")
-        self._io = ThreadPoolExecutor(2, thread_name_prefix="lightbox-io")
-        self._tasks: list[asyncio.Task[None]] = []
-        self._sends: set[asyncio.Task[None]] = set()
-        self._failure: BaseException | None = None
+        self._pools = {
+            "prepare": ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="lightbox-prepare"),
+            "decode": ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode"),
+            "device": ThreadPoolExecutor(1, thread_name_prefix="lightbox-device"),
+            "output": ThreadPoolExecutor(self.config.output_threads, thread_name_prefix="lightbox-output"),
+        }
+        self._busy: dict[object, tuple[str, float, int]] = {}  # lane calls running: lane, since, items
+        self._delivering: dict[object, float] = {}  # sends waiting for the brokers: since
+        self._lanes: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[None]] = set()  # prepare, output and delivery tasks
+
+    # -- public ------------------------------------------------------------------------------
+    @property
+    def in_flight(self) -> int:
+        """Inputs handed and not yet released (acknowledged) or revoked."""
+        return self._wm.pending
+
+    def committable(self) -> dict[Any, int]:
+        """Per (topic, partition): the offset the acknowledged prefix allows committing."""
+        return self._wm.committable()
 
     async def start(self) -> None:
+        """Start the sink (reads the topics' size limits) and the lanes."""
         await self.sink.start()
-        self._tasks = [asyncio.create_task(self._timer_loop(), name="lightbox-batch-timer"),
-                       asyncio.create_task(self._decode_loop(), name="lightbox-decode-loop"),
-                       asyncio.create_task(self._device_loop(), name="lightbox-device-loop")]
+        loops = {"batch-timer": self._timer_loop, "decode": self._decode_loop, "device": self._device_loop,
+                 "output": self._output_loop, "send": self._send_loop, "watchdog": self._watchdog_loop}
+        for name, loop in loops.items():
+            task = asyncio.create_task(loop(), name=f"lightbox-{name}")
+            task.add_done_callback(functools.partial(self._lane_ended, name))
+            self._lanes.append(task)
 
-    async def submit(self, event: Any, ack: Ack) -> None:
-        """Take one consumed event; returns once it is queued (waits while the worker is full)."""
-        if self._failure is not None:
-            raise RuntimeError("output delivery failed; refusing new input") from self._failure
+    async def submit(self, event: Any, record: InRecord | None = None) -> None:
+        """Take one consumed input; returns once it is on its way (waits while the worker is full).
+        Raises :class:`RunnerFailed` after a fail-stop."""
+        self._check()
         await self._slots.acquire()
-        loop = asyncio.get_running_loop()
-        prepared = await loop.run_in_executor(self._io, self.processor.prepare, record_of(event))
-        if isinstance(prepared, OutRecord):
-            self._spawn_send([(prepared, event, ack)])
+        self._check()
+        rec = record or record_of(event)
+        item = _Item(event, rec)
+        key = (rec.topic, rec.partition)
+        try:
+            item.ticket = self._wm.submit(key, rec.offset, item)
+        except OffsetRewound:  # the consumer went back (a seek): a new generation for the partition
+            log.warning("partition %s:%d rewound to offset %d; earlier in-flight inputs will not be acknowledged",
+                        rec.topic, rec.partition, rec.offset)
+            self._release_dropped(self._wm.revoke([key]))
+            item.ticket = self._wm.submit(key, rec.offset, item)
+        self.observer.received(rec)
+        self.observer.in_flight(self._wm.pending)
+        self._spawn(self._prepare(item))
+
+    def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Partitions went away: forget their queues; their in-flight work will ack nothing."""
+        self._release_dropped(self._wm.revoke(list(partitions)))
+        self.observer.in_flight(self._wm.pending)
+
+    async def drain(self, timeout_s: float) -> bool:
+        """Graceful stop: finish everything handed so far and acknowledge it. True when nothing
+        is left unacknowledged; False on timeout or fail-stop (the rest is redelivered)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                while self._wm.pending and self.failure is None:
+                    for batch in self.batcher.flush():  # no waiting for batch-mates now
+                        await self._decode_q.put(batch)
+                    await asyncio.sleep(0.02)
+        except TimeoutError:
+            log.warning("drain timed out after %.0f s with %d inputs unacknowledged; they will be redelivered",
+                        timeout_s, self._wm.pending)
+        return self._wm.pending == 0 and self.failure is None
+
+    async def stop(self) -> None:
+        """Stop the lanes and the sink; threads still busy are abandoned (the process is ending)."""
+        for task in [*self._lanes, *self._tasks]:
+            task.cancel()
+        await asyncio.gather(*self._lanes, *self._tasks, return_exceptions=True)
+        try:
+            await self.sink.stop()
+        finally:
+            for pool in self._pools.values():
+                pool.shutdown(wait=False, cancel_futures=True)
+            self.processor.close()
+
+    # -- lanes -------------------------------------------------------------------------------
+    async def _prepare(self, item: _Item) -> None:
+        try:
+            res = await self._call("prepare", 1, self.processor.prepare, item.record)
+        except FatalError:
+            raise
+        except Exception as exc:  # prepare never raises by contract; this is the last line of defence
+            log.error("prepare lane: %s for %s:%d:%d; it goes to the dead-letter topic", type(exc).__name__,
+                      item.record.topic, item.record.partition, item.record.offset)
+            res = self._dead_letter(item, ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="prepare"))
+        if isinstance(res, OutRecord):
+            self._send_q.put_nowait([(item, res)])
             return
-        closed = self.batcher.add((prepared, event, ack), prepared.shape_class, self.clock(),
-                                  nbytes=prepared.nbytes)
-        for batch in closed:
-            await self._ready.put(batch)
+        for batch in self.batcher.add((item, res), res.shape_class, self.clock(), nbytes=res.nbytes):
+            await self._decode_q.put(batch)
         self._wake.set()
 
     async def _timer_loop(self) -> None:
@@ -106,85 +318,240 @@ class BatchRunner:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
             for batch in self.batcher.poll(self.clock()):
-                await self._ready.put(batch)
+                await self._decode_q.put(batch)
 
     async def _decode_loop(self) -> None:
         while True:
-            batch = await self._ready.get()
-            await self._decoded.put(await self._decode(batch.items))
+            batch = await self._decode_q.get()
+            self.observer.lane_progress("decode", self._decode_q.qsize())
+            pairs = list(batch.items)
+            t0 = self.clock()
+            try:
+                state = await self._call("decode", len(pairs), self.processor.decode, [p for _, p in pairs])
+            except FatalError:
+                raise
+            except Exception as exc:
+                self._batch_failed("decode", pairs, exc)
+                continue
+            seconds = self.clock() - t0
+            self.observer.batch_done("decode", len(pairs), seconds)
+            await self._device_q.put((pairs, state, seconds))
 
     async def _device_loop(self) -> None:
         while True:
-            await self._finish(*await self._decoded.get())
+            pairs, state, decode_s = await self._device_q.get()
+            self.observer.lane_progress("device", self._device_q.qsize())
+            t0 = self.clock()
+            try:
+                state = await self._call("device", len(pairs), self.processor.device, state)
+            except FatalError:
+                raise
+            except Exception as exc:
+                self._batch_failed("device", pairs, exc)
+                continue
+            seconds = self.clock() - t0
+            self.observer.batch_done("device", len(pairs), seconds)
+            # the batch's service time: its decode plus its device work (they overlap other batches)
+            self.batcher.record_service(len(pairs), decode_s + seconds)
+            self._wake.set()  # a new service estimate can move deadlines
+            self.stats.batches += 1
+            self.stats.batch_items += len(pairs)
+            await self._output_q.put((pairs, state))
 
-    async def _decode(self, items: Sequence[tuple[Prepared, Any, Ack]]) -> tuple[Sequence[Any], Any, float]:
-        loop = asyncio.get_running_loop()
-        t0 = self.clock()
-        decoded = await loop.run_in_executor(self._decoder, self.processor.decode, [p for p, _, _ in items])
-        return items, decoded, self.clock() - t0
+    async def _output_loop(self) -> None:
+        while True:
+            await self._out_slots.acquire()
+            pairs, state = await self._output_q.get()
+            self.observer.lane_progress("output", self._output_q.qsize())
+            self._spawn(self._output(pairs, state))
 
-    async def _finish(self, items: Sequence[tuple[Prepared, Any, Ack]], decoded: Any, decode_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        t0 = self.clock()
-        outs = await loop.run_in_executor(self._device, self.processor.finish, [p for p, _, _ in items], decoded)
-        # the batch's service time: its decode plus its device work (they overlap other batches)
-        self.batcher.record_service(len(items), decode_s + self.clock() - t0)
-        self._wake.set()  # a new service estimate can move deadlines
-        self.stats.batches += 1
-        self.stats.batch_items += len(items)
-        self._spawn_send([(o, ev, ack) for o, (_, ev, ack) in zip(outs, items, strict=True)])
-
-    def _spawn_send(self, outs: list[tuple[OutRecord, Any, Ack]]) -> None:
-        task = asyncio.create_task(self._send_and_ack(outs))
-        self._sends.add(task)
-        task.add_done_callback(self._sends.discard)
-
-    async def _send_and_ack(self, outs: list[tuple[OutRecord, Any, Ack]]) -> None:
+    async def _output(self, pairs: list[Pair], state: Any) -> None:
         try:
-            acks = [await self.sink.send(o.kind, o) for o, _, _ in outs]
-            await asyncio.gather(*acks)
-        except Exception as exc:  # not acked: these inputs stay uncommitted and are redelivered
-            log.error("output delivery failed, %d inputs left unacknowledged: %r", len(outs), exc)
-            self._failure = exc
+            limit = self.sink.limits.get("processed")
+            value_limit = None if limit is None else limit - RECORD_OVERHEAD - KEY_AND_HEADERS_ROOM
+            t0 = self.clock()
+            try:
+                outs = await self._call("output", len(pairs),
+                                        functools.partial(self.processor.output, max_record_bytes=value_limit), state)
+                if len(outs) != len(pairs):
+                    raise ProcessingFailed(f"output lane returned {len(outs)} records for {len(pairs)} items",
+                                           stage="output")
+            except FatalError:
+                raise
+            except Exception as exc:
+                self._batch_failed("output", pairs, exc)
+                return
+            self.observer.batch_done("output", len(pairs), self.clock() - t0)
+            self._send_q.put_nowait([(item, out) for (item, _), out in zip(pairs, outs, strict=True)])
+        finally:
+            self._out_slots.release()
+
+    async def _send_loop(self) -> None:
+        """Coalesce what is ready into one send (one await for the brokers per group, not per record)."""
+        while True:
+            group = await self._send_q.get()
+            while not self._send_q.empty() and len(group) < self.config.max_send_batch:
+                group.extend(self._send_q.get_nowait())
+            self._spawn(self._deliver([(item, self._fit(item, out)) for item, out in group]))
+
+    async def _deliver(self, pending: list[Sent]) -> None:
+        """Send until the brokers acknowledged every record: retriable errors are retried within
+        ``delivery_timeout_s``; anything else, or running out of time, fail-stops."""
+        token = object()
+        started = self._delivering[token] = self.clock()
+        try:
+            while pending:
+                results = await self.sink.send_batch([out for _, out in pending])
+                retry: list[Sent] = []
+                acked: list[Sent] = []
+                last: BaseException | None = None
+                for sent, err in zip(pending, results, strict=True):
+                    if err is None:
+                        acked.append(sent)
+                    elif self.sink.retriable(err):
+                        retry.append(sent)
+                        last = err
+                    else:
+                        raise FatalError(f"output delivery of a {sent[1].kind} record failed: "
+                                         f"{type(err).__name__}: {err}") from err
+                await self._complete(acked)
+                if retry:
+                    waited = self.clock() - started
+                    if waited >= self.config.delivery_timeout_s:
+                        raise FatalError(f"output delivery kept failing for {waited:.0f} s "
+                                         f"(delivery_timeout_s={self.config.delivery_timeout_s:g}); "
+                                         f"last error: {type(last).__name__}: {last}")
+                    self.stats.send_retries += 1
+                    log.warning("retrying %d outputs after a retriable error (%s)", len(retry), type(last).__name__)
+                    await asyncio.sleep(self.config.retry_backoff_s)
+                pending = retry
+        finally:
+            del self._delivering[token]
+
+    async def _complete(self, sent: list[Sent]) -> None:
+        """Outputs the brokers acknowledged: release their inputs' contiguous prefixes, in order."""
+        if not sent:
             return
-        for out, event, ack in outs:
-            await ack(event)
-            if out.kind == "processed":
-                self.stats.processed += 1
-            else:
-                self.stats.dead_letters += 1
+        async with self._ack_lock:
+            for item, out in sent:
+                if self.failure is not None:
+                    return  # fail-stop: acknowledge nothing more
+                self.observer.output_acked(out)
+                if out.kind == "processed":
+                    self.stats.processed += 1
+                else:
+                    self.stats.dead_letters += 1
+                assert item.ticket is not None
+                if not self._wm.is_current(item.ticket):  # its partition was revoked meanwhile
+                    self._slots.release()
+                    continue
+                for ticket in self._wm.done(item.ticket):
+                    await self._ack(ticket.token.event)
+                    self._slots.release()
+            self.observer.in_flight(self._wm.pending)
+
+    async def _watchdog_loop(self) -> None:
+        cfg = self.config
+        while True:
+            await asyncio.sleep(cfg.watchdog_interval_s)
+            now = self.clock()
+            for lane, since, size in list(self._busy.values()):
+                if now - since > cfg.stage_timeout_s:
+                    raise FatalError(f"{lane} lane stuck: one call on {size} items has run for {now - since:.0f} s "
+                                     f"(stage_timeout_s={cfg.stage_timeout_s:g})")
+            for since in list(self._delivering.values()):
+                if now - since > cfg.delivery_timeout_s:
+                    raise FatalError(f"output delivery unacknowledged for {now - since:.0f} s "
+                                     f"(delivery_timeout_s={cfg.delivery_timeout_s:g})")
+
+    # -- helpers -----------------------------------------------------------------------------
+    async def _call(self, lane: str, size: int, fn: Callable[..., R], *args: Any) -> R:
+        """``fn(*args)`` in the lane's threads, visible to the watchdog while it runs."""
+        token = object()
+
+        def run() -> R:  # the clock starts when a thread picks the call up, not while it queues
+            self._busy[token] = (lane, self.clock(), size)
+            try:
+                return fn(*args)
+            finally:
+                self._busy.pop(token, None)
+
+        return await asyncio.get_running_loop().run_in_executor(self._pools[lane], run)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_ended)
+
+    def _task_ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
+
+    def _lane_ended(self, name: str, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        self._fail(exc if exc is not None else FatalError(f"the {name} lane ended"), lane=name)
+
+    def _fail(self, exc: BaseException, lane: str | None = None) -> None:
+        if self.failure is not None:
+            return
+        self.failure = exc
+        where = f" ({lane} lane crashed)" if lane and not isinstance(exc, FatalError) else ""
+        log.critical("lightbox worker fail-stop%s: %s: %s; %d inputs in flight stay uncommitted for the "
+                     "partitions' next owner", where, type(exc).__name__, exc, self._wm.pending)
+        self.failed.set()
+        for task in self._lanes:
+            task.cancel()
+        if self._on_fatal is not None:
+            self._on_fatal(exc)
+
+    def _check(self) -> None:
+        if self.failure is not None:
+            raise RunnerFailed("the runner fail-stopped") from self.failure
+
+    def _release_dropped(self, dropped: list[Ticket[_Item]]) -> None:
+        for _ in dropped:  # done, waiting for a lower offset: their work is over
             self._slots.release()
 
-    async def drain(self, timeout_s: float = 30.0) -> None:
-        """Graceful stop: run what the batcher and the queues hold, wait for their outputs.
+    def _batch_failed(self, lane: str, pairs: list[Pair], exc: Exception) -> None:
+        """A batch-level exception: every item of the batch becomes a PROCESSING_FAILED dead letter."""
+        self.stats.batch_failures += 1
+        log.error("%s lane: a batch of %d failed with %s; its items go to the dead-letter topic",
+                  lane, len(pairs), type(exc).__name__)
+        err = ProcessingFailed(f"{lane} lane: {type(exc).__name__}: {exc}", stage=lane)
+        self._send_q.put_nowait([(item, self._dead_letter(item, err, p.event)) for item, p in pairs])
 
-        A batch caught inside the decode or device thread at this moment is not waited for: its
-        inputs stay unacknowledged, so the partition's next owner processes them again (same
-        event ids and bytes)."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        decoded = []
-        while not self._decoded.empty():
-            decoded.append(self._decoded.get_nowait())
-        pending = []
-        while not self._ready.empty():
-            pending.append(self._ready.get_nowait())
-        pending.extend(self.batcher.flush())
+    def _dead_letter(self, item: _Item, err: LightboxError, event: dict[str, Any] | None = None,
+                     rec: InRecord | None = None) -> OutRecord:
         try:
-            async with asyncio.timeout(timeout_s):
-                for args in decoded:
-                    await self._finish(*args)
-                for batch in pending:
-                    await self._finish(*await self._decode(batch.items))
-                if self._sends:
-                    await asyncio.gather(*list(self._sends), return_exceptions=True)
-        except TimeoutError:
-            log.warning("drain timed out; unacknowledged inputs will be redelivered")
+            return self.processor.dead_letter(rec or item.record, err, event)
+        except Exception as exc:
+            raise FatalError(f"cannot build a dead letter ({type(exc).__name__}: {exc})") from exc
 
-    async def stop(self) -> None:
-        await self.sink.stop()
-        self._device.shutdown(wait=False, cancel_futures=True)
-        self._decoder.shutdown(wait=False, cancel_futures=True)
-        self._io.shutdown(wait=False, cancel_futures=True)
-        self.processor.pipeline.close()
+    def _fit(self, item: _Item, out: OutRecord) -> OutRecord:
+        """Never attempt a record the topic would refuse: an oversized output becomes an
+        OUTPUT_TOO_LARGE dead letter; a dead letter still too large leaves the original value out
+        (the input topic keeps it at the offset the dead letter names)."""
+        limit = self.sink.limits.get(out.kind)
+        size = record_size(out)
+        if limit is None or size <= limit:
+            return out
+        what = "processed event" if out.kind == "processed" else "dead letter"
+        message = f"{what} of {size} bytes exceeds its topic's limit of {limit} bytes"
+        dlq_limit = self.sink.limits.get("dead_letter")
+        for rec in (item.record, dataclasses.replace(item.record, value=None)):
+            if rec.value is None and item.record.value is not None:
+                message += f"; the original value ({len(item.record.value)} bytes) is left out"
+            try:
+                dead = self._dead_letter(item, OutputTooLarge(message, stage="output"), rec=rec)
+            except FatalError as exc:
+                if not isinstance(exc.__cause__, SchemaInvalid):
+                    raise
+                dead = self._dead_letter(item, ProcessingFailed(message, stage="output"), rec=rec)
+            if dlq_limit is None or record_size(dead) <= dlq_limit:
+                log.error("%s:%d:%d: %s", item.record.topic, item.record.partition, item.record.offset, message)
+                return dead
+        raise FatalError(f"a dead letter for {item.record.topic}:{item.record.partition}:{item.record.offset} "
+                         f"exceeds the dead-letter topic's limit of {dlq_limit} bytes even without its value")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from agents.batching import BatchingConfig
 from agents.process import BatchProcessor
+from agents.runner import RunnerConfig
 from gpu_kernels.backends import Retoucher, Segmenter
 from gpu_kernels.codec import make_decoder, make_encoder
 from gpu_kernels.pipeline import RetouchPipeline
@@ -12,7 +14,7 @@ from schemas.codec import FileSchemaStore
 from schemas.events import EventCodecs
 from streams.settings import PIPELINE_VERSION, Settings
 
-__all__ = ["build_pipeline", "build_processor"]
+__all__ = ["batching_config", "build_pipeline", "build_processor", "runner_config"]
 
 
 def _retoucher(device: str) -> Retoucher:
@@ -47,3 +49,19 @@ def build_processor(settings: Settings, device: str | None = None) -> BatchProce
         worker_id=settings.worker_id, pipeline_version=PIPELINE_VERSION, model_version=model_version,
         max_image_bytes=settings.max_image_bytes, max_pixels=settings.max_pixels,
         file_roots=settings.file_roots, output_dir=settings.output_dir)
+
+
+def batching_config(settings: Settings, device: str) -> BatchingConfig:
+    """The micro-batcher's settings for ``device``, with the ones set in ``settings``."""
+    overrides = {"max_batch": settings.max_batch, "slo_s": settings.slo_ms and settings.slo_ms / 1000,
+                 "max_wait_s": settings.max_wait_ms and settings.max_wait_ms / 1000,
+                 "fixed_batch": settings.fixed_batch}
+    return BatchingConfig.for_device(device, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
+    """Lane sizes and timeouts; a running batch plus a filling one must fit in flight, or batches
+    never reach the allowed size."""
+    return RunnerConfig(max_in_flight=max(settings.max_in_flight, 2 * batching.max_batch + 8),
+                        prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
+                        delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)

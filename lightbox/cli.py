@@ -151,7 +151,9 @@ def worker(
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="log level")] = "warning",
 ) -> None:
     """Run one retouch worker (one per GPU) in the consumer group: consume ProductImageEvents,
-    publish one ProcessedImageEvent or DeadLetterEvent per input. Stops cleanly on Ctrl-C/SIGTERM."""
+    publish one ProcessedImageEvent or DeadLetterEvent per input. SIGTERM/Ctrl-C: in-flight work
+    finishes and is committed, exit 0. Exit 70 when the worker cannot go on (fail-stop: it leaves the
+    group first, so its partitions move at once)."""
     overrides: dict[str, Any] = {"kafka_bootstrap": _bootstrap(bootstrap)}
     for key, val in (("device", device), ("max_batch", max_batch), ("segmenter", segmenter),
                      ("output_dir", output_dir)):
@@ -160,16 +162,25 @@ def worker(
     settings = Settings(**overrides)
     from faust import Worker
 
-    from agents.retouch import build_worker
+    from agents.retouch import EXIT_FAIL_STOP, build_worker
     from streams.app import ensure_topics
 
-    created = asyncio.run(ensure_topics(settings))
+    try:  # before joining the group: a worker that cannot start never holds partitions
+        created = asyncio.run(ensure_topics(settings))
+        retouch = build_worker(settings)
+    except Exception as exc:
+        err.print(f"[red]lightbox worker could not start:[/] {type(exc).__name__}: {exc}")
+        raise typer.Exit(EXIT_FAIL_STOP) from None
     if created:
         err.print(f"created topics: {', '.join(created)}")
-    faust_app = build_worker(settings)
     err.print(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
               f"on {settings.kafka_bootstrap}, device {settings.resolved_device()}")
-    Worker(faust_app, loglevel=loglevel.upper(), quiet=True).execute_from_commandline()
+    code: Any = 0
+    try:
+        Worker(retouch.app, loglevel=loglevel.upper(), quiet=True).execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code
+    raise typer.Exit(retouch.exit_code or (code if isinstance(code, int) else 1))
 
 
 # ---------------------------------------------------------------------------------- produce

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
 import faust
 
 from streams.security import aiokafka_kwargs, faust_credentials, preflight
 from streams.settings import Settings
 
-__all__ = ["create_app", "ensure_topics", "input_topic"]
+__all__ = ["create_app", "ensure_topics", "input_topic", "max_message_bytes", "topic_configs"]
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -39,20 +44,15 @@ def create_app(settings: Settings) -> faust.App:
 
 def input_topic(app: faust.App, settings: Settings) -> faust.TopicT:
     """The input topic as raw bytes. Outputs and dead letters are sent by the agent's own
-    idempotent producer (``agents.retouch.KafkaSink``), so they need no Faust topic."""
+    idempotent producer (:class:`streams.sink.KafkaSink`), so they need no Faust topic."""
     return app.topic(settings.input_topic, value_type=bytes, key_type=bytes, partitions=settings.topic_partitions)
 
 
-async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
-    """Create lightbox's four topics if missing (before Faust subscribes: Faust ignores a topic
-    that does not exist yet). Returns the names it created."""
-    import asyncio
-    import contextlib
+async def _admin(settings: Settings, timeout_s: float) -> Any:
+    """A started admin client; retries the connection for ``timeout_s`` (the broker may be starting)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.errors import KafkaConnectionError
 
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
-
-    names = [settings.input_topic, settings.backfill_topic, settings.output_topic, settings.dlq_topic]
     security = aiokafka_kwargs(settings)
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap, **security)
     loop = asyncio.get_running_loop()
@@ -61,17 +61,64 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
         try:
             await preflight(settings.kafka_bootstrap, security)  # a refused password or CA: fail now
             await admin.start()
-            break
+            return admin
         except KafkaConnectionError:
             if loop.time() > deadline:
+                await admin.close()
                 raise
             await asyncio.sleep(1.0)
+
+
+def topic_configs(settings: Settings, name: str) -> dict[str, str]:
+    """The configs lightbox sets on a topic it creates (from settings)."""
+    configs = {"min.insync.replicas": str(settings.topic_min_insync_replicas)}
+    if name == settings.output_topic and settings.output_max_message_bytes is not None:
+        configs["max.message.bytes"] = str(settings.output_max_message_bytes)
+    return configs
+
+
+async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[str]:
+    """Create lightbox's four topics if missing (before Faust subscribes: Faust ignores a topic
+    that does not exist yet), with the replication factor, ``min.insync.replicas`` and the output
+    topic's ``max.message.bytes`` from settings. Returns the names it created. Existing topics
+    are left as they are (change them with Kafka's own tools)."""
+    from aiokafka.admin import NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
+
+    names = [settings.input_topic, settings.backfill_topic, settings.output_topic, settings.dlq_topic]
+    admin = await _admin(settings, timeout_s)
     try:
         existing = set(await admin.list_topics())
         missing = [n for n in names if n not in existing]
         if missing:
             with contextlib.suppress(TopicAlreadyExistsError):  # another worker won the race
-                await admin.create_topics([NewTopic(n, settings.topic_partitions, 1) for n in missing])
+                await admin.create_topics([
+                    NewTopic(n, settings.topic_partitions, settings.topic_replication_factor,
+                             topic_configs=topic_configs(settings, n)) for n in missing])
         return missing
     finally:
         await admin.close()
+
+
+async def max_message_bytes(settings: Settings, topics: Sequence[str], *, timeout_s: float = 30.0) -> dict[str, int]:
+    """Each topic's effective ``max.message.bytes`` (its own or the broker's default), by name."""
+    from aiokafka.admin import ConfigResource, ConfigResourceType
+
+    admin = await _admin(settings, timeout_s)
+    try:
+        responses = await admin.describe_configs(
+            [ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None}) for t in topics])
+    finally:
+        await admin.close()
+    found: dict[str, int] = {}
+    for resp in responses:
+        for error_code, error_message, _type, name, entries, *_ in resp.resources:
+            if error_code:
+                raise RuntimeError(f"describe_configs({name!r}) failed: error {error_code} {error_message}")
+            for entry in entries:
+                if entry[0] == "max.message.bytes" and entry[1] is not None:
+                    found[name] = int(entry[1])
+    missing = [t for t in topics if t not in found]
+    if missing:
+        raise RuntimeError(f"describe_configs gave no max.message.bytes for {missing}")
+    return found

@@ -75,6 +75,22 @@ class Settings(BaseSettings):
     kafka_allow_plain_over_plaintext: bool = Field(
         False, description="allow SASL PLAIN over SASL_PLAINTEXT (sends the password in the clear)")
 
+    # -- delivery
+    topic_replication_factor: int = Field(1, ge=1, description="replication factor of topics lightbox creates "
+                                                                 "(1 locally; 3 in production)")
+    topic_min_insync_replicas: int = Field(1, ge=1, description="min.insync.replicas of topics lightbox creates "
+                                                                  "(1 locally; 2 in production, with acks=all)")
+    output_max_message_bytes: int | None = Field(
+        None, ge=1024, description="max.message.bytes of the output topic when lightbox creates it (broker default)")
+    delivery_timeout_s: float = Field(120.0, gt=0, description="how long an output may keep failing with retriable "
+                                                              "errors before the worker fail-stops")
+    shutdown_timeout_s: float = Field(30.0, gt=0, description="graceful stop (SIGTERM): the longest in-flight work "
+                                                             "may take to finish and commit")
+    stage_timeout_s: float = Field(300.0, gt=0, description="watchdog: a lane busy on one call longer than this "
+                                                           "fail-stops the worker")
+    prepare_threads: int = Field(4, ge=1, description="fetch/prepare lane threads")
+    output_threads: int = Field(2, ge=1, description="output lane threads (CPU encode, Avro, store writes)")
+
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":
             return self.device

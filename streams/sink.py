@@ -1,22 +1,35 @@
 """The output producer: processed events and dead letters through one idempotent producer
-(acks=all). Kafka I/O only; what to send is decided in :mod:`agents.process`."""
+(acks=all). Kafka I/O only; what to send is decided in :mod:`agents.process`, when and how
+often in :mod:`agents.runner`.
+
+At start the sink reads the output and dead-letter topics' effective ``max.message.bytes``
+(``limits``), so the runner never hands it a record the topic would refuse.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+import asyncio
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError, KafkaTimeoutError
 
+from streams.app import max_message_bytes
 from streams.security import aiokafka_kwargs, preflight
 from streams.settings import Settings
 
-__all__ = ["KafkaSink", "Outgoing"]
+__all__ = ["RECORD_OVERHEAD", "KafkaSink", "Outgoing", "record_size"]
+
+#: Bytes a record costs beyond its key, value and headers (batch header, varints), rounded up.
+RECORD_OVERHEAD = 256
 
 
 class Outgoing(Protocol):
     """What the sink needs of an output record."""
 
+    @property
+    def kind(self) -> str: ...
     @property
     def key(self) -> bytes | None: ...
     @property
@@ -25,27 +38,62 @@ class Outgoing(Protocol):
     def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
 
 
+def record_size(out: Outgoing) -> int:
+    """An upper bound of the bytes the record takes on the wire, alone in its batch, uncompressed."""
+    headers = sum(len(k.encode()) + len(v or b"") + 8 for k, v in out.headers)
+    return len(out.value) + len(out.key or b"") + headers + RECORD_OVERHEAD
+
+
 class KafkaSink:
     """Outputs and dead letters through one idempotent producer with acks=all."""
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics = {"processed": settings.output_topic, "dead_letter": settings.dlq_topic}
+        #: the largest record (see :func:`record_size`) each kind's topic accepts; read at start
+        self.limits: Mapping[str, int | None] = {kind: None for kind in self.topics}
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
         await preflight(self.settings.kafka_bootstrap, security := aiokafka_kwargs(self.settings))
+        by_topic = await max_message_bytes(self.settings, list(self.topics.values()))
+        request_max = max(by_topic.values())
+        self.limits = {kind: by_topic[topic] for kind, topic in self.topics.items()}
         self._producer = AIOKafkaProducer(**security,
             bootstrap_servers=self.settings.kafka_bootstrap, acks="all", enable_idempotence=True,
-            linger_ms=5, max_request_size=self.settings.max_image_bytes + (8 << 20),
+            linger_ms=5, max_request_size=request_max,
+            max_batch_size=min(16384, *by_topic.values()),  # batched small records stay under every limit
+            request_timeout_ms=int(min(self.settings.delivery_timeout_s, 30.0) * 1000),
             client_id=f"lightbox-{self.settings.worker_id}")
         await self._producer.start()
 
-    async def send(self, kind: str, out: Outgoing) -> Awaitable[Any]:
+    async def send_batch(self, records: Sequence[Outgoing]) -> list[BaseException | None]:
+        """Hand every record to the producer, then wait once for the brokers' acknowledgements.
+        One entry per record: None when acknowledged, else the error."""
         assert self._producer is not None, "KafkaSink.start() was not called"
-        headers = [(k, v or b"") for k, v in out.headers]
-        fut: Awaitable[Any] = await self._producer.send(self.topics[kind], out.value, key=out.key, headers=headers)
-        return fut
+        pending: list[Awaitable[Any] | BaseException] = []
+        for out in records:
+            try:
+                pending.append(await self._producer.send(
+                    self.topics[out.kind], out.value, key=out.key, headers=[(k, v or b"") for k, v in out.headers]))
+            except KafkaError as exc:  # refused before it left (too large, producer closed, buffer timeout)
+                pending.append(exc)
+        futures = [p for p in pending if not isinstance(p, BaseException)]
+        acked = iter(await asyncio.gather(*futures, return_exceptions=True))
+        results: list[BaseException | None] = []
+        for p in pending:
+            if isinstance(p, BaseException):
+                results.append(p)
+            else:
+                got = next(acked)
+                results.append(got if isinstance(got, BaseException) else None)
+        return results
+
+    @staticmethod
+    def retriable(exc: BaseException) -> bool:
+        """Worth sending again: a timeout or an error Kafka marks retriable (leader moved, broker
+        restarting, not enough in-sync replicas). Anything else (fenced, too large, auth) is not."""
+        return isinstance(exc, KafkaTimeoutError) or bool(getattr(exc, "retriable", False))
 
     async def stop(self) -> None:
         if self._producer is not None:
