@@ -44,7 +44,7 @@ a bucket filling in a blink from the backlog doubles them per batch up to the kn
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -250,6 +250,10 @@ class MicroBatcher(Generic[T]):
             self._model, max_size=self.config.max_batch, budget_s=self.config.service_budget_s
         )
         self._knee = knee_size(self._plan, self.config.knee_tolerance)
+
+    def device_done(self, items: Sequence[T]) -> None:
+        """The driver's notice that a batch left the device lane; a single batcher needs none
+        (:class:`agents.lanes.LaneBatcher` does)."""
 
     def allowed_size(self, now: float) -> int:
         """Batch size a bucket closes at, given the arrival rate measured up to ``now``."""
