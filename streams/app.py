@@ -102,7 +102,7 @@ async def ensure_topics(settings: Settings, *, timeout_s: float = 30.0) -> list[
 
 async def max_message_bytes(settings: Settings, topics: Sequence[str], *, timeout_s: float = 30.0) -> dict[str, int]:
     """Each topic's effective ``max.message.bytes`` (its own or the broker's default), by name."""
-    from aiokafka.admin import ConfigResource, ConfigResourceType
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
     admin = await _admin(settings, timeout_s)
     try:
