@@ -29,10 +29,11 @@ from typing import Any
 import faust
 
 from agents.batching import MicroBatcher
+from agents.lanes import BACKFILL, LIVE, LaneBatcher, pause_backfill
 from agents.process import BatchProcessor
-from agents.runner import BatchRunner, RunnerFailed, RunnerObserver
-from agents.wiring import batching_config, build_processor, runner_config
-from streams.app import create_app, input_topic
+from agents.runner import BatchRunner, Pair, RunnerFailed, RunnerObserver
+from agents.wiring import backfill_batching, batching_config, build_processor, runner_config
+from streams.app import backfill_topic, create_app, input_topic
 from streams.settings import Settings
 from streams.sink import KafkaSink
 
@@ -51,6 +52,8 @@ class RetouchWorker:
         self.app = app
         self.failure: BaseException | None = None
         self.runner: BatchRunner | None = None
+        self.lanes: LaneBatcher[Pair] | None = None
+        self.lane_pauses = 0  # times the backfill partitions were paused
 
     @property
     def exit_code(self) -> int:
@@ -71,37 +74,150 @@ class RetouchWorker:
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None,
                  observer: RunnerObserver | None = None) -> RetouchWorker:
-    """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now."""
+    """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
+
+    Two agents feed one runner: ``lightbox.retouch`` on the input topic (live) and
+    ``lightbox.backfill`` on the backfill topic, which gets only spare capacity
+    (:mod:`agents.lanes`): a :class:`LaneBatcher` lets a backfill batch go only when no live item
+    waits, and :func:`_lane_control` pauses the backfill partitions while live work is queued or
+    the live lag is over ``backfill_max_live_lag``."""
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
     batching = batching_config(settings, device)
     config = runner_config(settings, batching)
     proc = processor or build_processor(settings, device)
+    lanes: LaneBatcher[Pair] = LaneBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
+                                           lane_of=lambda pair: pair[0].lane, priority_of=_priority)
+    worker.lanes = lanes
+    shared = _SharedRunner(worker, settings)
+
+    async def ack(event: Any) -> None:
+        lane = BACKFILL if event.message.topic == settings.backfill_topic else LIVE
+        await shared.streams[lane].ack(event)
+
+    def make_runner() -> BatchRunner:
+        return BatchRunner(proc, KafkaSink(settings), lanes, ack=ack, config=config, observer=observer,
+                           on_fatal=worker.fail)
+
+    shared.make_runner = make_runner
 
     @app.agent(input_topic(app, settings), name="lightbox.retouch")
     async def retouch(stream: faust.StreamT[bytes]) -> None:
-        manual = stream.noack()  # type: ignore[attr-defined]  # on Stream, not in StreamT
-        runner = worker.runner = BatchRunner(proc, KafkaSink(settings), MicroBatcher(batching), ack=manual.ack,
-                                             config=config, observer=observer, on_fatal=worker.fail)
-        try:
-            await runner.start()
-            async for event in manual.events():
-                await runner.submit(event)
-        except RunnerFailed:
-            pass  # logged by the runner; worker.fail is under way
-        except Exception as exc:  # start-up included: never an agent that died while the worker stays up
-            worker.fail(exc)
-        finally:
-            await asyncio.shield(_finish(worker, runner, settings))
+        await shared.consume(stream, LIVE)
+
+    if settings.backfill_enabled:
+        @app.agent(backfill_topic(app, settings), name="lightbox.backfill")
+        async def backfill(stream: faust.StreamT[bytes]) -> None:
+            await shared.consume(stream, BACKFILL)
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # after Faust waited for the acks it handed out
     def on_revoked(sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
         revoked: set[Any] = args[0] if args else kwargs.get("revoked", set())
         if worker.runner is not None:
             worker.runner.revoke((tp.topic, tp.partition) for tp in revoked)
+        for tp in revoked:
+            shared.last_live.pop(tp, None)
 
     return worker
+
+
+def _priority(pair: Pair) -> int:
+    event = getattr(pair[1], "event", None)
+    return int(event.get("priority", 0) or 0) if isinstance(event, dict) else 0
+
+
+class _SharedRunner:
+    """One runner for both agents: the first to start builds and starts it (and the lane
+    control); the last to stop drains and stops it."""
+
+    def __init__(self, worker: RetouchWorker, settings: Settings) -> None:
+        self.worker, self.settings = worker, settings
+        self.streams: dict[str, Any] = {}
+        self.make_runner: Any = None
+        self.last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
+        self._users = 0
+        self._lock = asyncio.Lock()
+        self._control: asyncio.Task[None] | None = None
+
+    async def consume(self, stream: Any, lane: str) -> None:
+        manual = stream.noack()
+        self.streams[lane] = manual
+        runner: BatchRunner | None = None
+        try:
+            runner = await self._acquire()
+            last = self.last_live
+            async for event in manual.events():
+                if lane == LIVE:
+                    last[event.message.tp] = event.message.offset
+                await runner.submit(event, lane=lane)
+        except RunnerFailed:
+            pass  # logged by the runner; worker.fail is under way
+        except Exception as exc:  # start-up included: never an agent that died while the worker stays up
+            self.worker.fail(exc)
+        finally:
+            if runner is not None:
+                await asyncio.shield(self._release(runner))
+
+    async def _acquire(self) -> BatchRunner:
+        async with self._lock:
+            self._users += 1
+            if self.worker.runner is None:
+                runner = self.worker.runner = self.make_runner()
+                await runner.start()
+                if self.settings.backfill_enabled and self.worker.lanes is not None:
+                    self._control = asyncio.create_task(_lane_control(self.worker, self, self.settings),
+                                                        name="lightbox-lane-control")
+            return self.worker.runner
+
+    async def _release(self, runner: BatchRunner) -> None:
+        async with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            if self._control is not None:
+                self._control.cancel()
+            await _finish(self.worker, runner, self.settings)
+
+
+async def _lane_control(worker: RetouchWorker, shared: _SharedRunner, settings: Settings) -> None:
+    """Every ``backfill_check_ms``: pause the backfill topic's partitions while live work is queued
+    or the live lag (records in the brokers past the last one handed over) is over the threshold;
+    resume them otherwise. A live lane over the threshold also holds backfill batches back."""
+    consumer = worker.app.consumer
+    lanes, paused = worker.lanes, False
+    assert lanes is not None
+    while True:
+        await asyncio.sleep(settings.backfill_check_ms / 1000)
+        runner = worker.runner
+        if runner is None:
+            continue
+        try:
+            assigned = consumer.assignment()
+        except Exception:  # not assigned yet (consumer starting, rebalancing)
+            continue
+        backfill = {tp for tp in assigned if tp.topic == settings.backfill_topic}
+        lag = 0
+        for tp in assigned:
+            if tp.topic == settings.input_topic:
+                try:
+                    high = consumer.highwater(tp)
+                except Exception:  # AssertionError: not assigned any more (a rebalance under way)
+                    continue
+                if high is not None:
+                    lag += max(0, high - shared.last_live.get(tp, -1) - 1)
+        queued = runner.preparing(LIVE) + lanes.live_queued
+        lanes.live_behind = lag > settings.backfill_max_live_lag
+        pause = pause_backfill(queued, lag, settings.backfill_max_live_lag)
+        if pause and backfill:
+            consumer.pause_partitions(backfill)  # idempotent; also covers partitions newly assigned
+        elif paused and backfill:
+            consumer.resume_partitions(backfill)
+        if pause != paused:
+            worker.lane_pauses += pause
+            log.debug("backfill partitions %s (live queued %d, live lag %d)", "paused" if pause else "resumed",
+                      queued, lag)
+        paused = pause
 
 
 async def _finish(worker: RetouchWorker, runner: BatchRunner, settings: Settings) -> None:

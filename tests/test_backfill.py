@@ -230,3 +230,54 @@ def test_redrive_round_trip(settings: Settings, catalog: list[Path], tmp_path: P
         orig = next(o for o in originals if o.value == r.value)
         assert r.key == orig.key and h[ATTEMPTS_HEADER] == b"2" and h[REDRIVE_OF_HEADER].startswith(b"t-")
         assert h["traceparent"] == dict(orig.headers)["traceparent"]  # the original headers travel
+
+
+@pytest.mark.slow
+def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: list[Path], tmp_path: Path) -> None:
+    """A backlog of 48 on the backfill topic is being worked through; 3 live events published then
+    come out after at most the few backfill inputs the worker already held (backfill_in_flight),
+    long before the backlog is done."""
+    from lightbox.demo import WorkerProcess, collect_outputs
+    from streams.producer import ImageProducer
+
+    held = 4
+    asyncio.run(ensure_topics(settings))
+    backlog = [catalog[i % len(catalog)] for i in range(48)]
+
+    async def publish(topic: str, files: list[Path], tag: str) -> dict[str, float]:
+        async with ImageProducer(settings.kafka_bootstrap, topic) as prod:
+            sent = {}
+            for i, f in enumerate(files):
+                ev = prod.event_for_file(f, presets=["thumb_webp"], inline=False, sku=f"{tag}-{i}")
+                await (await prod.publish(ev))
+                sent[ev["event_id"]] = time.time() * 1000
+            return sent
+
+    backfill_ids = asyncio.run(publish(settings.backfill_topic, backlog, "BF"))
+    worker = WorkerProcess(worker_env(settings, LIGHTBOX_BACKFILL_IN_FLIGHT=str(held),
+                                      LIGHTBOX_BACKFILL_MAX_BATCH="1", LIGHTBOX_MAX_BATCH="2"),
+                           tmp_path / "worker.log").start()
+    try:
+        first, _ = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.output_topic], 3, 180,
+                                               worker.running))
+        assert len(first) == 3 and {e["source_event_id"] for e in first} <= set(backfill_ids), worker.log_tail()
+        live_ids = asyncio.run(publish(settings.input_topic, catalog[:3], "LIVE"))
+        processed, dead = asyncio.run(collect_outputs(
+            settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic], len(backlog) + 3, 300,
+            worker.running))
+    finally:
+        worker.stop()
+    assert not dead and len(processed) == len(backlog) + 3, worker.log_tail()
+    live = [e for e in processed if e["source_event_id"] in live_ids]
+    backfill = [e for e in processed if e["source_event_id"] in backfill_ids]
+    assert len(live) == 3 and len(backfill) == len(backlog)
+    def at(e: dict[str, Any]) -> float:
+        return float(e["processed_at"].timestamp() * 1000)
+
+    published = min(live_ids.values())
+    last_live = max(at(e) for e in live)
+    between = [e for e in backfill if published <= at(e) <= last_live]
+    after = [e for e in backfill if at(e) > last_live]
+    # the live events waited only for backfill inputs already in the worker (a batch of one each)
+    assert len(between) <= held + 1, (len(between), worker.log_tail())
+    assert len(after) >= len(backlog) // 2, (len(after), len(between))
