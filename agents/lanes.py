@@ -11,7 +11,8 @@ backfill out of live traffic's way:
    through the device), no other backfill batch is before the output lane, and the live lane is not
    marked behind (:attr:`LaneBatcher.live_behind`, set from the consumer's live lag). So at most one
    backfill batch is ever ahead of a live batch: a backfill batch delays a live batch by at most
-   one batch.
+   one batch. (During a rebalance, :attr:`LaneBatcher.rebalancing`, held backfill batches go one at
+   a time regardless of live work: the revoke waits for every handed input to be acknowledged.)
 2. :func:`pause_backfill` — the consumer-side rule: the backfill topic's partitions are paused
    while live work is queued in the worker or the live lag is above a threshold, so backfill
    records are not even fetched while live traffic needs the worker.
@@ -52,6 +53,7 @@ class LaneBatcher(Generic[T]):
         self.live, self.backfill = live, backfill
         self.lane_of, self.priority_of = lane_of, priority_of or (lambda _item: 0)
         self.live_behind = False  # set by the driver while the live lag is over its threshold
+        self.rebalancing = False  # set by the driver during a rebalance: held backfill goes regardless
         self._held: deque[Batch[T]] = deque()  # closed backfill batches waiting for spare capacity
         self._in_pipe: dict[str, int] = {LIVE: 0, BACKFILL: 0}  # batches released, not yet device_done
         self._items_in_pipe: dict[str, int] = {LIVE: 0, BACKFILL: 0}
@@ -74,8 +76,9 @@ class LaneBatcher(Generic[T]):
 
     def backfill_ready(self) -> bool:
         """Whether a backfill batch may go to the device now."""
-        return (not self.live_behind and self._in_pipe[BACKFILL] == 0 and self._in_pipe[LIVE] == 0
-                and self.live.pending == 0)
+        if self._in_pipe[BACKFILL]:
+            return False
+        return self.rebalancing or (not self.live_behind and self._in_pipe[LIVE] == 0 and self.live.pending == 0)
 
     # -- MicroBatcher's interface --------------------------------------------------------------
     def add(self, item: T, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[T]]:

@@ -136,6 +136,8 @@ class _SharedRunner:
         self.streams: dict[str, Any] = {}
         self.make_runner: Any = None
         self.last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
+        self.backfill_open = asyncio.Event()  # cleared: the backfill agent stops pulling (its partitions pause)
+        self.backfill_open.set()
         self._users = 0
         self._lock = asyncio.Lock()
         self._control: asyncio.Task[None] | None = None
@@ -146,8 +148,15 @@ class _SharedRunner:
         runner: BatchRunner | None = None
         try:
             runner = await self._acquire()
-            last = self.last_live
-            async for event in manual.events():
+            last, gate = self.last_live, self.backfill_open
+            events = manual.events().__aiter__()
+            while True:
+                if lane == BACKFILL:
+                    await gate.wait()  # paused: stop pulling (see _lane_control)
+                try:
+                    event = await events.__anext__()
+                except StopAsyncIteration:
+                    break
                 if lane == LIVE:
                     last[event.message.tp] = event.message.offset
                 await runner.submit(event, lane=lane)
@@ -183,20 +192,29 @@ class _SharedRunner:
 async def _lane_control(worker: RetouchWorker, shared: _SharedRunner, settings: Settings) -> None:
     """Every ``backfill_check_ms``: pause the backfill topic's partitions while live work is queued
     or the live lag (records in the brokers past the last one handed over) is over the threshold;
-    resume them otherwise. A live lane over the threshold also holds backfill batches back."""
+    resume them otherwise. A live lane over the threshold also holds backfill batches back.
+
+    Pausing is done by the backfill agent no longer pulling from its stream: Faust's own flow
+    control then stops fetching the partitions once their buffer is full, and resumes when it
+    drains. Faust's ``consumer.pause_partitions`` is not used: called while a fetched batch is
+    being handed out, it drops that batch's records of the paused partitions from the stream
+    (faust-streaming 0.15.3 filters them against the live set of active partitions after the
+    fetch advanced the position; seen here as a backfill that stopped for good). During a
+    rebalance held backfill batches go regardless of live work, so the revoke's wait for
+    acknowledgements ends."""
     consumer = worker.app.consumer
-    lanes, paused = worker.lanes, False
+    lanes, gate, paused = worker.lanes, shared.backfill_open, False
     assert lanes is not None
     while True:
         await asyncio.sleep(settings.backfill_check_ms / 1000)
         runner = worker.runner
         if runner is None:
             continue
+        lanes.rebalancing = bool(getattr(worker.app, "rebalancing", False))
         try:
             assigned = consumer.assignment()
         except Exception:  # not assigned yet (consumer starting, rebalancing)
             continue
-        backfill = {tp for tp in assigned if tp.topic == settings.backfill_topic}
         lag = 0
         for tp in assigned:
             if tp.topic == settings.input_topic:
@@ -208,11 +226,11 @@ async def _lane_control(worker: RetouchWorker, shared: _SharedRunner, settings: 
                     lag += max(0, high - shared.last_live.get(tp, -1) - 1)
         queued = runner.preparing(LIVE) + lanes.live_queued
         lanes.live_behind = lag > settings.backfill_max_live_lag
-        pause = pause_backfill(queued, lag, settings.backfill_max_live_lag)
-        if pause and backfill:
-            consumer.pause_partitions(backfill)  # idempotent; also covers partitions newly assigned
-        elif paused and backfill:
-            consumer.resume_partitions(backfill)
+        pause = pause_backfill(queued, lag, settings.backfill_max_live_lag) and not lanes.rebalancing
+        if pause:
+            gate.clear()
+        else:
+            gate.set()
         if pause != paused:
             worker.lane_pauses += pause
             log.debug("backfill partitions %s (live queued %d, live lag %d)", "paused" if pause else "resumed",

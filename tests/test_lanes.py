@@ -128,3 +128,15 @@ def test_random_driving_never_puts_two_backfill_batches_before_output_nor_loses_
     (0, 0, 0, False), (1, 0, 0, True), (0, 1, 0, True), (0, 5, 10, False), (0, 11, 10, True)])
 def test_pause_rule(queued: int, lag: int, threshold: int, paused: bool) -> None:
     assert pause_backfill(queued, lag, threshold) is paused
+
+
+def test_during_a_rebalance_held_backfill_goes_despite_live_work() -> None:
+    lb = lanes()
+    lb.add(("live", 1, 0), "s", 0.0)  # a live item waits for a mate
+    assert [b for i in range(4) for b in lb.add(("backfill", i, 0), "s", 0.0)] == []
+    lb.rebalancing = True
+    first = lb.poll(0.001)
+    assert ids(first) == [(0, 1)]  # one at a time still
+    assert lb.poll(0.002) == []
+    lb.device_done(first[0].items)
+    assert ids(lb.poll(0.003)) == [(2, 3)]
