@@ -8,8 +8,7 @@ backfill out of live traffic's way:
    ``device_done``). It holds one micro-batcher per lane. Live batches leave as soon as they close,
    highest priority first. A closed backfill batch is held back and released only when no live
    item is waiting anywhere before the output lane (in the live batcher, or in a live batch not yet
-   through the device), no other backfill batch is before the output lane, and the live lane is not
-   marked behind (:attr:`LaneBatcher.live_behind`, set from the consumer's live lag). So at most one
+   through the device) and no other backfill batch is before the output lane. So at most one
    backfill batch is ever ahead of a live batch: a backfill batch delays a live batch by at most
    one batch. (During a rebalance, :attr:`LaneBatcher.rebalancing`, held backfill batches go one at
    a time regardless of live work: the revoke waits for every handed input to be acknowledged.)
@@ -52,7 +51,6 @@ class LaneBatcher(Generic[T]):
                  priority_of: Callable[[T], int] | None = None) -> None:
         self.live, self.backfill = live, backfill
         self.lane_of, self.priority_of = lane_of, priority_of or (lambda _item: 0)
-        self.live_behind = False  # set by the driver while the live lag is over its threshold
         self.rebalancing = False  # set by the driver during a rebalance: held backfill goes regardless
         self._held: deque[Batch[T]] = deque()  # closed backfill batches waiting for spare capacity
         self._in_pipe: dict[str, int] = {LIVE: 0, BACKFILL: 0}  # batches released, not yet device_done
@@ -78,7 +76,7 @@ class LaneBatcher(Generic[T]):
         """Whether a backfill batch may go to the device now."""
         if self._in_pipe[BACKFILL]:
             return False
-        return self.rebalancing or (not self.live_behind and self._in_pipe[LIVE] == 0 and self.live.pending == 0)
+        return self.rebalancing or (self._in_pipe[LIVE] == 0 and self.live.pending == 0)
 
     # -- MicroBatcher's interface --------------------------------------------------------------
     def add(self, item: T, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[T]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -28,12 +29,13 @@ from typing import Any
 
 import faust
 
+from agents.backfill import BackfillConsumer, BackfillEvent
 from agents.batching import MicroBatcher
-from agents.lanes import BACKFILL, LIVE, LaneBatcher, pause_backfill
+from agents.lanes import LaneBatcher
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerFailed, RunnerObserver
 from agents.wiring import backfill_batching, batching_config, build_processor, runner_config
-from streams.app import backfill_topic, create_app, input_topic
+from streams.app import create_app, input_topic
 from streams.settings import Settings
 from streams.sink import KafkaSink
 
@@ -53,7 +55,7 @@ class RetouchWorker:
         self.failure: BaseException | None = None
         self.runner: BatchRunner | None = None
         self.lanes: LaneBatcher[Pair] | None = None
-        self.lane_pauses = 0  # times the backfill partitions were paused
+        self.backfill: BackfillConsumer | None = None
 
     @property
     def exit_code(self) -> int:
@@ -76,11 +78,11 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
                  observer: RunnerObserver | None = None) -> RetouchWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
-    Two agents feed one runner: ``lightbox.retouch`` on the input topic (live) and
-    ``lightbox.backfill`` on the backfill topic, which gets only spare capacity
-    (:mod:`agents.lanes`): a :class:`LaneBatcher` lets a backfill batch go only when no live item
-    waits, and :func:`_lane_control` pauses the backfill partitions while live work is queued or
-    the live lag is over ``backfill_max_live_lag``."""
+    One runner, two lanes: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
+    :class:`~agents.backfill.BackfillConsumer` on the backfill topic that gets only spare capacity
+    (:mod:`agents.lanes`: a backfill batch goes to the device only when no live item waits; the
+    backfill partitions are paused while live work is queued or the live lag is over
+    ``backfill_max_live_lag``)."""
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
@@ -90,26 +92,40 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     lanes: LaneBatcher[Pair] = LaneBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
                                            lane_of=lambda pair: pair[0].lane, priority_of=_priority)
     worker.lanes = lanes
-    shared = _SharedRunner(worker, settings)
-
-    async def ack(event: Any) -> None:
-        lane = BACKFILL if event.message.topic == settings.backfill_topic else LIVE
-        await shared.streams[lane].ack(event)
-
-    def make_runner() -> BatchRunner:
-        return BatchRunner(proc, KafkaSink(settings), lanes, ack=ack, config=config, observer=observer,
-                           on_fatal=worker.fail)
-
-    shared.make_runner = make_runner
+    last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
+    backfill = BackfillConsumer(settings, lanes, lambda: worker.runner, lambda: _live_lag(app, settings, last_live))
+    worker.backfill = backfill
 
     @app.agent(input_topic(app, settings), name="lightbox.retouch")
     async def retouch(stream: faust.StreamT[bytes]) -> None:
-        await shared.consume(stream, LIVE)
+        manual = stream.noack()  # type: ignore[attr-defined]  # on Stream, not in StreamT
 
-    if settings.backfill_enabled:
-        @app.agent(backfill_topic(app, settings), name="lightbox.backfill")
-        async def backfill(stream: faust.StreamT[bytes]) -> None:
-            await shared.consume(stream, BACKFILL)
+        async def ack(event: Any) -> None:
+            if isinstance(event, BackfillEvent):
+                backfill.ack(event)
+            else:
+                await manual.ack(event)
+
+        runner = worker.runner = BatchRunner(proc, KafkaSink(settings), lanes, ack=ack, config=config,
+                                             observer=observer, on_fatal=worker.fail)
+        pulling: asyncio.Task[None] | None = None
+        try:
+            await runner.start()
+            if settings.backfill_enabled:
+                pulling = asyncio.create_task(backfill.run(), name="lightbox-backfill")
+                pulling.add_done_callback(functools.partial(_backfill_ended, worker))
+            async for event in manual.events():
+                last_live[event.message.tp] = event.message.offset
+                await runner.submit(event)
+        except RunnerFailed:
+            pass  # logged by the runner; worker.fail is under way
+        except Exception as exc:  # start-up included: never an agent that died while the worker stays up
+            worker.fail(exc)
+        finally:
+            if pulling is not None:
+                pulling.cancel()
+            await asyncio.shield(_finish(worker, runner, settings))
+            await asyncio.shield(backfill.close())
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # after Faust waited for the acks it handed out
     def on_revoked(sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
@@ -117,7 +133,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
         if worker.runner is not None:
             worker.runner.revoke((tp.topic, tp.partition) for tp in revoked)
         for tp in revoked:
-            shared.last_live.pop(tp, None)
+            last_live.pop(tp, None)
 
     return worker
 
@@ -127,115 +143,29 @@ def _priority(pair: Pair) -> int:
     return int(event.get("priority", 0) or 0) if isinstance(event, dict) else 0
 
 
-class _SharedRunner:
-    """One runner for both agents: the first to start builds and starts it (and the lane
-    control); the last to stop drains and stops it."""
-
-    def __init__(self, worker: RetouchWorker, settings: Settings) -> None:
-        self.worker, self.settings = worker, settings
-        self.streams: dict[str, Any] = {}
-        self.make_runner: Any = None
-        self.last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
-        self.backfill_open = asyncio.Event()  # cleared: the backfill agent stops pulling (its partitions pause)
-        self.backfill_open.set()
-        self._users = 0
-        self._lock = asyncio.Lock()
-        self._control: asyncio.Task[None] | None = None
-
-    async def consume(self, stream: Any, lane: str) -> None:
-        manual = stream.noack()
-        self.streams[lane] = manual
-        runner: BatchRunner | None = None
-        try:
-            runner = await self._acquire()
-            last, gate = self.last_live, self.backfill_open
-            events = manual.events().__aiter__()
-            while True:
-                if lane == BACKFILL:
-                    await gate.wait()  # paused: stop pulling (see _lane_control)
-                try:
-                    event = await events.__anext__()
-                except StopAsyncIteration:
-                    break
-                if lane == LIVE:
-                    last[event.message.tp] = event.message.offset
-                await runner.submit(event, lane=lane)
-        except RunnerFailed:
-            pass  # logged by the runner; worker.fail is under way
-        except Exception as exc:  # start-up included: never an agent that died while the worker stays up
-            self.worker.fail(exc)
-        finally:
-            if runner is not None:
-                await asyncio.shield(self._release(runner))
-
-    async def _acquire(self) -> BatchRunner:
-        async with self._lock:
-            self._users += 1
-            if self.worker.runner is None:
-                runner = self.worker.runner = self.make_runner()
-                await runner.start()
-                if self.settings.backfill_enabled and self.worker.lanes is not None:
-                    self._control = asyncio.create_task(_lane_control(self.worker, self, self.settings),
-                                                        name="lightbox-lane-control")
-            return self.worker.runner
-
-    async def _release(self, runner: BatchRunner) -> None:
-        async with self._lock:
-            self._users -= 1
-            if self._users > 0:
-                return
-            if self._control is not None:
-                self._control.cancel()
-            await _finish(self.worker, runner, self.settings)
-
-
-async def _lane_control(worker: RetouchWorker, shared: _SharedRunner, settings: Settings) -> None:
-    """Every ``backfill_check_ms``: pause the backfill topic's partitions while live work is queued
-    or the live lag (records in the brokers past the last one handed over) is over the threshold;
-    resume them otherwise. A live lane over the threshold also holds backfill batches back.
-
-    Pausing is done by the backfill agent no longer pulling from its stream: Faust's own flow
-    control then stops fetching the partitions once their buffer is full, and resumes when it
-    drains. Faust's ``consumer.pause_partitions`` is not used: called while a fetched batch is
-    being handed out, it drops that batch's records of the paused partitions from the stream
-    (faust-streaming 0.15.3 filters them against the live set of active partitions after the
-    fetch advanced the position; seen here as a backfill that stopped for good). During a
-    rebalance held backfill batches go regardless of live work, so the revoke's wait for
-    acknowledgements ends."""
-    consumer = worker.app.consumer
-    lanes, gate, paused = worker.lanes, shared.backfill_open, False
-    assert lanes is not None
-    while True:
-        await asyncio.sleep(settings.backfill_check_ms / 1000)
-        runner = worker.runner
-        if runner is None:
+def _live_lag(app: faust.App, settings: Settings, last_live: dict[Any, int]) -> int:
+    """Live records in the brokers past the last one handed to the runner (from the last fetch's high water)."""
+    consumer = app.consumer
+    try:
+        assigned = consumer.assignment()
+    except Exception:  # not started or rebalancing: nothing known
+        return 0
+    lag = 0
+    for tp in assigned:
+        if tp.topic != settings.input_topic:
             continue
-        lanes.rebalancing = bool(getattr(worker.app, "rebalancing", False))
         try:
-            assigned = consumer.assignment()
-        except Exception:  # not assigned yet (consumer starting, rebalancing)
+            high = consumer.highwater(tp)
+        except Exception:  # AssertionError: not assigned any more
             continue
-        lag = 0
-        for tp in assigned:
-            if tp.topic == settings.input_topic:
-                try:
-                    high = consumer.highwater(tp)
-                except Exception:  # AssertionError: not assigned any more (a rebalance under way)
-                    continue
-                if high is not None:
-                    lag += max(0, high - shared.last_live.get(tp, -1) - 1)
-        queued = runner.preparing(LIVE) + lanes.live_queued
-        lanes.live_behind = lag > settings.backfill_max_live_lag
-        pause = pause_backfill(queued, lag, settings.backfill_max_live_lag) and not lanes.rebalancing
-        if pause:
-            gate.clear()
-        else:
-            gate.set()
-        if pause != paused:
-            worker.lane_pauses += pause
-            log.debug("backfill partitions %s (live queued %d, live lag %d)", "paused" if pause else "resumed",
-                      queued, lag)
-        paused = pause
+        if high is not None:
+            lag += max(0, high - last_live.get(tp, -1) - 1)
+    return lag
+
+
+def _backfill_ended(worker: RetouchWorker, task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        worker.fail(task.exception())  # type: ignore[arg-type]
 
 
 async def _finish(worker: RetouchWorker, runner: BatchRunner, settings: Settings) -> None:

@@ -220,6 +220,8 @@ class BatchRunner:
         self._slots = asyncio.Semaphore(self.config.max_in_flight)
         self._lane_slots = {"live": self._slots, "backfill": asyncio.Semaphore(self.config.backfill_in_flight)}
         self._preparing: dict[str, int] = {"live": 0, "backfill": 0}
+        self._limits = {"live": self.config.max_in_flight, "backfill": self.config.backfill_in_flight}
+        self._held: dict[str, int] = {"live": 0, "backfill": 0}
         depth = self.config.queue_depth
         self._decode_q: asyncio.Queue[Batch[Pair]] = asyncio.Queue(depth)
         self._device_q: asyncio.Queue[tuple[list[Pair], Any, float]] = asyncio.Queue(depth)
@@ -245,6 +247,14 @@ class BatchRunner:
         """Inputs handed and not yet released (acknowledged) or revoked."""
         return self._wm.pending
 
+    def wake(self) -> None:
+        """Make the batch timer look at the batcher now (its release conditions changed)."""
+        self._wake.set()
+
+    def free_slots(self, lane: str = "live") -> int:
+        """How many more inputs of ``lane`` :meth:`submit` takes without waiting."""
+        return self._limits[lane] - self._held[lane]
+
     def preparing(self, lane: str = "live") -> int:
         """Inputs of ``lane`` in the prepare lane (fetch), not yet in the batcher."""
         return self._preparing[lane]
@@ -269,6 +279,7 @@ class BatchRunner:
         after a fail-stop."""
         self._check()
         await self._lane_slots[lane].acquire()
+        self._held[lane] += 1
         self._check()
         rec = record or record_of(event)
         item = _Item(event, rec, lane=lane)
@@ -543,6 +554,7 @@ class BatchRunner:
             self._release(ticket.token)
 
     def _release(self, item: _Item) -> None:
+        self._held[item.lane] -= 1
         self._lane_slots[item.lane].release()
 
     def _left_device(self, pairs: Sequence[Pair]) -> None:

@@ -172,7 +172,8 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
     if backlog:
         async with ImageProducer(bootstrap, s.backfill_topic) as prod:
             backfill_ids = await publish_many(prod, images, backlog, "BF")
-    worker = WorkerProcess(worker_env(s, extra_env), data / f"{name}.log").start()
+    worker = WorkerProcess(worker_env(s, extra_env), data / f"{name}.log",
+                           args=os.environ.get("BENCH_WORKER_ARGS", "").split()).start()
     result: dict[str, Any] = {"phase": name}
     try:
         async with ImageProducer(bootstrap, s.input_topic) as prod:
