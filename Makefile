@@ -1,10 +1,10 @@
 # lightbox — one entry point for setup, tests, lint, demo and benchmarks.
-# Prerequisites: Python >= 3.11, a JDK 17+ and Maven (for the local Kafka broker).
+# Prerequisites: Python >= 3.11, a JDK 17+ and Maven (for the local Kafka broker and S3 server).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-gpu lint demo bench kafka-jars clean
+.PHONY: setup test test-gpu lint demo bench kafka-jars s3-jars clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,10 @@ setup: $(VENV)/.installed  ## virtualenv with lightbox and its dev tools
 kafka-jars: setup  ## fetch Apache Kafka's jars from Maven Central (once; cached)
 	$(BIN)/python -c "from lightbox.kafka_local import ensure_jars; print(ensure_jars())"
 
-test: setup kafka-jars  ## the whole suite; starts its own Kafka broker; GPU tests skip without a GPU
+s3-jars: setup  ## fetch s3proxy's jars (a local S3 for the tests) from Maven Central (once; cached)
+	$(BIN)/python -c "from lightbox.s3_local import ensure_jars; print(ensure_jars())"
+
+test: setup kafka-jars s3-jars  ## the whole suite; starts its own Kafka broker; GPU tests skip without a GPU
 	$(BIN)/pytest -q -p no:cacheprovider
 
 test-gpu: setup  ## only the GPU tests (on a machine with an NVIDIA GPU and CuPy)

@@ -18,8 +18,6 @@ runner only moves these records between Kafka and this class.
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,24 +26,24 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from gpu_kernels.backends import RetouchOptions
-from gpu_kernels.codec.sniff import ImageInfo, sniff
-from gpu_kernels.fetch import fetch_source
+from gpu_kernels.codec.sniff import DEFAULT_MAX_FRAMES, DEFAULT_MAX_SCANS, ImageInfo, sniff
+from gpu_kernels.fetch import Fetcher, FetchPolicy
 from gpu_kernels.pipeline import BatchContext, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
 from gpu_kernels.stages.base import Lane
+from gpu_kernels.store import make_store, variant_key
 from schemas.errors import (
     FatalError,
     FetchFailed,
     LightboxError,
     OutputTooLarge,
     ProcessingFailed,
-    StoreUnavailable,
 )
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
 from schemas.headers import attempts_of
 
-__all__ = ["BatchProcessor", "BatchState", "DirStore", "InRecord", "OutRecord", "Prepared", "VariantStore",
+__all__ = ["BatchProcessor", "BatchState", "InRecord", "OutRecord", "Prepared", "VariantStore",
            "record_size", "resolution_bin"]
 
 Headers = list[tuple[str, bytes | None]]
@@ -95,8 +93,8 @@ class Prepared:
 
     @property
     def nbytes(self) -> int:
-        """Decoded size, for the batcher's memory budget."""
-        return self.info.pixels * (4 if self.info.has_alpha else 3)
+        """Decoded size, for the batcher's memory budget (bit depth and frames included)."""
+        return self.info.decoded_nbytes
 
 
 def _now_ms() -> int:
@@ -124,37 +122,7 @@ class VariantStore(Protocol):
     def close(self) -> None: ...
 
 
-_STORE_NAME = re.compile(r"^[0-9a-f]{64}\.(jpg|png|webp)$")
-
-
-class DirStore:
-    """The ``--output-dir`` store: ``<root>/<sha[:2]>/<sha>.<ext>`` (content-addressed, so a
-    replay writes nothing new), written through a temporary file and an atomic rename."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-
-    def put(self, key: str, data: bytes, content_type: str) -> str:
-        name = key.rsplit("/", 1)[-1]
-        if not _STORE_NAME.match(name):
-            raise ProcessingFailed(f"store key must end in <sha256>.<ext>, got {name[:80]!r}", stage="store")
-        path = self.root / name[:2] / name
-        try:
-            if not path.exists():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{hashlib.sha256(data).hexdigest()[:8]}.tmp")
-                tmp.write_bytes(data)
-                tmp.replace(path)
-        except OSError as exc:
-            raise StoreUnavailable(f"output dir {str(self.root)!r} is not writable: {exc.strerror or exc}") from exc
-        return path.resolve().as_uri()
-
-    def close(self) -> None:
-        """Nothing to release."""
-
-
 _CONTENT_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
-_EXT = {"jpeg": "jpg"}
 
 
 @dataclass(slots=True)
@@ -176,22 +144,29 @@ class BatchState:
 class BatchProcessor:
     """One method per runner lane (module docstring). ``store`` takes variants out of line:
     ``offload="always"`` sends every variant there (today's ``--output-dir``), ``"oversize"``
-    only when an event would exceed ``max_record_bytes``. ``output_dir`` is shorthand for a
-    :class:`DirStore` with ``offload="always"``."""
+    only when an event would exceed ``max_record_bytes``; with ``"always"``, variants up to
+    ``inline_max_bytes`` keep their bytes inline too. ``output_dir`` is shorthand for a ``file://``
+    store (``gpu_kernels.store``) with ``offload="always"``."""
 
     def __init__(self, pipeline: RetouchPipeline, presets: PresetBook, codecs: EventCodecs, *,
                  worker_id: str, pipeline_version: str, model_version: str = "none",
-                 max_image_bytes: int = 40 << 20, max_pixels: int = 64_000_000, file_roots: Sequence[Path] = (),
+                 max_image_bytes: int = 40 << 20, max_pixels: int = 64_000_000,
+                 max_frames: int = DEFAULT_MAX_FRAMES, max_scans: int = DEFAULT_MAX_SCANS,
+                 file_roots: Sequence[Path] = (),
                  output_dir: Path | None = None, store: VariantStore | None = None,
                  offload: Literal["always", "oversize"] = "always",
-                 wall_ms: Callable[[], int] = _now_ms) -> None:
+                 wall_ms: Callable[[], int] = _now_ms, fetcher: Fetcher | None = None,
+                 inline_max_bytes: int | None = None) -> None:
         self.pipeline, self.presets, self.codecs = pipeline, presets, codecs
         self.worker_id, self.pipeline_version, self.model_version = worker_id, pipeline_version, model_version
         self.max_image_bytes, self.max_pixels = max_image_bytes, max_pixels
+        self.max_frames, self.max_scans = max_frames, max_scans
         self.file_roots, self.output_dir = file_roots, output_dir
-        self.store: VariantStore | None = store or (DirStore(output_dir) if output_dir is not None else None)
+        self.store: VariantStore | None = store or (make_store(output_dir.resolve().as_uri()) if output_dir else None)
         self.offload = offload
         self.wall_ms = wall_ms
+        self.fetcher = fetcher or Fetcher(FetchPolicy(max_bytes=max_image_bytes, file_roots=tuple(file_roots)))
+        self.inline_max_bytes = inline_max_bytes or 0
 
     def close(self) -> None:
         self.pipeline.close()
@@ -221,12 +196,13 @@ class BatchProcessor:
                                      segmentation=opts["segmentation"].lower())
             with spans.span("fetch"):  # the bytes, and what their header says (guards run here)
                 try:
-                    data = fetch_source(event["source"], max_bytes=self.max_image_bytes, file_roots=self.file_roots)
+                    data = self.fetcher.fetch(event["source"])
                 except LightboxError:
                     raise
                 except Exception as exc:  # e.g. a NUL byte in a file:// path (ValueError from the OS layer)
                     raise FetchFailed(_describe(exc), stage="fetch", retriable=False) from exc
-                info = sniff(data, self.max_image_bytes, self.max_pixels)
+                info = sniff(data, self.max_image_bytes, self.max_pixels, max_frames=self.max_frames,
+                             max_scans=self.max_scans)
         except LightboxError as exc:
             return self._last_resort(rec, exc, event)
         return Prepared(rec, event, Job(data, presets, options, spans), info)
@@ -314,7 +290,7 @@ class BatchProcessor:
         variants = [self._variant(v) for v in res.variants]
         if self.store is not None and self.offload == "always":
             for rec, v in zip(variants, res.variants, strict=True):
-                self._offload(ev, rec, v)
+                self._offload(ev, rec, v, keep_inline=v.size <= self.inline_max_bytes)
         record = {
             "event_id": processed_event_id(ev["event_id"], self.pipeline_version, self.model_version),
             "source_event_id": ev["event_id"],
@@ -369,12 +345,12 @@ class BatchProcessor:
                                                       "cut_off": c.cut_off, "min_side_ok": c.min_side_ok,
                                                       "compliant": c.compliant}}
 
-    def _offload(self, ev: dict[str, Any], rec: dict[str, Any], v: Variant) -> None:
-        """Move one variant's bytes into the store (content-addressed key), its URI into the event."""
+    def _offload(self, ev: dict[str, Any], rec: dict[str, Any], v: Variant, *, keep_inline: bool = False) -> None:
+        """Move one variant's bytes into the store (content-addressed key, SKU sanitized), its URI into the event."""
         assert self.store is not None
-        key = f"{ev['sku']}/{v.preset}/{v.sha256}.{_EXT.get(v.format, v.format)}"
+        key = variant_key(ev["sku"], v.preset, v.sha256, v.format)
         rec["uri"] = self.store.put(key, v.data, _CONTENT_TYPES.get(v.format, "application/octet-stream"))
-        rec["data"] = None
+        rec["data"] = v.data if keep_inline else None
 
     def dead_letter(self, rec: InRecord, exc: LightboxError, event: dict[str, Any] | None = None) -> OutRecord:
         record = {

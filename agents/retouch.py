@@ -13,7 +13,8 @@ Process life cycle:
   so the partitions move at once — and the process exits 70. If that has not happened within
   ``FAIL_STOP_GRACE_S``, the process exits 70 anyway.
 - SIGTERM: intake stops, in-flight work finishes and is acknowledged (up to
-  ``shutdown_timeout_s``), offsets are committed, exit 0.
+  ``shutdown_timeout_s``), offsets are committed, exit 0 (at the latest ``FAIL_STOP_GRACE_S``
+  after ``shutdown_timeout_s``, even if Faust's own stop hangs).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -68,10 +70,16 @@ class RetouchWorker:
         self.failure = exc
         if self.runner is None or self.runner.failure is None:  # the runner logs its own
             log.critical("lightbox worker fail-stop: %s: %s", type(exc).__name__, exc)
-        timer = threading.Timer(FAIL_STOP_GRACE_S, os._exit, (EXIT_FAIL_STOP,))
-        timer.daemon = True
-        timer.start()
+        self.app.conf.stream_wait_empty = False  # Faust must not wait for acks that will never come
+        _exit_after(FAIL_STOP_GRACE_S, lambda: EXIT_FAIL_STOP)
         os.kill(os.getpid(), signal.SIGTERM)  # Faust's own stop: agents, consumer (leave group), producer
+
+
+def _exit_after(seconds: float, code: Callable[[], int]) -> None:
+    """A last resort: end the process after ``seconds`` if it has not ended by itself."""
+    timer = threading.Timer(seconds, lambda: os._exit(code()))
+    timer.daemon = True
+    timer.start()
 
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None,
@@ -170,7 +178,10 @@ def _backfill_ended(worker: RetouchWorker, task: asyncio.Task[None]) -> None:
 
 async def _finish(worker: RetouchWorker, runner: BatchRunner, settings: Settings) -> None:
     if worker.failure is None:
+        _exit_after(settings.shutdown_timeout_s + FAIL_STOP_GRACE_S, lambda: worker.exit_code)
         drained = await runner.drain(settings.shutdown_timeout_s)
+        if not drained:
+            worker.app.conf.stream_wait_empty = False  # what is left is redelivered; do not wait for it
         with contextlib.suppress(Exception):  # commit now, while the consumer still holds its partitions
             await worker.app.consumer.commit()
         log.warning("lightbox worker stopping: %s", "in-flight work finished and committed" if drained

@@ -57,6 +57,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -76,8 +77,6 @@ log = logging.getLogger(__name__)
 R = TypeVar("R")
 T_contra = TypeVar("T_contra", contravariant=True)
 Ack = Callable[[Any], Awaitable[Any]]
-#: bytes left for a record's key and headers when the processor sizes an event's value
-KEY_AND_HEADERS_ROOM = 1024
 
 
 class OutputSink(Protocol):
@@ -183,6 +182,7 @@ class _Item:
     record: InRecord
     ticket: Ticket[_Item] | None = None
     lane: str = "live"  # or "backfill" (agents.lanes)
+    parsed: dict[str, Any] | None = None  # the decoded input event, once prepare read it
 
 
 Pair = tuple[_Item, Any]  # an input and its Prepared job
@@ -230,6 +230,7 @@ class BatchRunner:
         self._out_slots = asyncio.Semaphore(self.config.output_threads)
         self._ack_lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._staged: deque[Pair] = deque()  # prepared, waiting to enter the batcher
         self._pools = {
             "prepare": ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="lightbox-prepare"),
             "decode": ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode"),
@@ -306,8 +307,8 @@ class BatchRunner:
         try:
             async with asyncio.timeout(timeout_s):
                 while self._wm.pending and self.failure is None:
-                    for batch in self.batcher.flush():  # no waiting for batch-mates now
-                        await self._decode_q.put(batch)
+                    for batch in self._stage_into_batcher(all_of_them=True) + self.batcher.flush():
+                        await self._decode_q.put(batch)  # no waiting for batch-mates now
                     await asyncio.sleep(0.02)
         except TimeoutError:
             log.warning("drain timed out after %.0f s with %d inputs unacknowledged; they will be redelivered",
@@ -319,8 +320,8 @@ class BatchRunner:
         for task in [*self._lanes, *self._tasks]:
             task.cancel()
         await asyncio.gather(*self._lanes, *self._tasks, return_exceptions=True)
-        try:
-            await self.sink.stop()
+        try:  # after a fail-stop, unsent outputs do not matter (they are redone): no long flush
+            await asyncio.wait_for(self.sink.stop(), None if self.failure is None else 2.0)
         finally:
             for pool in self._pools.values():
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -342,23 +343,37 @@ class BatchRunner:
         if isinstance(res, OutRecord):
             self._send_q.put_nowait([(item, res)])
             return
-        for batch in self.batcher.add((item, res), res.shape_class, self.clock(), nbytes=res.nbytes):
-            await self._decode_q.put(batch)
+        item.parsed = res.event
+        self._staged.append((item, res))
         self._wake.set()
 
+    def _stage_into_batcher(self, *, all_of_them: bool = False) -> list[Batch[Pair]]:
+        """Prepared jobs enter the batcher only while a closed batch can go straight to decode:
+        while one waits, they stay staged, and then arrive together — the backlog signal that
+        lets the batcher grow batches under load (agents/batching.py)."""
+        closed: list[Batch[Pair]] = []
+        while self._staged and (all_of_them or (not closed and not self._decode_q.full())):
+            pair = self._staged.popleft()
+            closed += self.batcher.add(pair, pair[1].shape_class, self.clock(), nbytes=pair[1].nbytes)
+        return closed
+
     async def _timer_loop(self) -> None:
+        """Feeds the batcher and closes batches at their deadlines."""
         while True:
+            for batch in self._stage_into_batcher() + self.batcher.poll(self.clock()):
+                await self._decode_q.put(batch)
+            if self._staged and not self._decode_q.full():
+                continue
             deadline = self.batcher.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
             self._wake.clear()
-            for batch in self.batcher.poll(self.clock()):
-                await self._decode_q.put(batch)
 
     async def _decode_loop(self) -> None:
         while True:
             batch = await self._decode_q.get()
+            self._wake.set()  # room for the next batch: staged jobs may enter the batcher
             self.observer.lane_progress("decode", self._decode_q.qsize())
             pairs = list(batch.items)
             t0 = self.clock()
@@ -406,7 +421,8 @@ class BatchRunner:
     async def _output(self, pairs: list[Pair], state: Any) -> None:
         try:
             limit = self.sink.limits.get("processed")
-            value_limit = None if limit is None else limit - RECORD_OVERHEAD - KEY_AND_HEADERS_ROOM
+            # the processor sizes key + value + headers (agents.process.record_size); framing is ours
+            value_limit = None if limit is None else limit - RECORD_OVERHEAD
             t0 = self.clock()
             try:
                 outs = await self._call("output", len(pairs),
@@ -593,11 +609,11 @@ class BatchRunner:
             if rec.value is None and item.record.value is not None:
                 message += f"; the original value ({len(item.record.value)} bytes) is left out"
             try:
-                dead = self._dead_letter(item, OutputTooLarge(message, stage="output"), rec=rec)
+                dead = self._dead_letter(item, OutputTooLarge(message, stage="output"), item.parsed, rec=rec)
             except FatalError as exc:
                 if not isinstance(exc.__cause__, SchemaInvalid):
                     raise
-                dead = self._dead_letter(item, ProcessingFailed(message, stage="output"), rec=rec)
+                dead = self._dead_letter(item, ProcessingFailed(message, stage="output"), item.parsed, rec=rec)
             if dlq_limit is None or record_size(dead) <= dlq_limit:
                 log.error("%s:%d:%d: %s", item.record.topic, item.record.partition, item.record.offset, message)
                 return dead

@@ -9,14 +9,17 @@ from agents.process import BatchProcessor
 from agents.runner import RunnerConfig
 from gpu_kernels.backends import Retoucher, Segmenter
 from gpu_kernels.codec import make_decoder, make_encoder
+from gpu_kernels.fetch import Fetcher, FetchPolicy
 from gpu_kernels.pipeline import RetouchPipeline
 from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
+from gpu_kernels.store import make_store
 from schemas.codec import FileSchemaStore
 from schemas.events import EventCodecs
 from streams.settings import PIPELINE_VERSION, Settings
 
-__all__ = ["backfill_batching", "batching_config", "build_pipeline", "build_processor", "runner_config"]
+__all__ = ["backfill_batching", "batching_config", "build_fetcher", "build_pipeline", "build_processor",
+           "runner_config"]
 
 
 def _retoucher(device: str) -> Retoucher:
@@ -32,13 +35,18 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
     classical = make_segmenter("classical", device)
     if settings.segmenter == "classical":
         return None, classical, str(getattr(classical, "version", "classical"))
-    model = make_segmenter("model", device, model_path=settings.model_path)
+    from gpu_kernels.segment.model import resolve_model
+
+    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    model = make_segmenter("model", device, model_path=path, spec=spec)
     return model, classical, str(getattr(model, "version", "model"))
 
 
 def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:
     """The pipeline and its model version string."""
-    decoder = make_decoder(device, max_pixels=settings.max_pixels, max_bytes=settings.max_image_bytes)
+    decoder = make_decoder(device, max_pixels=settings.max_pixels, max_bytes=settings.max_image_bytes,
+                           max_frames=settings.max_frames, max_scans=settings.max_scans,
+                           time_budget_s=settings.decode_time_budget_s)
     model, classical, model_version = _segmenters(settings, device)
     return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), model, classical), model_version
 
@@ -50,7 +58,16 @@ def build_processor(settings: Settings, device: str | None = None) -> BatchProce
         pipeline, load_presets(settings.presets_file), EventCodecs.create(FileSchemaStore(settings.schema_store)),
         worker_id=settings.worker_id, pipeline_version=PIPELINE_VERSION, model_version=model_version,
         max_image_bytes=settings.max_image_bytes, max_pixels=settings.max_pixels,
-        file_roots=settings.file_roots, output_dir=settings.output_dir)
+        max_frames=settings.max_frames, max_scans=settings.max_scans,
+        file_roots=settings.file_roots, fetcher=build_fetcher(settings),
+        store=make_store(settings.output_store_url(), settings), inline_max_bytes=settings.inline_max_bytes)
+
+
+def build_fetcher(settings: Settings) -> Fetcher:
+    return Fetcher(FetchPolicy(
+        max_bytes=settings.max_image_bytes, file_roots=tuple(settings.file_roots), allow=tuple(settings.fetch_allow),
+        timeout_s=settings.fetch_timeout_s, connect_timeout_s=settings.fetch_connect_timeout_s,
+        retries=settings.fetch_retries, s3_endpoint=settings.s3_endpoint, ca_file=settings.fetch_ca_file))
 
 
 def batching_config(settings: Settings, device: str) -> BatchingConfig:

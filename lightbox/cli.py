@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from lightbox.show import event_table, print_latency_table, save_variants
+from lightbox.show import event_table, print_latency_table, save_variants, variant_reader
 from streams.settings import Settings
 
 app = typer.Typer(help="lightbox: marketplace-ready product images from raw supplier photos, as a stream.",
@@ -25,6 +25,9 @@ app = typer.Typer(help="lightbox: marketplace-ready product images from raw supp
 kafka_app = typer.Typer(help="A local single-node Apache Kafka (KRaft) for development, demos and tests; no Docker.",
                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
+s3_app = typer.Typer(help="A local S3-compatible server (s3proxy, filesystem backend) for development, demos and "
+                          "tests; no Docker.", no_args_is_help=True)
+app.add_typer(s3_app, name="s3")
 
 
 def _version(value: bool) -> None:
@@ -117,6 +120,62 @@ def kafka_status() -> None:
     raise typer.Exit(1)
 
 
+# ---------------------------------------------------------------------------------- s3
+@s3_app.command("up")
+def s3_up(port: Annotated[int | None, typer.Option(help="port (default: a free one)")] = None,
+          data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, removed "
+                                                              "by `down`)")] = None,
+          bucket: Annotated[list[str] | None, typer.Option(help="bucket to create (repeat for more)")] = None) -> None:
+    """Fetch s3proxy's jars with Maven (once) and start it on 127.0.0.1 in the background with fresh
+    credentials. Prints the variables a client needs (endpoint, AWS keys)."""
+    from lightbox.s3_local import LocalS3, S3LaunchError, read_state
+
+    state = read_state()
+    if state is not None and state.alive():
+        console.print(f"already running: [bold]{state.endpoint}[/] (pid {state.pid})")
+        return
+    t0 = time.monotonic()
+    try:
+        with console.status("starting s3proxy (first run fetches its jars with Maven)…"):
+            s3 = LocalS3.start(port=port, data_dir=data_dir, buckets=tuple(bucket or ["lightbox"]))
+    except S3LaunchError as exc:
+        err.print(f"[red]s3 up failed:[/] {exc}")
+        raise typer.Exit(1) from None
+    s3.save_state()
+    console.print(f"S3 up at [bold]{s3.endpoint}[/] in {time.monotonic() - t0:.1f} s (pid {s3.pid}, buckets "
+                  f"{', '.join(s3.buckets)}, log {s3.log_file})")
+    for key, val in s3.env().items():
+        console.print(f"export {key}={val}", soft_wrap=True)
+
+
+@s3_app.command("down")
+def s3_down() -> None:
+    """Stop the server `lightbox s3 up` started and remove its temporary data."""
+    from lightbox.s3_local import clear_state, read_state
+
+    state = read_state()
+    if state is None:
+        console.print("no local S3 recorded")
+        return
+    state.stop()
+    clear_state()
+    console.print(f"stopped s3proxy (pid {state.pid})")
+
+
+@s3_app.command("status")
+def s3_status() -> None:
+    """Say whether the local S3 is running, and where. Exit code 1 when it is not."""
+    from lightbox.s3_local import read_state
+
+    state = read_state()
+    if state is not None and state.alive():
+        console.print(f"running at [bold]{state.endpoint}[/] (pid {state.pid}, buckets {', '.join(state.buckets)}, "
+                      f"data {state.data_dir})")
+        return
+    console.print("not running")
+    raise typer.Exit(1)
+
+
 # ---------------------------------------------------------------------------------- doctor
 @app.command()
 def doctor(bootstrap: Bootstrap = None) -> None:
@@ -164,10 +223,13 @@ def worker(
 
     from agents.retouch import EXIT_FAIL_STOP, build_worker
     from streams.app import ensure_topics
+    from streams.security import KafkaSecurityError
 
     try:  # before joining the group: a worker that cannot start never holds partitions
         created = asyncio.run(ensure_topics(settings))
         retouch = build_worker(settings)
+    except KafkaSecurityError:
+        raise  # a configuration error: main() prints one line and exits 2
     except Exception as exc:
         err.print(f"[red]lightbox worker could not start:[/] {type(exc).__name__}: {exc}")
         raise typer.Exit(EXIT_FAIL_STOP) from None
@@ -186,45 +248,66 @@ def worker(
 # ---------------------------------------------------------------------------------- produce
 @app.command()
 def produce(
-    paths: Annotated[list[Path], typer.Argument(help="image files and/or folders (searched recursively)")],
+    paths: Annotated[list[str] | None, typer.Argument(help="image files, folders (searched recursively) and/or URIs "
+                                                          "(s3://, gs://, az://, http(s)://, file://)")] = None,
+    manifest: Annotated[list[Path] | None, typer.Option(help="a CSV or JSONL manifest: sku, uri, optional presets, "
+                                                               "image_id, merchant_id, background, lighting, "
+                                                               "segmentation, priority, sha256 (repeatable)")] = None,
     presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,jd_main,amazon_main",
     bootstrap: Bootstrap = None,
     topic: Annotated[str | None, typer.Option(help="input topic (default: $LIGHTBOX_INPUT_TOPIC)")] = None,
-    uri: Annotated[bool, typer.Option("--uri/--inline", help="send file:// URIs instead of inline bytes")] = False,
+    uri: Annotated[bool, typer.Option("--uri/--inline", help="send local files as file:// URIs instead of "
+                                                              "inline bytes")] = False,
     background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
     merchant: Annotated[str, typer.Option(help="merchant id")] = "demo-merchant",
 ) -> None:
-    """Publish one ProductImageEvent per image file (SKU = file name without suffix), with a
-    progress bar; waits until the brokers acknowledged every event."""
+    """Publish one ProductImageEvent per image file (SKU = file name without suffix), per URI, or per
+    manifest row, with a progress bar; waits until the brokers acknowledged every event."""
     from rich.progress import Progress
 
-    from streams.producer import ImageProducer, iter_image_files
+    from streams.producer import (
+        ImageProducer,
+        ManifestError,
+        ManifestRow,
+        iter_image_files,
+        read_manifest,
+        sku_from_uri,
+    )
 
+    names = [p.strip() for p in presets.split(",") if p.strip()]
+    rows: list[tuple[ManifestRow, Path]] = []  # (row, the folder its relative paths start from)
     try:
-        files = list(iter_image_files(paths))
-    except FileNotFoundError as exc:
+        local = [p for p in paths or [] if "://" not in p]
+        rows += [(ManifestRow(sku=f.stem, source=str(f.resolve())), f.parent) for f in iter_image_files(local)]
+        rows += [(ManifestRow(sku=sku_from_uri(u), source=u), Path.cwd()) for u in paths or [] if "://" in u]
+        for m in manifest or []:
+            rows += [(row, m.parent) for row in read_manifest(m)]
+    except (FileNotFoundError, ManifestError) as exc:
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
-    if not files:
-        err.print("[yellow]no image files found[/]")
+    if not rows:
+        err.print("[yellow]no image files, URIs or manifest rows given[/]")
         raise typer.Exit(1)
-    names = [p.strip() for p in presets.split(",") if p.strip()]
     settings = Settings()
 
     async def go() -> None:
         async with ImageProducer(_bootstrap(bootstrap), topic or settings.input_topic) as prod:
             futs = []
             with Progress(console=err) as bar:
-                task = bar.add_task("publishing", total=len(files))
-                for f in files:
-                    ev = prod.event_for_file(f, presets=names, inline=not uri, merchant_id=merchant,
-                                             background=background)
+                task = bar.add_task("publishing", total=len(rows))
+                for row, base in rows:
+                    ev = prod.event_for_row(row, base=base, presets=names, inline=not uri, merchant_id=merchant,
+                                            background=background)
                     futs.append(await prod.publish(ev))
                     bar.advance(task)
             await prod.flush(futs)
 
-    asyncio.run(go())
-    console.print(f"published {len(files)} events to {topic or settings.input_topic}")
+    try:
+        asyncio.run(go())
+    except FileNotFoundError as exc:  # a manifest row naming a local file that is not there
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    console.print(f"published {len(rows)} events to {topic or settings.input_topic}")
 
 
 # ---------------------------------------------------------------------------------- tail
@@ -235,14 +318,17 @@ def tail(
     idle: Annotated[float, typer.Option(help="stop after this many seconds without an event (0: never)")] = 0.0,
     from_beginning: Annotated[bool, typer.Option(help="read the topic from its start")] = False,
     dead_letters: Annotated[bool, typer.Option("--dlq", help="tail the dead-letter topic instead")] = False,
-    save: Annotated[Path | None, typer.Option(help="write inline variants into this folder")] = None,
+    save: Annotated[Path | None, typer.Option(help="write variants into this folder (inline bytes, or downloaded "
+                                                    "from their URIs: output store, LIGHTBOX_FETCH_ALLOW)")] = None,
 ) -> None:
     """Print processed events as a table (sku, variants, milliseconds per stage, end to end), or
     dead letters (code, source record, stage, reason) with --dlq."""
+    from schemas.errors import LightboxError
     from streams.consume import read_events
 
     settings = Settings()
     topic = settings.dlq_topic if dead_letters else settings.output_topic
+    reader = variant_reader(settings) if save else None
     stop_after = count if count is not None else None
 
     async def go() -> None:
@@ -256,7 +342,10 @@ def tail(
             console.print(event_table(ev, header=not shown))
             shown += 1
             if save:
-                save_variants(ev, save)
+                try:
+                    save_variants(ev, save, reader)
+                except LightboxError as exc:  # a URI this machine may not or cannot read: say so, go on
+                    err.print(f"[yellow]{ev['sku']}: not saved: {exc}[/]")
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(go())

@@ -106,7 +106,8 @@ def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, con
             console.print(f"[green]✓[/] segmentation model {model.batched}")
         data_dir = tempfile.mkdtemp(prefix="lightbox-demo-")
         worker = WorkerProcess({"LIGHTBOX_KAFKA_BOOTSTRAP": kafka.bootstrap, "LIGHTBOX_DATA_DIR": data_dir,
-                                "LIGHTBOX_SEGMENTER": segmenter},
+                                "LIGHTBOX_SEGMENTER": segmenter,
+                                "LIGHTBOX_FILE_ROOTS": str((out / "inputs").resolve())},  # file:// closed otherwise
                                out / "worker.log").start()
         console.print(f"[green]✓[/] worker started (log {out / 'worker.log'})")
 

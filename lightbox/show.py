@@ -3,7 +3,7 @@ table, and variants saved to a folder."""
 
 from __future__ import annotations
 
-import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from schemas.paths import safe_component
+from streams.settings import Settings
 
 __all__ = ["event_table", "print_latency_table", "save_variants"]
 
@@ -37,7 +38,9 @@ def event_table(ev: dict[str, Any], *, header: bool) -> Table:
     return table
 
 
-def save_variants(ev: dict[str, Any], folder: Path) -> list[Path]:
+def save_variants(ev: dict[str, Any], folder: Path, reader: Callable[[str, str], bytes] | None = None) -> list[Path]:
+    """Write each variant: inline bytes, or the URI's bytes through ``reader(uri, sha256)`` (see
+    :func:`variant_reader`); a variant with neither is skipped."""
     folder.mkdir(parents=True, exist_ok=True)
     out = []
     for v in ev["variants"]:
@@ -45,12 +48,28 @@ def save_variants(ev: dict[str, Any], folder: Path) -> list[Path]:
         path = folder / ".".join(safe_component(part) for part in (ev["sku"], v["preset"], ext))
         if v["data"] is not None:
             path.write_bytes(v["data"])
-        elif v["uri"] and v["uri"].startswith("file://"):
-            shutil.copyfile(v["uri"][len("file://"):], path)
+        elif v["uri"] and reader is not None:
+            path.write_bytes(reader(v["uri"], v["sha256"]))
         else:
             continue
         out.append(path)
     return out
+
+
+def variant_reader(settings: Settings) -> Callable[[str, str], bytes]:
+    """Downloads variant URIs under the worker's fetch policy plus the output store's own location
+    (``LIGHTBOX_OUTPUT_STORE`` or ``output_dir``), checking each against the event's sha256."""
+    from dataclasses import replace
+
+    from agents.wiring import build_fetcher
+    from gpu_kernels.fetch import Fetcher
+    from gpu_kernels.store import store_location
+
+    fetcher = build_fetcher(settings)
+    allow, roots = store_location(settings.output_store_url())
+    policy = replace(fetcher.policy.with_allowed(*allow), file_roots=(*fetcher.policy.file_roots, *roots))
+    reader = Fetcher(policy)
+    return lambda uri, sha256: reader.fetch({"uri": uri, "sha256": sha256})
 
 
 def print_latency_table(events: list[dict[str, Any]]) -> None:

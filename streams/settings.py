@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["PIPELINE_VERSION", "Settings"]
 
@@ -42,8 +43,14 @@ class Settings(BaseSettings):
 
     max_image_bytes: int = Field(40 * 1024 * 1024, ge=1, description="largest accepted encoded image")
     max_pixels: int = Field(64_000_000, ge=1, description="largest accepted width*height, read from the header")
-    file_roots: list[Path] = Field(default_factory=list,
-                                   description="folders file:// URIs may point into (empty: any)")
+    max_frames: int = Field(256, ge=1, description="largest frame/page count an animated or multi-page image may "
+                                                   "declare (only the first frame is decoded)")
+    max_scans: int = Field(256, ge=1, description="largest number of scans a progressive JPEG may hold")
+    decode_time_budget_s: float = Field(10.0, gt=0, description="an image whose decode takes longer becomes a "
+                                                                 "DECODE_FAILED dead letter; its batch-mates go on")
+    file_roots: Annotated[list[Path], NoDecode] = Field(
+        default_factory=list, description="folders file:// URIs may point into (empty: file:// refused); "
+                                          "comma-separated or a JSON list")
     output_dir: Path | None = Field(None, description="write variants here as content-addressed files "
                                                       "and put file:// URIs in events instead of bytes")
 
@@ -58,6 +65,22 @@ class Settings(BaseSettings):
     worker_id: str = Field(default_factory=_default_worker_id)
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
     log_level: str = "WARNING"
+
+    # -- delivery
+    topic_replication_factor: int = Field(1, ge=1, description="replication factor of topics lightbox creates "
+                                                                 "(1 locally; 3 in production)")
+    topic_min_insync_replicas: int = Field(1, ge=1, description="min.insync.replicas of topics lightbox creates "
+                                                                  "(1 locally; 2 in production, with acks=all)")
+    output_max_message_bytes: int | None = Field(
+        None, ge=1024, description="max.message.bytes of the output topic when lightbox creates it (broker default)")
+    delivery_timeout_s: float = Field(120.0, gt=0, description="how long an output may keep failing with retriable "
+                                                              "errors before the worker fail-stops")
+    shutdown_timeout_s: float = Field(30.0, gt=0, description="graceful stop (SIGTERM): the longest in-flight work "
+                                                             "may take to finish and commit")
+    stage_timeout_s: float = Field(300.0, gt=0, description="watchdog: a lane busy on one call longer than this "
+                                                           "fail-stops the worker")
+    prepare_threads: int = Field(4, ge=1, description="fetch/prepare lane threads")
+    output_threads: int = Field(2, ge=1, description="output lane threads (CPU encode, Avro, store writes)")
 
     # -- kafkasec: how every Kafka client (worker, output producer, produce, tail, audit, admin) connects.
     #    Translated in one place: streams/security.py (aiokafka_kwargs, faust_credentials).
@@ -75,21 +98,10 @@ class Settings(BaseSettings):
     kafka_allow_plain_over_plaintext: bool = Field(
         False, description="allow SASL PLAIN over SASL_PLAINTEXT (sends the password in the clear)")
 
-    # -- delivery
-    topic_replication_factor: int = Field(1, ge=1, description="replication factor of topics lightbox creates "
-                                                                 "(1 locally; 3 in production)")
-    topic_min_insync_replicas: int = Field(1, ge=1, description="min.insync.replicas of topics lightbox creates "
-                                                                  "(1 locally; 2 in production, with acks=all)")
-    output_max_message_bytes: int | None = Field(
-        None, ge=1024, description="max.message.bytes of the output topic when lightbox creates it (broker default)")
-    delivery_timeout_s: float = Field(120.0, gt=0, description="how long an output may keep failing with retriable "
-                                                              "errors before the worker fail-stops")
-    shutdown_timeout_s: float = Field(30.0, gt=0, description="graceful stop (SIGTERM): the longest in-flight work "
-                                                             "may take to finish and commit")
-    stage_timeout_s: float = Field(300.0, gt=0, description="watchdog: a lane busy on one call longer than this "
-                                                           "fail-stops the worker")
-    prepare_threads: int = Field(4, ge=1, description="fetch/prepare lane threads")
-    output_threads: int = Field(2, ge=1, description="output lane threads (CPU encode, Avro, store writes)")
+    model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, isnet or birefnet "
+                                                  "(gpu_kernels.segment.model.KNOWN_SPECS)")
+    model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
+                                                             "overrides: input_size, mean, std, ...)")
 
     # -- backfill: the backfill lane gets only spare capacity (agents/lanes.py)
     backfill_enabled: bool = Field(True, description="consume the backfill topic too (live first)")
@@ -110,3 +122,37 @@ class Settings(BaseSettings):
             return "gpu" if cupy.cuda.runtime.getDeviceCount() > 0 else "cpu"
         except Exception:  # no CuPy, no driver, no device: all mean CPU
             return "cpu"
+
+    # -- objstore: fetch allow-lists and limits, the output store (claim-check), a local S3 endpoint
+    fetch_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="hosts and buckets fetches may reach: s3://bucket, gs://bucket, "
+        "az://container, host, host:port, https://host, *.domain, * (any public host); a host named exactly may "
+        "also resolve to a private address; comma-separated or a JSON list. Empty: only inline bytes and file://")
+    fetch_timeout_s: float = Field(30.0, gt=0, description="one fetch request, body included")
+    fetch_connect_timeout_s: float = Field(5.0, gt=0)
+    fetch_retries: int = Field(3, ge=0, description="extra attempts after transient fetch failures (backoff)")
+    fetch_ca_file: str | None = Field(None, description="CA bundle for https:// fetches (system trust store if unset)")
+    s3_endpoint: str | None = Field(None, description="an S3-compatible endpoint (s3proxy, MinIO) for s3:// "
+                                                      "fetches and stores; AWS's own when unset")
+    output_store: str | None = Field(None, description="s3://bucket/prefix, gs://…, az://…, file:///path: write "
+                                     "variants there (content-addressed) and put their URIs in events")
+    inline_max_bytes: int | None = Field(None, ge=0, description="variants up to this size also travel inline "
+                                         "when a store is set (default 0: none)")
+    store_timeout_s: float = Field(30.0, gt=0, description="one store request")
+    store_retries: int = Field(5, ge=0, description="store retries with backoff before the worker stops")
+
+    @field_validator("file_roots", "fetch_allow", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [v.strip() for v in text.split(",") if v.strip()]
+        return value
+
+    def output_store_url(self) -> str | None:
+        """The output store: ``output_store``, else ``output_dir`` as a file:// store."""
+        if self.output_store:
+            return self.output_store
+        return self.output_dir.resolve().as_uri() if self.output_dir else None

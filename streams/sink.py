@@ -21,7 +21,8 @@ from streams.settings import Settings
 
 __all__ = ["RECORD_OVERHEAD", "KafkaSink", "Outgoing", "record_size"]
 
-#: Bytes a record costs beyond its key, value and headers (batch header, varints), rounded up.
+#: Bytes a record costs beyond its key, value and headers: the record batch header (61), the
+#: record's own varints and attributes, and a varint pair per header — rounded up generously.
 RECORD_OVERHEAD = 256
 
 
@@ -39,8 +40,9 @@ class Outgoing(Protocol):
 
 
 def record_size(out: Outgoing) -> int:
-    """An upper bound of the bytes the record takes on the wire, alone in its batch, uncompressed."""
-    headers = sum(len(k.encode()) + len(v or b"") + 8 for k, v in out.headers)
+    """An upper bound of the bytes the record takes on the wire, alone in its batch, uncompressed:
+    :func:`agents.process.record_size` (key, value, headers) plus :data:`RECORD_OVERHEAD`."""
+    headers = sum(len(k.encode()) + len(v or b"") for k, v in out.headers)
     return len(out.value) + len(out.key or b"") + headers + RECORD_OVERHEAD
 
 

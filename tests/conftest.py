@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,3 +93,52 @@ def secure_settings(kafka_secure: dict[str, str], tmp_path: Path) -> Settings:
                     input_topic=f"t-{tag}.images", backfill_topic=f"t-{tag}.backfill",
                     output_topic=f"t-{tag}.processed", dlq_topic=f"t-{tag}.dlq",
                     data_dir=tmp_path / "faust", segmenter="classical", device="cpu")
+
+
+# -- objstore: a real S3-compatible server (s3proxy) for the session
+@dataclass(frozen=True)
+class S3Endpoint:
+    """Where the session's S3 is and how to sign for it; ``bucket`` exists (tests use fresh prefixes in it)."""
+
+    endpoint: str
+    access_key: str
+    secret_key: str
+    bucket: str
+
+    def env(self) -> dict[str, str]:
+        return {"LIGHTBOX_S3_ENDPOINT": self.endpoint, "AWS_ACCESS_KEY_ID": self.access_key,
+                "AWS_SECRET_ACCESS_KEY": self.secret_key, "AWS_REGION": "us-east-1"}
+
+    def client(self, *, secret_key: str | None = None, bucket: str | None = None) -> Any:
+        from obstore.store import S3Store
+
+        return S3Store(bucket or self.bucket, endpoint=self.endpoint, access_key_id=self.access_key,
+                       secret_access_key=secret_key or self.secret_key, region="us-east-1",
+                       client_options={"allow_http": self.endpoint.startswith("http://")})
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Endpoint]:
+    """``LIGHTBOX_S3_ENDPOINT`` (with ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` and an existing bucket
+    ``LIGHTBOX_S3_BUCKET``, default lightbox-test) when set, else s3proxy started for this session."""
+    if os.environ.get("LIGHTBOX_S3_ENDPOINT"):
+        yield S3Endpoint(os.environ["LIGHTBOX_S3_ENDPOINT"], os.environ.get("AWS_ACCESS_KEY_ID", ""),
+                         os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+                         os.environ.get("LIGHTBOX_S3_BUCKET", "lightbox-test"))
+        return
+    from lightbox.s3_local import LocalS3
+
+    s3 = LocalS3.start(buckets=("lightbox-test",))
+    try:
+        yield S3Endpoint(s3.endpoint, s3.access_key, s3.secret_key, "lightbox-test")
+    finally:
+        s3.stop()
+
+
+@pytest.fixture
+def s3_env(s3_server: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint:
+    """The session S3's credentials in this process's environment (obstore reads the standard AWS_* ones)."""
+    for key, val in s3_server.env().items():
+        monkeypatch.setenv(key, val)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    return s3_server

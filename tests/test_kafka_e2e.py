@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from aiokafka.structs import TopicPartition
 
 from gpu_kernels.presets import load_presets
-from lightbox.demo import WorkerProcess, collect_outputs
-from streams.producer import ImageProducer
+from lightbox.demo import WorkerProcess
+from streams.consume import read_events
+from streams.producer import ImageProducer, new_traceparent
 from streams.settings import Settings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -24,32 +30,67 @@ def worker_env(s: Settings) -> dict[str, str]:
     return {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
             "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
             "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical"}
+            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+            "LIGHTBOX_FILE_ROOTS": "/no/such/dir"}  # file:// is refused without roots; the missing file is in them
 
 
-async def publish_all(s: Settings, good: list[Path], bad: dict[str, Path]) -> tuple[dict, dict]:
-    """Publish; return {event_id: file} for readable events and {(partition, offset): what} for all."""
+@dataclass
+class Sent:
+    what: str  # a file name or the kind of bad input
+    event_id: str | None
+    value: bytes
+    headers: list[tuple[str, bytes]]
+
+
+async def publish_all(s: Settings, good: list[Path], bad: dict[str, Path]) -> tuple[dict, dict[tuple[int, int], Sent]]:
+    """Publish; return {event_id: what} for readable events and {(partition, offset): Sent} for all."""
     by_id, by_pos = {}, {}
     async with ImageProducer(s.kafka_bootstrap, s.input_topic) as prod:
         sent = []
+
+        async def publish(ev: dict, what: str) -> None:
+            tp = new_traceparent()
+            sent.append((Sent(what, ev["event_id"], prod.codecs.product.encode(ev), [("traceparent", tp.encode())]),
+                         await prod.publish(ev, traceparent=tp)))
+
         for f in good:
-            ev = prod.event_for_file(f, presets=PRESETS)
-            sent.append((ev["event_id"], f.name, await prod.publish(ev)))
+            await publish(prod.event_for_file(f, presets=PRESETS), f.name)
         for name, f in bad.items():
-            ev = prod.event_for_file(f, presets=PRESETS)
-            sent.append((ev["event_id"], name, await prod.publish(ev)))
-        ev = prod.event_for_file(good[0], presets=["jd_main", "tmall_giant"])
-        sent.append((ev["event_id"], "unknown-preset", await prod.publish(ev)))
-        ev = prod.event({"uri": "file:///no/such/dir/SKU-x.jpg", "sha256": None}, sku="SKU-x",
-                        image_id="x", presets=PRESETS)
-        sent.append((ev["event_id"], "missing-file", await prod.publish(ev)))
-        sent.append((None, "not-avro", await prod.publish_raw(b"{\"sku\": \"json, not avro\"}", key=b"SKU-y")))
-        for event_id, what, fut in sent:
+            await publish(prod.event_for_file(f, presets=PRESETS), name)
+        await publish(prod.event_for_file(good[0], presets=["jd_main", "tmall_giant"]), "unknown-preset")
+        await publish(prod.event({"uri": "file:///no/such/dir/SKU-x.jpg", "sha256": None}, sku="SKU-x",
+                                 image_id="x", presets=PRESETS), "missing-file")
+        raw = b"{\"sku\": \"json, not avro\"}"
+        sent.append((Sent("not-avro", None, raw, []), await prod.publish_raw(raw, key=b"SKU-y")))
+        for what, fut in sent:
             meta = await fut
             by_pos[(meta.partition, meta.offset)] = what
-            if event_id:
-                by_id[event_id] = what
+            if what.event_id:
+                by_id[what.event_id] = what.what
     return by_id, by_pos
+
+
+async def read_everything(s: Settings, idle_s: float = 3.0) -> list[tuple[str, dict]]:
+    """Every event on the output and dead-letter topics, from the start, until ``idle_s`` without one."""
+    return [x async for x in read_events(s.kafka_bootstrap, [s.output_topic, s.dlq_topic], idle_s=idle_s)]
+
+
+def outputs_covering(s: Settings, by_id: dict, by_pos: dict, timeout_s: float,
+                     alive: Any) -> tuple[list[dict], list[dict]]:
+    """Read every output (no count limit) until each input has one, then once more to the end,
+    so late duplicates are seen too."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = asyncio.run(read_everything(s))
+        processed = [ev for kind, ev in events if kind == "processed"]
+        dead = [ev for kind, ev in events if kind == "dead_letter"]
+        covered = ({p["source_event_id"] for p in processed} |
+                   {(d["original"]["partition"], d["original"]["offset"]) for d in dead})
+        want = {eid for eid, what in by_id.items() if what.startswith("SKU-")}
+        if want <= covered and all(pos in covered or by_pos[pos].event_id in want for pos in by_pos):
+            return processed, dead
+        if time.monotonic() > deadline or not alive():
+            return processed, dead
 
 
 async def committed(s: Settings) -> dict[TopicPartition, int]:
@@ -65,25 +106,34 @@ async def committed(s: Settings) -> dict[TopicPartition, int]:
 def test_every_input_yields_exactly_one_output(settings: Settings, catalog: list[Path],
                                                bad_files: dict[str, Path], tmp_path: Path) -> None:
     worker = WorkerProcess(worker_env(settings), tmp_path / "worker.log").start()
+    rc = None
     try:
         by_id, by_pos = asyncio.run(publish_all(settings, catalog, bad_files))
         assert len(by_pos) == len(catalog) + len(bad_files) + 3 >= 20 + 7
-        processed, dead = asyncio.run(collect_outputs(
-            settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic], len(by_pos), 300,
-            worker.running))
-        assert len(processed) + len(dead) == len(by_pos), worker.log_tail()
+        processed, dead = outputs_covering(settings, by_id, by_pos, 300, worker.running)
 
-        # exactly one output per input: processed by source event id, dead letters by position
+        # exactly one output per input, no duplicates: processed by source event id, dead letters by position
         assert Counter(p["source_event_id"] for p in processed) == Counter(
-            {eid: 1 for eid, what in by_id.items() if what.startswith("SKU-")})
+            {eid: 1 for eid, what in by_id.items() if what.startswith("SKU-")}), worker.log_tail()
         dead_pos = Counter((d["original"]["partition"], d["original"]["offset"]) for d in dead)
-        assert all(n == 1 for n in dead_pos.values())
-        codes = {by_pos[pos]: d["error_code"] for pos, d in
+        assert len(processed) + len(dead) == len(by_pos) and all(n == 1 for n in dead_pos.values())
+        codes = {by_pos[pos].what: d["error_code"] for pos, d in
                  (((d["original"]["partition"], d["original"]["offset"]), d) for d in dead)}
         assert codes == {"empty.jpg": "DECODE_FAILED", "truncated.jpg": "DECODE_FAILED",
                          "notes-as-image.jpg": "UNSUPPORTED_FORMAT", "pixel-bomb.png": "TOO_LARGE",
                          "unknown-preset": "UNKNOWN_PRESET", "missing-file": "FETCH_FAILED",
                          "not-avro": "SCHEMA_INVALID"}
+        # a dead letter carries the original record as it was consumed: topic, position, bytes, headers
+        for d in dead:
+            orig = d["original"]
+            sent = by_pos[(orig["partition"], orig["offset"])]
+            assert orig["topic"] == settings.input_topic
+            assert orig["value"] == sent.value
+            assert [(h["key"], h["value"]) for h in orig["headers"]] == sent.headers
+            assert d["source_event_id"] == sent.event_id
+        missing = next(d for d in dead
+                       if by_pos[(d["original"]["partition"], d["original"]["offset"])] .what == "missing-file")
+        assert missing["message"].startswith("not found:")
 
         presets = load_presets()
         for ev in processed:
@@ -111,9 +161,11 @@ def test_every_input_yields_exactly_one_output(settings: Settings, catalog: list
         for part, off in by_pos:
             ends[part] = max(ends.get(part, 0), off + 1)
         assert {tp.partition: off for tp, off in got.items() if tp.partition in ends} == ends
-    finally:
         rc = worker.stop()
-    assert rc is not None
+    finally:
+        if rc is None:
+            worker.stop()
+    assert rc == 0, worker.log_tail()  # SIGTERM: a clean stop
 
 
 def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Settings, catalog: list[Path],
@@ -121,8 +173,6 @@ def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Setting
     """SIGKILL a worker mid-stream; its successor in the group redoes what was not committed.
     Every input ends with an output, and a duplicate carries the same event id and bytes."""
     import signal
-
-    from streams.consume import read_events
 
     env = {**worker_env(settings), "LIGHTBOX_SESSION_TIMEOUT_S": "8"}
     first = WorkerProcess(env, tmp_path / "w1.log").start()
@@ -141,17 +191,7 @@ def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Setting
         first.proc.wait(30)
         second = WorkerProcess(env, tmp_path / "w2.log").start()
 
-        async def all_outputs() -> list[dict]:
-            seen: dict[str, int] = {}
-            out = []
-            async for _kind, ev in read_events(settings.kafka_bootstrap, [settings.output_topic], idle_s=120):
-                out.append(ev)
-                seen[ev["source_event_id"]] = 1
-                if good <= set(seen):
-                    break
-            return out
-
-        outputs = asyncio.run(asyncio.wait_for(all_outputs(), 400))
+        outputs, _ = outputs_covering(settings, by_id, {}, 400, second.running)
         assert good <= {ev["source_event_id"] for ev in outputs}, second.log_tail()
         by_source: dict[str, list[dict]] = {}
         for ev in outputs:
@@ -160,7 +200,85 @@ def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Setting
             assert len({e["event_id"] for e in evs}) == 1
             assert len({tuple(v["sha256"] for v in e["variants"]) for e in evs}) == 1
             assert len({tuple(v["data"] for v in e["variants"]) for e in evs}) == 1
+        assert second.stop() == 0, second.log_tail()  # SIGTERM: a clean stop
     finally:
         first.stop()
         if second is not None:
             second.stop()
+
+
+async def group_members(s: Settings) -> int:
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    await admin.start()
+    try:
+        (resp,) = await admin.describe_consumer_groups([s.group_id])
+        return len(resp.groups[0][5 if len(resp.groups[0]) == 6 else 6])
+    finally:
+        await admin.close()
+
+
+def test_a_worker_that_cannot_start_exits_at_once_without_joining(settings: Settings, tmp_path: Path) -> None:
+    env = {**worker_env(settings), "LIGHTBOX_PRESETS_FILE": str(tmp_path / "no-such-presets.toml")}
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    assert worker.proc is not None
+    assert worker.proc.wait(120) == 70, worker.log_tail()
+    assert "could not start" in worker.log_tail()  # built before joining: it never held partitions
+
+
+def test_a_worker_that_cannot_go_on_fail_stops_leaves_the_group_and_commits_nothing_unfinished(
+        settings: Settings, catalog: list[Path], tmp_path: Path) -> None:
+    """The output folder turns unwritable once the worker runs: one fail-stop line, exit 70, the
+    group left (its partitions free at once), and no committed offset passes an input without an
+    output."""
+    out = tmp_path / "out"
+    env = {**worker_env(settings), "LIGHTBOX_OUTPUT_DIR": str(out)}
+    worker = WorkerProcess(env, tmp_path / "worker.log").start()
+    try:
+        async def joined() -> None:
+            for _ in range(240):
+                with contextlib.suppress(KafkaError):
+                    if await group_members(settings) == 1:
+                        return
+                await asyncio.sleep(0.5)
+            raise AssertionError("the worker never joined its group")
+
+        asyncio.run(joined())
+        for f in catalog[:6]:  # a file where each SKU's folder would go: every write now fails
+            (out / f.stem).write_text("in the way")
+        _, by_pos = asyncio.run(publish_all(settings, catalog[:6], {}))
+        assert worker.proc is not None
+        assert worker.proc.wait(180) == 70, worker.log_tail()
+        log = worker.log_tail(200)
+        assert sum("fail-stop" in line for line in log.splitlines()) == 1, log
+        assert "StoreUnavailable" in log
+        assert asyncio.run(group_members(settings)) == 0
+        outputs = asyncio.run(read_everything(settings))
+        done = ({ev["source_event_id"] for kind, ev in outputs if kind == "processed"}
+                | {(ev["original"]["partition"], ev["original"]["offset"]) for kind, ev in outputs
+                   if kind != "processed"})
+        for tp, off in asyncio.run(committed(settings)).items():
+            assert all(sent.event_id in done or (p, o) in done
+                       for (p, o), sent in by_pos.items() if p == tp.partition and o < off)
+    finally:
+        worker.stop()
+
+
+def test_topics_take_their_settings_and_the_sink_reads_their_limits(settings: Settings) -> None:
+    from streams.app import ensure_topics
+    from streams.sink import KafkaSink
+
+    s = settings.model_copy(update={"output_max_message_bytes": 1_500_000})
+    assert sorted(asyncio.run(ensure_topics(s))) == sorted(
+        [s.input_topic, s.backfill_topic, s.output_topic, s.dlq_topic])
+
+    async def limits() -> dict:
+        sink = KafkaSink(s)
+        await sink.start()
+        try:
+            return dict(sink.limits)
+        finally:
+            await sink.stop()
+
+    got = asyncio.run(limits())
+    assert got["processed"] == 1_500_000
+    assert got["dead_letter"] != 1_500_000 and got["dead_letter"] >= 1_000_000  # the broker's default

@@ -57,15 +57,6 @@ def test_live_items_waiting_for_batch_mates_hold_the_backfill() -> None:
     assert ids(lb.poll(0.021)) == [(0, 1)]
 
 
-def test_live_behind_holds_the_backfill_until_cleared() -> None:
-    lb = lanes()
-    lb.live_behind = True
-    assert [b for i in range(2) for b in lb.add(("backfill", i, 0), "s", 0.0)] == []
-    assert lb.next_deadline() is None
-    lb.live_behind = False
-    assert ids(lb.poll(0.0)) == [(0, 1)]
-
-
 def test_priority_orders_live_buckets_and_flush_puts_live_first() -> None:
     lb = lanes(live_batch=4)
     lb.add(("backfill", 0, 99), "s", 0.0)

@@ -18,8 +18,8 @@ PRESETS = ["jd_main", "thumb_webp"]
 
 
 @pytest.fixture(scope="module")
-def processor(tmp_path_factory: pytest.TempPathFactory) -> BatchProcessor:
-    return build_processor(Settings(device="cpu", segmenter="classical",
+def processor(tmp_path_factory: pytest.TempPathFactory, catalog_dir: Path) -> BatchProcessor:
+    return build_processor(Settings(device="cpu", segmenter="classical", file_roots=[catalog_dir],
                                     data_dir=tmp_path_factory.mktemp("d"), max_pixels=40_000_000))
 
 
@@ -97,6 +97,9 @@ def test_bad_files_become_dead_letters_and_batch_mates_survive(
     (lambda p: event_bytes(p, presets=["jd_main", "no_such_preset"]), "UNKNOWN_PRESET", "presets"),
     (lambda p: event_bytes(source={"uri": "file:///nonexistent/lightbox/x.jpg", "sha256": None}),
      "FETCH_FAILED", "fetch"),
+    (lambda p: event_bytes(source={"uri": p.with_name("missing.jpg").as_uri(), "sha256": None}),
+     "FETCH_FAILED", "fetch"),  # inside the roots, not there
+    (lambda p: event_bytes(source={"uri": "file:///etc/passwd", "sha256": None}), "FETCH_FAILED", "fetch"),
     (lambda p: b"this record is not Avro", "SCHEMA_INVALID", "deserialize"),
     (lambda p: b"\x00\x00\x00\x01\x2c" + b"\x00" * 10, "SCHEMA_INVALID", "deserialize"),
 ])
@@ -137,7 +140,7 @@ def test_shape_class_bins_resolution_and_preset_set(processor: BatchProcessor, c
     assert isinstance(a, Prepared) and isinstance(b, Prepared)
     assert a.shape_class[0] == b.shape_class[0] == resolution_bin(a.info.width, a.info.height)
     assert a.shape_class != b.shape_class  # another preset set, another bucket
-    assert a.nbytes == a.info.width * a.info.height * (4 if a.info.has_alpha else 3)
+    assert a.nbytes == a.info.decoded_nbytes >= a.info.width * a.info.height * (4 if a.info.has_alpha else 3)
 
 
 def test_header_guards_run_before_batching(processor: BatchProcessor, bad_files: dict[str, Path]) -> None:
@@ -186,11 +189,16 @@ def test_an_unwritable_output_dir_is_fatal_not_a_dead_letter(catalog: list[Path]
 
     blocker = tmp_path / "not-a-dir"
     blocker.write_bytes(b"")
-    proc = build_processor(Settings(device="cpu", segmenter="none", output_dir=blocker))
+    with pytest.raises(StoreUnavailable, match="not writable"):  # found at start
+        build_processor(Settings(device="cpu", segmenter="none", output_dir=blocker))
+    cdn = tmp_path / "cdn"
+    proc = build_processor(Settings(device="cpu", segmenter="none", output_dir=cdn))
     prepared = proc.prepare(record(event_bytes(catalog[0])))
     assert isinstance(prepared, Prepared)
     state = proc.device(proc.decode([prepared]))
-    with pytest.raises(StoreUnavailable, match="not writable"):
+    cdn.rmdir()
+    cdn.write_bytes(b"")  # the folder becomes unwritable while the worker runs
+    with pytest.raises(StoreUnavailable, match="cannot write"):
         proc.output(state)
 
 
@@ -199,7 +207,7 @@ def test_a_nul_byte_in_a_file_path_is_a_fetch_failed_dead_letter(processor: Batc
     out = processor.prepare(record(event_bytes(source={"uri": "file:///tmp/a\x00b.jpg", "sha256": None})))
     assert isinstance(out, OutRecord) and out.error_code == "FETCH_FAILED"
     dead = decode(out)
-    assert dead["stage"] == "fetch" and "ValueError" in dead["message"]
+    assert dead["stage"] == "fetch" and dead["message"].startswith("malformed:")
 
 
 def _garbage_records():  # type: ignore[no-untyped-def]
@@ -277,15 +285,15 @@ def test_an_event_over_the_limit_without_a_store_is_output_too_large(
 def test_an_event_over_the_limit_moves_its_largest_variants_to_the_store(catalog: list[Path], tmp_path: Path) -> None:
     import hashlib
 
-    from agents.process import DirStore
+    from gpu_kernels.store import make_store
 
     proc = build_processor(Settings(device="cpu", segmenter="classical"))
-    proc.store, proc.offload = DirStore(tmp_path / "cdn"), "oversize"
+    proc.store, proc.offload = make_store((tmp_path / "cdn").as_uri()), "oversize"
     rec = record(event_bytes(catalog[0]))
     inline = run_all(proc, [rec])[0]
     ev = decode(inline)
     assert all(v["data"] is not None and v["uri"] is None for v in ev["variants"])  # fits: nothing moved
-    assert not (tmp_path / "cdn").exists()
+    assert not any((tmp_path / "cdn").rglob("*"))  # nothing written
     big = max(ev["variants"], key=lambda v: v["size"])
     small = min(ev["variants"], key=lambda v: v["size"])
     limit = _sizes([inline]) - big["size"] // 2  # moving the big one is enough

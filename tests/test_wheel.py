@@ -59,7 +59,7 @@ def test_wheel_ships_its_run_time_files() -> None:
     finally:
         shutil.rmtree(out, ignore_errors=True)
     for needed in ("schemas/registry.json", "schemas/product_image_event.avsc", "gpu_kernels/presets.toml",
-                   "lightbox/data/kafka-pom.xml", "lightbox/__init__.py"):
+                   "lightbox/data/kafka-pom.xml", "lightbox/data/s3proxy-pom.xml", "lightbox/__init__.py"):
         assert needed in names, f"{needed} is not in the wheel"
     assert not any(n.startswith(("tests/", "bench/")) for n in names)
 

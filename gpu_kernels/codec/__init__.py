@@ -1,7 +1,11 @@
 """Decode and encode stages (DESIGN.md steps 2 and 7).
 
-- :mod:`.sniff` — header guards: format, size, pixel count, EXIF orientation, no pixel decoded.
-- :mod:`.dali_decode` — :class:`DaliDecoder`, batched DALI decode on CPU or GPU (``mixed``).
+- :mod:`.sniff` — header guards: format, size, pixels, bit depth, frames, JPEG scans, EXIF
+  orientation, ICC presence; no pixel decoded.
+- :mod:`.dali_decode` — :class:`DaliDecoder`, batched DALI decode on CPU or GPU (``mixed``),
+  with a per-item time budget for what runs on the CPU pool.
+- :mod:`.pillow_decode` — the Pillow (+ pillow-heif) path: TIFF, BMP, GIF, HEIF, AVIF, alpha,
+  animated (first frame), 16-bit, ICC profiles converted to sRGB.
 - :mod:`.encode` — :class:`CpuEncoder` (libjpeg-turbo / libpng / libwebp) and
   :class:`NvJpegEncoder` (nvJPEG for large JPEGs, CPU otherwise).
 
@@ -17,16 +21,23 @@ from gpu_kernels.codec.dali_decode import DaliDecoder, ReduceMode, orient, reduc
 from gpu_kernels.codec.encode import CpuEncoder, EncodeSettings, NvJpegEncoder, flatten_alpha
 from gpu_kernels.codec.sniff import (
     DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MAX_MARKERS,
     DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_SCANS,
     ImageFormat,
     ImageInfo,
     exif_orientation,
+    fingerprint,
     sniff,
 )
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
+    "DEFAULT_MAX_FRAMES",
+    "DEFAULT_MAX_MARKERS",
     "DEFAULT_MAX_PIXELS",
+    "DEFAULT_MAX_SCANS",
     "CpuEncoder",
     "DaliDecoder",
     "EncodeSettings",
@@ -35,6 +46,7 @@ __all__ = [
     "NvJpegEncoder",
     "ReduceMode",
     "exif_orientation",
+    "fingerprint",
     "flatten_alpha",
     "make_decoder",
     "make_encoder",
@@ -46,8 +58,9 @@ __all__ = [
 
 def make_decoder(device: str = "cpu", **options: Any) -> DaliDecoder:
     """A :class:`DaliDecoder` for ``device`` ("cpu" or "gpu"); ``options`` are its keyword
-    arguments (``max_pixels``, ``max_bytes``, ``batch_size``, ``num_threads``,
-    ``hw_decoder_load``, ``device_id``, ``reduce``)."""
+    arguments (``max_pixels``, ``max_bytes``, ``max_frames``, ``max_scans``, ``max_markers``,
+    ``batch_size``, ``num_threads``, ``hw_decoder_load``, ``device_id``, ``reduce``,
+    ``time_budget_s``)."""
     return DaliDecoder(device, **options)
 
 

@@ -9,17 +9,25 @@ RGB; 16-bit PNGs reduced to 8 bits.
 
 Routing (decided from :func:`~gpu_kernels.codec.sniff.sniff`, before any pixel is decoded):
 
-- guard failures (size, pixel count, format, broken header) → the error, nothing decoded;
-- sources with alpha (PNG colour type 4/6 or tRNS, WebP with alpha) → Pillow, then uploaded on
-  GPU. DALI 2.4's ``output_type=RGB`` drops alpha, and ``ANY_DATA`` — the only mode that keeps
-  it — fails on gray+alpha PNGs and kills the process (SIGSEGV) on grayscale JPEGs (checked
-  here), so it is not used;
+- guard failures (bytes, pixels, frames, JPEG scans/markers, broken header) → the error,
+  nothing decoded;
+- Pillow (:mod:`.pillow_decode`, CPU on both backends, uploaded afterwards on GPU): GIF,
+  HEIF/HEIC (pillow-heif) and AVIF, which DALI 2.4 refuses ("nvImageCodec failure: '#4'");
+  sources with alpha (PNG colour type 4/6 or tRNS, WebP/TIFF/BMP with alpha: DALI 2.4's
+  ``output_type=RGB`` drops alpha, and ``ANY_DATA`` — the only mode that keeps it — fails on
+  gray+alpha PNGs and kills the process (SIGSEGV) on grayscale JPEGs); animated sources (first
+  frame only); samples deeper than 8 bits (a 16-bit 8000² PNG peaks at 12 bytes a pixel
+  through DALI's CPU decoder, 7 through Pillow); and any image whose embedded ICC profile is
+  not sRGB (converted to sRGB; DALI ignores profiles);
 - reduced-size decode when ``max_side`` is at most half the source's longer side:
   ``"dct"`` (CPU default) decodes JPEGs (not CMYK) with libjpeg-turbo's DCT scaling
   (simplejpeg, factors 1/2, 1/4, 1/8) to the smallest size whose longer side is still
   >= ``max_side``; ``"resize"`` (GPU default) fuses an antialiased ``fn.resize`` into the DALI
   pipeline to exactly ``max_side`` on the longer side;
-- everything else → the DALI pipeline, ``batch_size`` images per run.
+- everything else (JPEG, 8-bit PNG, WebP, 8-bit TIFF and BMP; sRGB or untagged) → the DALI
+  pipeline, ``batch_size`` images per run. DALI's TIFF (libtiff: LZW, multi-page → first page)
+  and BMP decodes were checked pixel-identical to Pillow's; LZW TIFF decodes 1.7× faster
+  through DALI here, uncompressed TIFF and BMP ~1.5× slower (2 shared cores) — one path kept.
 
 DALI fails a whole run when one sample is bad (FACTS.md). A failed run is retried without the
 sample DALI names ("Failed to decode sample #i"), or one image at a time when it names none, so
@@ -28,25 +36,46 @@ batch-mates always survive. A JPEG cut short (no end-of-image marker) is refused
 still ends in an EOI (bit flips, a zeroed middle) decodes to garbage pixels with only a
 warning, as with every JPEG decoder.
 
+Time budget (``time_budget_s``, per image). Pillow and DCT-scaled decodes run on a small
+thread pool; an item whose decode takes longer than ``time_budget_s`` (still running at its
+deadline, or finished late) is returned as ``DecodeFailed`` "over time budget" and its
+batch-mates go on (items queued behind it move to a
+fresh pool). A DALI run (one chunk) runs on its own thread with ``time_budget_s`` × its image
+count; when it overruns, the run and its pipelines are abandoned and each image of the chunk
+runs alone under ``time_budget_s`` — so the slow one is isolated and the rest are decoded.
+A late decode cannot be interrupted (a C decoder in a thread): it is abandoned and ends by
+itself — every decode is bounded by the header guards (pixels, frames, scans, bytes), so the
+budget protects the batch's latency, not the CPU. Threads rather than worker processes: a
+process would copy every decoded image back (192 MB for a 64 MP photo; on GPU the DALI output
+must stay in this process's CUDA context) and must not be forked from a process holding a
+CUDA context; a forkserver sandbox that could also kill a runaway decode and contain a codec
+crash is the next step if a decoder is ever found to loop. Pipeline builds are not counted.
+
 Not thread-safe: one decoder per worker thread.
 """
 
 from __future__ import annotations
 
 import importlib
-import io
 import re
+import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 
+from gpu_kernels.codec.pillow_decode import decode_first_frame, icc_profile, is_srgb, safe_reason
 from gpu_kernels.codec.sniff import (
     DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MAX_MARKERS,
     DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_SCANS,
     ImageInfo,
+    fingerprint,
     sniff,
 )
 from schemas.errors import DecodeFailed, LightboxError
@@ -56,6 +85,7 @@ __all__ = ["DaliDecoder", "ReduceMode", "orient", "reduced_size"]
 STAGE = "decode"
 ReduceMode = Literal["auto", "dct", "resize", "off"]
 _FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
+DEFAULT_TIME_BUDGET_S = 10.0
 Array = Any
 
 
@@ -110,12 +140,13 @@ class DaliDecoder:
 
     Args:
         device: ``"cpu"`` (NumPy out) or ``"gpu"`` (``mixed`` decode, CuPy out).
-        max_pixels, max_bytes: header guards, see :func:`sniff`.
+        max_pixels, max_bytes, max_frames, max_scans, max_markers: header guards, see :func:`sniff`.
         batch_size: largest DALI batch; longer inputs run in chunks.
         num_threads: DALI CPU threads (and the DCT-scaled decode pool).
         hw_decoder_load: share of each JPEG batch sent to the hardware decoder (GPU only).
         device_id: CUDA device (GPU only).
         reduce: reduced-size decode strategy; ``"auto"`` = ``"dct"`` on CPU, ``"resize"`` on GPU.
+        time_budget_s: the longest one item may decode on the Pillow/DCT paths (module doc).
     """
 
     version = "dali-decode-1"
@@ -131,6 +162,10 @@ class DaliDecoder:
         hw_decoder_load: float = 0.65,
         device_id: int = 0,
         reduce: ReduceMode = "auto",
+        max_frames: int = DEFAULT_MAX_FRAMES,
+        max_scans: int = DEFAULT_MAX_SCANS,
+        max_markers: int = DEFAULT_MAX_MARKERS,
+        time_budget_s: float = DEFAULT_TIME_BUDGET_S,
     ) -> None:
         if device not in ("cpu", "gpu"):
             raise ValueError(f"DaliDecoder: device must be 'cpu' or 'gpu', got {device!r}")
@@ -140,6 +175,8 @@ class DaliDecoder:
             )
         if batch_size < 1 or num_threads < 1:
             raise ValueError("DaliDecoder: batch_size and num_threads must be >= 1")
+        if not time_budget_s > 0:
+            raise ValueError(f"DaliDecoder: time_budget_s must be > 0, got {time_budget_s}")
         self.device = device
         self.max_pixels = max_pixels
         self.max_bytes = max_bytes
@@ -147,11 +184,14 @@ class DaliDecoder:
         self.num_threads = num_threads
         self.hw_decoder_load = hw_decoder_load
         self.device_id = device_id
+        self.max_frames, self.max_scans, self.max_markers = max_frames, max_scans, max_markers
+        self.time_budget_s = time_budget_s
         self.reduce: ReduceMode = (
             reduce if reduce != "auto" else ("dct" if device == "cpu" else "resize")
         )
         self._pipes: dict[bool, Any] = {}
         self._pool: ThreadPoolExecutor | None = None
+        self._dali_thread: ThreadPoolExecutor | None = None
         self._closed = False
 
     # ---- public ------------------------------------------------------------------------
@@ -165,42 +205,46 @@ class DaliDecoder:
         out: list[Array | LightboxError] = [DecodeFailed("not decoded", stage=STAGE) for _ in blobs]
         dali_plain: list[_Job] = []
         dali_resized: list[_Job] = []
-        dct: list[_Job] = []
-        alpha: list[_Job] = []
+        pooled: list[tuple[_Job, Callable[[_Job], Array]]] = []
         for i, blob in enumerate(blobs):
             try:
-                info = sniff(blob, max_bytes=self.max_bytes, max_pixels=self.max_pixels)
+                info = sniff(
+                    blob,
+                    max_bytes=self.max_bytes,
+                    max_pixels=self.max_pixels,
+                    max_frames=self.max_frames,
+                    max_scans=self.max_scans,
+                    max_markers=self.max_markers,
+                )
             except LightboxError as err:
                 out[i] = err
                 continue
             target = None if self.reduce == "off" else reduced_size(info, max_side)
             job = _Job(i, bytes(blob), info, target)
-            if info.has_alpha:
-                alpha.append(job)
+            if info.pillow_path or self._needs_colour_management(job):
+                pooled.append((job, self._decode_pillow))
             elif target is None:
                 dali_plain.append(job)
             elif self.reduce == "dct" and info.format == "jpeg" and info.components != 4:
-                dct.append(job)
+                pooled.append((job, self._decode_dct))
             elif self.reduce == "resize":
                 dali_resized.append(job)
             else:
                 dali_plain.append(job)
         for jobs, resized in ((dali_plain, False), (dali_resized, True)):
             for start in range(0, len(jobs), self.batch_size):
-                self._run_dali(jobs[start : start + self.batch_size], resized, out)
-        if dct:
-            for job, result in zip(dct, self._map(self._decode_dct, dct), strict=True):
-                out[job.index] = result
-        for job in alpha:
-            out[job.index] = self._decode_pillow(job)
+                self._run_dali_budgeted(jobs[start : start + self.batch_size], resized, out)
+        if pooled:
+            self._run_budgeted(pooled, out)
         return out
 
     def close(self) -> None:
         """Release the DALI pipelines and the thread pool; idempotent."""
-        self._pipes.clear()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
+        self._pipes = {}
+        for pool in (self._pool, self._dali_thread):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self._pool = self._dali_thread = None
         self._closed = True
 
     def __enter__(self) -> DaliDecoder:
@@ -211,11 +255,11 @@ class DaliDecoder:
 
     # ---- DALI --------------------------------------------------------------------------
 
-    def _pipeline(self, resized: bool) -> Any:
-        pipe = self._pipes.get(resized)
+    def _pipeline(self, resized: bool, pipes: dict[bool, Any]) -> Any:
+        pipe = pipes.get(resized)
         if pipe is None:
             pipe = self._build(resized)
-            self._pipes[resized] = pipe
+            pipes[resized] = pipe
         return pipe
 
     def _build(self, resized: bool) -> Any:
@@ -249,12 +293,48 @@ class DaliDecoder:
         pipe.build()
         return pipe
 
-    def _run_dali(self, jobs: list[_Job], resized: bool, out: list[Array | LightboxError]) -> None:
+    def _run_dali_budgeted(self, jobs: list[_Job], resized: bool, out: list[Array | LightboxError]) -> None:
+        """One DALI run for ``jobs`` given ``time_budget_s`` per image; when it overruns, each
+        image runs alone under ``time_budget_s``, and those that overrun alone are failed."""
+        results = self._dali_call(jobs, resized, self.time_budget_s * len(jobs))
+        if results is None:
+            results = {}
+            for job in jobs:
+                alone = self._dali_call([job], resized, self.time_budget_s)
+                results.update(alone if alone is not None else {job.index: self._over_budget(job)})
+        for index, result in results.items():
+            out[index] = result
+
+    def _dali_call(self, jobs: list[_Job], resized: bool, timeout: float) -> dict[int, Array | LightboxError] | None:
+        """Run ``jobs`` on the DALI thread; ``None`` when it is still running after ``timeout``:
+        then that thread and its pipelines are abandoned (they finish by themselves, and never
+        touch the pipelines used from then on)."""
+        pipes = self._pipes
+        self._pipeline(resized, pipes)  # a first build does not count against the budget
+        if self._dali_thread is None:
+            self._dali_thread = ThreadPoolExecutor(1, thread_name_prefix="dali")
+        def timed() -> tuple[dict[int, Array | LightboxError], float]:
+            start = time.monotonic()
+            results = self._run_dali(jobs, resized, pipes)
+            return results, time.monotonic() - start
+
+        fut = self._dali_thread.submit(timed)
+        done, _ = wait([fut], timeout=timeout)
+        if done:
+            results, elapsed = fut.result()
+            return results if elapsed <= timeout else None  # finished, but late: same verdict
+        self._pipes = {}
+        self._dali_thread.shutdown(wait=False)
+        self._dali_thread = None
+        return None
+
+    def _run_dali(self, jobs: list[_Job], resized: bool, pipes: dict[bool, Any]) -> dict[int, Array | LightboxError]:
         """Decode ``jobs`` in one run; on failure drop the named sample and retry the rest."""
+        out: dict[int, Array | LightboxError] = {}
         pending = list(jobs)
         while pending:
             try:
-                arrays = self._run_once(pending, resized)
+                arrays = self._run_once(pending, resized, pipes)
             except RuntimeError as err:
                 text = str(err)
                 match = _FAILED_SAMPLE.search(text)
@@ -263,19 +343,20 @@ class DaliDecoder:
                     out[bad.index] = self._dali_error(bad, text)
                     continue
                 # DALI named nobody: rebuild the pipeline and decode one by one.
-                self._pipes.pop(resized, None)
+                pipes.pop(resized, None)
                 if len(pending) == 1:
                     out[pending[0].index] = self._dali_error(pending[0], text)
-                    return
+                    return out
                 for job in pending:
-                    self._run_dali([job], resized, out)
-                return
+                    out.update(self._run_dali([job], resized, pipes))
+                return out
             for job, array in zip(pending, arrays, strict=True):
                 out[job.index] = array
-            return
+            return out
+        return out
 
-    def _run_once(self, jobs: list[_Job], resized: bool) -> list[Array]:
-        pipe = self._pipeline(resized)
+    def _run_once(self, jobs: list[_Job], resized: bool, pipes: dict[bool, Any]) -> list[Array]:
+        pipe = self._pipeline(resized, pipes)
         pipe.feed_input("encoded", [np.frombuffer(j.blob, dtype=np.uint8) for j in jobs])
         if resized:
             pipe.feed_input("size", [np.asarray(j.target, dtype=np.float32) for j in jobs])
@@ -293,6 +374,14 @@ class DaliDecoder:
         # zero-copy view (np.from_dlpack) would be read-only.
         return [np.array(batch[i]) for i in range(len(jobs))]
 
+    def _over_budget(self, job: _Job) -> DecodeFailed:
+        i = job.info
+        return DecodeFailed(
+            f"over time budget: the {i.format} image ({i.width}x{i.height}, {fingerprint(job.blob)}) "
+            f"was still decoding after {self.time_budget_s:g} s; its batch-mates went on",
+            stage=STAGE,
+        )
+
     @staticmethod
     def _dali_error(job: _Job, text: str) -> DecodeFailed:
         """DALI's message: operator, traceback, "encountered:", the reason. Keep the reason,
@@ -309,20 +398,85 @@ class DaliDecoder:
         i = job.info
         return DecodeFailed(
             f"DALI decoders.image could not decode the {i.format} image ({i.width}x{i.height}, "
-            f"{len(job.blob)} bytes; corrupt or truncated data): {reason or 'no reason given'}",
+            f"{fingerprint(job.blob)}; corrupt or truncated data): {safe_reason(reason or 'no reason given', 300)}",
             stage=STAGE,
         )
 
     # ---- non-DALI paths ----------------------------------------------------------------
 
-    def _map(self, fn: Callable[[_Job], Array | LightboxError], jobs: list[_Job]) -> list[Any]:
-        if len(jobs) == 1 or self.num_threads == 1:
-            return [fn(j) for j in jobs]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="decode")
-        return list(self._pool.map(fn, jobs))
+    @staticmethod
+    def _needs_colour_management(job: _Job) -> bool:
+        if not job.info.has_icc:
+            return False
+        icc = icc_profile(job.blob, job.info)
+        return icc is not None and not is_srgb(icc)
 
-    def _decode_dct(self, job: _Job) -> Array | LightboxError:
+    def _new_pool(self) -> ThreadPoolExecutor:
+        self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="decode")
+        return self._pool
+
+    def _run_budgeted(
+        self, items: list[tuple[_Job, Callable[[_Job], Array]]], out: list[Array | LightboxError]
+    ) -> None:
+        """Run each item on the pool; an item still running ``time_budget_s`` after it started
+        is failed and abandoned, and the items queued behind it move to a fresh pool."""
+        budget = self.time_budget_s
+        started: dict[int, float] = {}
+        took: dict[int, float] = {}
+        lock = threading.Lock()
+
+        def call(job: _Job, fn: Callable[[_Job], Array]) -> Array:
+            with lock:
+                started[job.index] = start = time.monotonic()
+            try:
+                return fn(job)
+            finally:
+                took[job.index] = time.monotonic() - start
+
+        pool = self._pool or self._new_pool()
+        futures: dict[Future[Array], tuple[_Job, Callable[[_Job], Array]]] = {
+            pool.submit(call, job, fn): (job, fn) for job, fn in items
+        }
+        while futures:
+            with lock:
+                deadlines = [started[j.index] + budget for j, _ in futures.values() if j.index in started]
+            timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else budget
+            done, _ = wait(futures, timeout=timeout, return_when=FIRST_COMPLETED)
+            for fut in done:
+                job, _fn = futures.pop(fut)
+                late_but_done = took.get(job.index, 0.0) > budget  # the verdict must not depend on when we looked
+                out[job.index] = self._over_budget(job) if late_but_done else self._result(fut, job)
+            now = time.monotonic()
+            with lock:
+                late = [f for f, (j, _) in futures.items() if j.index in started and now - started[j.index] >= budget]
+            if not late:
+                continue
+            for fut in late:
+                job, _fn = futures.pop(fut)
+                out[job.index] = self._over_budget(job)
+            # The late threads are lost to this pool: what still waits in its queue moves on.
+            old, pool = pool, self._new_pool()
+            old.shutdown(wait=False)
+            for fut, (job, fn) in list(futures.items()):
+                if fut.cancel():
+                    del futures[fut]
+                    futures[pool.submit(call, job, fn)] = (job, fn)
+
+    @staticmethod
+    def _result(fut: Future[Array], job: _Job) -> Array | LightboxError:
+        err = fut.exception()
+        if err is None:
+            return fut.result()
+        if isinstance(err, LightboxError):
+            return err
+        i = job.info
+        return DecodeFailed(
+            f"could not decode the {i.format} image ({i.width}x{i.height}, {fingerprint(job.blob)}): "
+            f"{type(err).__name__}: {safe_reason(err)}",
+            stage=STAGE,
+        )
+
+    def _decode_dct(self, job: _Job) -> Array:
         """libjpeg-turbo DCT-scaled decode: the smallest 1/2, 1/4 or 1/8 scale that keeps
         the longer side >= max_side (``job.target`` holds exactly max_side there)."""
         import simplejpeg  # CPU path only: keeps the GPU box free of this dependency
@@ -338,30 +492,16 @@ class DaliDecoder:
             )
         except (ValueError, RuntimeError) as err:
             i = job.info
-            return DecodeFailed(
+            raise DecodeFailed(
                 f"libjpeg-turbo could not decode the jpeg image ({i.width}x{i.height}, "
-                f"{len(job.blob)} bytes): {err}",
+                f"{fingerprint(job.blob)}): {safe_reason(err)}",
                 stage=STAGE,
-            )
+            ) from None
         return self._to_device(orient(img, job.info.orientation))
 
-    def _decode_pillow(self, job: _Job) -> Array | LightboxError:
-        """Sources with transparency: Pillow keeps alpha → ``(H, W, 4)`` RGBA."""
-        from PIL import Image, ImageOps
-
-        try:
-            with Image.open(io.BytesIO(job.blob)) as im:
-                im.load()
-                oriented = ImageOps.exif_transpose(im)
-                rgba = np.asarray(oriented.convert("RGBA"))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
-            i = job.info
-            return DecodeFailed(
-                f"could not decode the {i.format} image with alpha ({i.width}x{i.height}, "
-                f"{len(job.blob)} bytes): {err}",
-                stage=STAGE,
-            )
-        return self._to_device(np.ascontiguousarray(rgba))
+    def _decode_pillow(self, job: _Job) -> Array:
+        """Pillow formats, alpha, animation, deep samples, ICC profiles (:mod:`.pillow_decode`)."""
+        return self._to_device(decode_first_frame(job.blob, job.info, self.max_pixels))
 
     def _to_device(self, image: np.ndarray) -> Array:
         if self.device == "gpu":

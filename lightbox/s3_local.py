@@ -1,0 +1,256 @@
+"""A local S3-compatible server (s3proxy on its filesystem backend) without Docker.
+
+The jars come from Maven Central through the packaged ``lightbox/data/s3proxy-pom.xml`` into a cache folder
+(like Kafka's, see ``lightbox/kafka_local.py``); the server runs as ``java -cp '<cache>/lib/*'
+org.gaul.s3proxy.Main --properties s3proxy.conf`` on 127.0.0.1 with a free port, SigV2/V4 authentication
+and a temporary data folder. A bucket is a folder under that folder (``buckets=`` creates them at start).
+Used by ``lightbox s3 up|down|status`` and by the pytest session fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+
+__all__ = [
+    "S3PROXY_VERSION",
+    "LocalS3",
+    "S3LaunchError",
+    "cache_dir",
+    "clear_state",
+    "ensure_jars",
+    "read_state",
+]
+
+S3PROXY_VERSION = "2.6.0"
+POM = Path(str(resources.files("lightbox") / "data" / "s3proxy-pom.xml"))
+REGION = "us-east-1"
+
+LOGBACK = """\
+<configuration>
+  <appender name="out" class="ch.qos.logback.core.ConsoleAppender">
+    <encoder><pattern>%d{HH:mm:ss.SSS} %-5level %logger{24} - %msg%n</pattern></encoder>
+  </appender>
+  <root level="WARN"><appender-ref ref="out"/></root>
+</configuration>
+"""
+
+PROPERTIES = """\
+s3proxy.endpoint=http://127.0.0.1:{port}
+s3proxy.authorization=aws-v2-or-v4
+s3proxy.identity={access_key}
+s3proxy.credential={secret_key}
+jclouds.provider=filesystem-nio2
+jclouds.identity=local
+jclouds.credential=local
+jclouds.filesystem.basedir={basedir}
+"""
+
+
+class S3LaunchError(RuntimeError):
+    """The local S3 server could not be installed or started; the message says why."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("LIGHTBOX_CACHE_DIR") or Path.home() / ".cache" / "lightbox"
+    return Path(root) / f"s3proxy-{S3PROXY_VERSION}"
+
+
+def ensure_jars(target: Path | None = None, *, quiet: bool = True) -> Path:
+    """Resolve s3proxy's jars with Maven into ``target/lib`` once; return that folder."""
+    lib = (target or cache_dir()) / "lib"
+    if any(lib.glob(f"s3proxy-{S3PROXY_VERSION}.jar")):
+        return lib
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise S3LaunchError("Maven (mvn) is not on PATH: it is needed once to fetch s3proxy's jars")
+    tmp = lib.with_name("lib.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [mvn, "-B", *(["-q"] if quiet else []), "-f", str(POM), "dependency:copy-dependencies",
+           "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
+    proc = subprocess.run(cmd, capture_output=quiet, text=True, check=False)
+    if proc.returncode != 0:
+        tail = (proc.stdout or "")[-2000:] if quiet else ""
+        raise S3LaunchError(f"mvn failed to resolve s3proxy {S3PROXY_VERSION} (exit {proc.returncode}):\n{tail}")
+    shutil.rmtree(lib, ignore_errors=True)
+    tmp.rename(lib)
+    return lib
+
+
+def _java() -> str:
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
+    if not java:
+        raise S3LaunchError("no java on PATH (s3proxy needs a JDK/JRE 17+)")
+    return java
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers_http(port: int) -> bool:
+    """True once the server answers an HTTP request (any status: an unsigned request gets 403)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            s.sendall(b"HEAD / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            return s.recv(12).startswith(b"HTTP/1.")
+    except OSError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    try:  # a zombie counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@dataclass
+class LocalS3:
+    """One running (or stopped) local S3 server. Buckets are folders under ``data_dir/buckets``."""
+
+    pid: int
+    port: int
+    data_dir: str
+    access_key: str
+    secret_key: str
+    owns_data_dir: bool = True
+    buckets: list[str] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.data_dir) / "s3proxy.log"
+
+    @property
+    def basedir(self) -> Path:
+        return Path(self.data_dir) / "buckets"
+
+    def env(self) -> dict[str, str]:
+        """The standard AWS variables (and lightbox's endpoint) a client needs to reach this server."""
+        return {"LIGHTBOX_S3_ENDPOINT": self.endpoint, "AWS_ENDPOINT_URL": self.endpoint,
+                "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key,
+                "AWS_REGION": REGION, "AWS_ALLOW_HTTP": "true"}
+
+    def create_bucket(self, name: str) -> None:
+        """A bucket on the filesystem backend is a folder (an unsigned CreateBucket is refused)."""
+        if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", name):  # S3's rule (s3proxy says NoSuchBucket)
+            raise S3LaunchError(f"bad bucket name {name!r}: 3-63 lower-case letters, digits, dots and hyphens")
+        (self.basedir / name).mkdir(parents=True, exist_ok=True)
+        if name not in self.buckets:
+            self.buckets.append(name)
+
+    @classmethod
+    def start(cls, *, data_dir: str | Path | None = None, port: int | None = None,
+              buckets: tuple[str, ...] = ("lightbox",), access_key: str | None = None,
+              secret_key: str | None = None, heap: str = "256m", timeout_s: float = 60.0) -> LocalS3:
+        """Write the properties, start the server and return once it answers HTTP."""
+        lib = ensure_jars()
+        owns = data_dir is None
+        ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-s3-"))
+        port = port or _free_port()
+        s3 = cls(pid=0, port=port, data_dir=str(ddir), owns_data_dir=owns,
+                 access_key=access_key or f"lightbox-{secrets.token_hex(4)}",
+                 secret_key=secret_key or secrets.token_urlsafe(24))
+        s3.basedir.mkdir(parents=True, exist_ok=True)
+        for b in buckets:
+            s3.create_bucket(b)
+        props = ddir / "s3proxy.conf"
+        props.write_text(PROPERTIES.format(port=port, access_key=s3.access_key, secret_key=s3.secret_key,
+                                           basedir=s3.basedir))
+        props.chmod(0o600)
+        (ddir / "logback.xml").write_text(LOGBACK)  # without one, logback logs every request at DEBUG
+        with s3.log_file.open("ab") as out:
+            proc = subprocess.Popen(
+                [_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+                 f"-Dlogback.configurationFile={ddir / 'logback.xml'}", "-cp", f"{lib}/*", "org.gaul.s3proxy.Main",
+                 "--properties", str(props)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        s3.pid = proc.pid
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise S3LaunchError(f"s3proxy exited with {proc.returncode} during start; log:\n{s3.log_tail()}")
+            if _answers_http(port):
+                return s3
+            time.sleep(0.2)
+        s3.stop()
+        raise S3LaunchError(f"s3proxy did not start within {timeout_s:.0f} s; log:\n{s3.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        return _pid_alive(self.pid) and _answers_http(self.port)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; removes a temporary data folder."""
+        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                break
+            if self._wait_gone(wait):
+                break
+        if self.owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _wait_gone(self, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                if os.waitpid(self.pid, os.WNOHANG)[0]:
+                    return True
+            except ChildProcessError:  # not our child (`lightbox s3 down` from another shell)
+                if not _pid_alive(self.pid):
+                    return True
+            time.sleep(0.1)
+        return False
+
+    def save_state(self) -> Path:
+        """The CLI keeps the server it started in a state file (mode 600: it holds the secret)."""
+        path = _state_file()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(asdict(self)))
+        return path
+
+
+def _state_file() -> Path:
+    explicit = os.environ.get("LIGHTBOX_S3_STATE_FILE")
+    return Path(explicit) if explicit else cache_dir().parent / "s3-local.json"
+
+
+def read_state() -> LocalS3 | None:
+    try:
+        return LocalS3(**json.loads(_state_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def clear_state() -> None:
+    _state_file().unlink(missing_ok=True)

@@ -1,0 +1,533 @@
+"""The runner (agents/runner.py) with a fake processor, a fake sink and an injected clock.
+
+These tests are about ordering, supervision and fail-stop; real Kafka is in test_kafka_e2e.py.
+The sink holds every record's broker acknowledgement until the test releases it, so the tests
+choose the order outputs are acknowledged in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from faust.transport.consumer import Consumer
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agents.batching import BatchingConfig, MicroBatcher
+from agents.process import InRecord, OutRecord
+from agents.runner import BatchRunner, RunnerConfig, RunnerFailed
+from schemas.errors import LightboxError, StoreUnavailable
+
+TOPIC = "in"
+
+
+class FakeClock:
+    """Seconds that move only when told to (``advance``), or by ``step`` on every read."""
+
+    def __init__(self, step: float = 0.0) -> None:
+        self.t, self.step = 1000.0, step
+
+    def __call__(self) -> float:
+        self.t += self.step
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@dataclass
+class Job:
+    record: InRecord
+    event: dict[str, Any]
+    shape_class: int = 0
+    nbytes: int = 1
+
+
+@dataclass
+class State:
+    items: list[Job]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class FakeProcessor:
+    """Values steer it: b"bad" -> a dead letter from prepare, b"boom" -> prepare raises,
+    b"decode-raise"/b"device-raise" -> that lane raises for the whole batch, b"fatal" -> the
+    output lane raises StoreUnavailable, b"hang" -> the device blocks until ``release``."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.device_threads: set[str] = set()
+
+    def prepare(self, rec: InRecord) -> Job | OutRecord:
+        if rec.value == b"boom":
+            raise ValueError("embedded null byte")
+        if rec.value == b"bad":
+            return self.dead_letter(rec, LightboxError("unreadable", stage="deserialize"))
+        return Job(rec, {"event_id": f"e{rec.partition}-{rec.offset}"})
+
+    def decode(self, batch: Sequence[Job]) -> State:
+        if any(j.record.value == b"decode-raise" for j in batch):
+            raise RuntimeError("decoder exploded")
+        return State(list(batch))
+
+    def device(self, state: State) -> State:
+        self.device_threads.add(threading.current_thread().name)
+        if any(j.record.value == b"device-raise" for j in state.items):
+            raise RuntimeError("device exploded")
+        if any(j.record.value == b"hang" for j in state.items):
+            self.release.wait(30)
+        return state
+
+    def output(self, state: State, *, max_record_bytes: int | None = None) -> list[OutRecord]:
+        if any(j.record.value == b"fatal" for j in state.items):
+            raise StoreUnavailable("store unwritable past its retry budget")
+        return [OutRecord("processed", j.record.key, b"out:" + (j.record.value or b""), [], j.record)
+                for j in state.items]
+
+    def dead_letter(self, rec: InRecord, exc: LightboxError, event: dict[str, Any] | None = None) -> OutRecord:
+        return OutRecord("dead_letter", rec.key, b"dl:" + str(exc.code).encode() + b":" + (rec.value or b""),
+                         [("h", b"v")], rec, error_code=str(exc.code))
+
+    def close(self) -> None:
+        self.release.set()
+
+
+class Transient(Exception):
+    pass
+
+
+@dataclass
+class FakeSink:
+    """Each sent record waits for the test to acknowledge it (``ack``/``ack_all``), unless
+    ``auto``; ``errors`` are returned (in order) for the next attempts instead of waiting."""
+
+    auto: bool = False
+    limits: dict[str, int | None] = field(default_factory=lambda: {"processed": None, "dead_letter": None})
+    errors: list[BaseException] = field(default_factory=list)
+    pending: list[tuple[OutRecord, asyncio.Future[None]]] = field(default_factory=list)
+    acknowledged: list[OutRecord] = field(default_factory=list)
+    sends: int = 0
+    stopped: bool = False
+
+    async def start(self) -> None:
+        pass
+
+    async def send_batch(self, records: Sequence[OutRecord]) -> list[BaseException | None]:
+        self.sends += 1
+        if self.errors:
+            err = self.errors.pop(0)
+            return [err for _ in records]
+        loop = asyncio.get_running_loop()
+        futs = []
+        for out in records:
+            fut: asyncio.Future[None] = loop.create_future()
+            if self.auto:
+                fut.set_result(None)
+                self.acknowledged.append(out)
+            else:
+                self.pending.append((out, fut))
+            futs.append(fut)
+        await asyncio.gather(*futs)
+        return [None for _ in records]
+
+    def ack(self, i: int) -> OutRecord:
+        out, fut = self.pending.pop(i)
+        self.acknowledged.append(out)
+        fut.set_result(None)
+        return out
+
+    def ack_offset(self, partition: int, offset: int) -> OutRecord:
+        return self.ack(next(i for i, (o, _) in enumerate(self.pending)
+                             if (o.source.partition, o.source.offset) == (partition, offset)))
+
+    def ack_all(self) -> None:
+        while self.pending:
+            self.ack(0)
+
+    def retriable(self, exc: BaseException) -> bool:
+        return isinstance(exc, Transient)
+
+    async def stop(self) -> None:
+        self.stopped = True
+
+
+def rec(partition: int, offset: int, value: bytes = b"ok") -> InRecord:
+    return InRecord(TOPIC, partition, offset, value, key=b"k", headers=[("traceparent", b"00-x")])
+
+
+class Harness:
+    def __init__(self, *, sink: FakeSink | None = None, clock: FakeClock | None = None,
+                 batching: BatchingConfig | None = None, **config: Any) -> None:
+        self.processor = FakeProcessor()
+        self.sink = sink or FakeSink()
+        self.clock = clock or FakeClock(step=0.001)
+        self.acked: list[InRecord] = []
+        self.fatal: list[BaseException] = []
+        self.on_ack: Callable[[InRecord], None] = lambda r: None
+        batching = batching or BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=3)
+        cfg = {"max_in_flight": 64, "watchdog_interval_s": 0.01, "retry_backoff_s": 0.001, **config}
+        self.runner = BatchRunner(self.processor, self.sink, MicroBatcher(batching), ack=self._ack,
+                                  config=RunnerConfig(**cfg), clock=self.clock, on_fatal=self.fatal.append)
+
+    async def _ack(self, event: InRecord) -> None:
+        self.on_ack(event)
+        self.acked.append(event)
+
+    async def submit(self, *records: InRecord) -> None:
+        for r in records:
+            await self.runner.submit(r, r)
+
+
+async def until(cond: Callable[[], bool], what: str, tries: int = 2000) -> None:
+    """Let the loop (and the lane threads) run until ``cond``; fails if it never holds."""
+    for _ in range(tries):
+        if cond():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"never happened: {what}")
+
+
+def run(coro: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(coro())
+
+
+# ------------------------------------------------------------------------------------------ acks
+def test_inputs_are_acknowledged_only_after_the_sink_acknowledged_their_outputs() -> None:
+    async def go() -> None:
+        h = Harness()
+        await h.runner.start()
+        await h.submit(rec(0, 0), rec(0, 1), rec(0, 2, b"bad"), rec(0, 3))
+        await until(lambda: len(h.sink.pending) == 4, "four outputs sent")
+        assert h.acked == []
+        for offset in (3, 1, 2):  # acknowledge the others first: nothing may be acked while offset 0 is out
+            h.sink.ack_offset(0, offset)
+        await asyncio.sleep(0.05)
+        assert h.acked == []
+        h.sink.ack_all()
+        await until(lambda: len(h.acked) == 4, "all acked")
+        assert [r.offset for r in h.acked] == [0, 1, 2, 3]
+        assert h.runner.in_flight == 0 and h.runner.committable() == {(TOPIC, 0): 4}
+        await h.runner.stop()
+        assert h.sink.stopped
+
+    run(go)
+
+
+@dataclass(eq=False)
+class Message:
+    topic: str
+    tp: tuple[str, int]
+    offset: int
+    acked: bool = False
+
+
+@dataclass
+class FaustConsumerState:
+    """The attributes faust-streaming 0.15.3's ``Consumer.ack`` and ``_new_offset`` use, so the
+    test can run Faust's own commit arithmetic on the acks the runner makes."""
+
+    committed: int | None
+
+    def __post_init__(self) -> None:
+        from collections import defaultdict
+
+        from intervaltree import IntervalTree
+
+        self._acked: dict[Any, list[int]] = defaultdict(list)
+        self._acked_index: dict[Any, set[int]] = defaultdict(set)
+        self._gap: dict[Any, IntervalTree] = defaultdict(IntervalTree)
+        self._committed_offset: dict[Any, int | None] = defaultdict(lambda: self.committed)
+        self._unacked_messages: set[Any] = set()
+        self._n_acked = 0
+        self._waiting_for_ack = None
+        self.app = SimpleNamespace(topics=SimpleNamespace(acks_enabled_for=lambda topic: True))
+
+    def ack(self, r: InRecord) -> None:
+        Consumer.ack(self, Message(r.topic, (r.topic, r.partition), r.offset))  # type: ignore[arg-type]
+
+    def commit(self, tp: Any) -> None:
+        new = Consumer._new_offset(self, tp)  # type: ignore[arg-type]
+        if new is not None and Consumer._should_commit(self, tp, new):  # type: ignore[arg-type]
+            self._committed_offset[tp] = new
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[list[InRecord], int, bool]:
+    """Inputs over 1-2 partitions (rising offsets with gaps, interleaved), a seed for the order
+    the sink acknowledges outputs in, and whether the group is fresh (no committed offset)."""
+    values = st.sampled_from([b"ok", b"ok", b"ok", b"bad", b"boom", b"decode-raise", b"device-raise"])
+    parts: dict[int, list[InRecord]] = {}
+    for part in range(draw(st.integers(1, 2))):
+        offset = draw(st.integers(0, 3))
+        for _ in range(draw(st.integers(1, 9))):
+            parts.setdefault(part, []).append(rec(part, offset, draw(values)))
+            offset += draw(st.integers(1, 2))
+    interleave = draw(st.permutations([p for p, rs in parts.items() for _ in rs]))
+    handed = [parts[p].pop(0) for p in interleave]
+    return handed, draw(st.integers(0, 2**32 - 1)), draw(st.booleans())
+
+
+@settings(max_examples=40, deadline=None)
+@given(scenario())
+def test_acked_offset_never_passes_the_lowest_unacknowledged_input(case: tuple[list[InRecord], int, bool]) -> None:
+    """For any completion order of outputs (dead letters from prepare and from failed batches
+    mixed in), every ack names an input whose partition has no lower unacknowledged input, acks
+    come in offset order, and Faust's own commit arithmetic on those acks (fresh group or a group
+    committed at 0) never passes the lowest unacknowledged input."""
+    handed, seed, fresh = case
+    order = random.Random(seed)
+
+    async def go() -> None:
+        h = Harness()
+        faust_state = FaustConsumerState(committed=None if fresh else 0)
+        broker_acked: set[tuple[int, int]] = set()
+
+        def check(r: InRecord) -> None:
+            lower = [x for x in handed if x.partition == r.partition and x.offset <= r.offset]
+            assert all((x.partition, x.offset) in broker_acked for x in lower), "acked before a lower input's output"
+            prev = [a.offset for a in h.acked if a.partition == r.partition]
+            assert not prev or prev[-1] < r.offset, "acks out of offset order"
+            faust_state.ack(r)
+            tp = (r.topic, r.partition)
+            faust_state.commit(tp)
+            done = {(a.partition, a.offset) for a in h.acked} | {(r.partition, r.offset)}
+            low = min((x.offset for x in handed if x.partition == r.partition and (x.partition, x.offset) not in done),
+                      default=None)
+            committed = faust_state._committed_offset[tp]
+            if committed is not None and low is not None:
+                assert committed <= low, f"faust would commit {committed} past unacknowledged offset {low}"
+
+        h.on_ack = check
+        await h.runner.start()
+        submitter = asyncio.create_task(h.submit(*handed))
+        while len(broker_acked) < len(handed):
+            await until(lambda: bool(h.sink.pending), "an output to acknowledge")
+            out = h.sink.ack(order.randrange(len(h.sink.pending)))
+            broker_acked.add((out.source.partition, out.source.offset))
+            await asyncio.sleep(0)
+        await submitter
+        await until(lambda: len(h.acked) == len(handed), "every input acked")
+        assert sorted((r.partition, r.offset) for r in h.acked) == sorted((r.partition, r.offset) for r in handed)
+        for part in {r.partition for r in handed}:
+            end = max(r.offset for r in handed if r.partition == part) + 1
+            assert h.runner.committable()[(TOPIC, part)] == end
+        outputs = [(o.source.partition, o.source.offset, o.kind) for o in h.sink.acknowledged]
+        assert len({(p, o) for p, o, _ in outputs}) == len(outputs) == len(handed)  # one output per input
+        bad = {(r.partition, r.offset) for r in handed if r.value != b"ok"}
+        assert all(kind == "dead_letter" for p, o, kind in outputs if (p, o) in bad)
+        await h.runner.stop()
+        assert not h.fatal
+
+    run(go)
+
+
+# ----------------------------------------------------------------------------------- supervision
+def test_a_batch_level_exception_becomes_dead_letters_and_the_lanes_go_on() -> None:
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True),
+                    batching=BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=2))
+        await h.runner.start()
+        await h.submit(rec(0, 0), rec(0, 1, b"device-raise"), rec(0, 2, b"boom"), rec(0, 3), rec(0, 4))
+        await until(lambda: len(h.acked) == 5, "all five acked")
+        by_offset = {o.source.offset: o for o in h.sink.acknowledged}
+        assert by_offset[0].kind == by_offset[1].kind == "dead_letter"  # batch-mates of the failing batch
+        assert by_offset[0].error_code == "PROCESSING_FAILED"
+        assert by_offset[2].kind == "dead_letter"  # prepare raised: its own dead letter, its slot freed
+        assert by_offset[3].kind == by_offset[4].kind == "processed"  # the lanes went on
+        assert h.runner.stats.batch_failures == 1 and not h.fatal and h.runner.in_flight == 0
+        assert h.processor.device_threads == {"lightbox-device_0"}  # one device thread, only device work
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_a_fatal_error_fail_stops_without_acknowledging() -> None:
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True))
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"bad"), rec(0, 1, b"fatal"), rec(0, 2, b"bad"))
+        await until(lambda: h.runner.failed.is_set(), "fail-stop")
+        assert len(h.fatal) == 1 and isinstance(h.fatal[0], StoreUnavailable)
+        await asyncio.sleep(0.05)
+        assert [r.offset for r in h.acked] in ([], [0])  # never offset 1 or anything past it
+        with pytest.raises(RunnerFailed):
+            await h.runner.submit(rec(0, 3), rec(0, 3))
+        assert not await h.runner.drain(1.0)
+        await h.runner.stop()
+
+    run(go)
+
+
+@pytest.mark.parametrize("retriable", [True, False])
+def test_produce_failure_fail_stops_past_the_delivery_timeout_or_at_once(retriable: bool) -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        sink = FakeSink(errors=[Transient("leader moved") if retriable else RuntimeError("fenced")] * 10_000)
+        h = Harness(sink=sink, clock=clock, delivery_timeout_s=60.0)
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"bad"))
+        if retriable:
+            await until(lambda: sink.sends >= 3, "retries")
+            assert not h.runner.failed.is_set()  # within the delivery timeout: retrying
+            clock.advance(61.0)
+        await until(lambda: h.runner.failed.is_set(), "fail-stop")
+        assert h.acked == [] and len(h.fatal) == 1
+        assert ("delivery_timeout_s" in str(h.fatal[0])) == retriable
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_a_retriable_produce_error_is_retried_and_then_acknowledged_once() -> None:
+    async def go() -> None:
+        sink = FakeSink(auto=True, errors=[Transient("not enough replicas")] * 2)
+        h = Harness(sink=sink)
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"bad"))
+        await until(lambda: len(h.acked) == 1, "acked")
+        assert sink.sends == 3 and h.runner.stats.send_retries == 2 and not h.fatal
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_the_watchdog_fail_stops_a_stuck_device() -> None:
+    async def go() -> None:
+        clock = FakeClock()
+        h = Harness(clock=clock, stage_timeout_s=100.0,
+                    batching=BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.0))
+        await h.runner.start()
+        try:
+            await h.submit(rec(0, 0, b"hang"), rec(0, 1))
+            await until(lambda: any(lane == "device" for lane, _, _ in h.runner._busy.values()), "device busy")
+            await asyncio.sleep(0.05)
+            assert not h.runner.failed.is_set()
+            clock.advance(101.0)
+            await until(lambda: h.runner.failed.is_set(), "watchdog fail-stop")
+            assert "device lane stuck" in str(h.fatal[0]) and h.acked == []
+        finally:
+            h.processor.release.set()
+            await h.runner.stop()
+
+    run(go)
+
+
+# ------------------------------------------------------------------------ back-pressure, revoke
+def test_in_flight_is_bounded_until_inputs_are_acknowledged() -> None:
+    async def go() -> None:
+        h = Harness(max_in_flight=4)
+        await h.runner.start()
+        await h.submit(*(rec(0, i, b"bad") for i in range(4)))
+        await until(lambda: len(h.sink.pending) == 4, "four sent")
+        fifth = asyncio.create_task(h.submit(rec(0, 4, b"bad")))
+        for _ in range(20):
+            await asyncio.sleep(0.005)
+        assert not fifth.done() and h.runner.in_flight == 4
+        h.sink.ack_all()  # four released: the fifth gets a slot
+        await asyncio.wait_for(fifth, 10)
+        await until(lambda: len(h.sink.pending) == 1, "the fifth sent")
+        h.sink.ack_all()
+        await until(lambda: len(h.acked) == 5, "all acked")
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_work_of_a_revoked_partition_acknowledges_nothing() -> None:
+    async def go() -> None:
+        h = Harness(max_in_flight=3)
+        await h.runner.start()
+        for n, r in enumerate([rec(0, 0, b"bad"), rec(0, 1, b"bad"), rec(1, 0, b"bad")], 1):
+            await h.submit(r)  # one at a time: each in a send of its own
+            await until(lambda n=n: len(h.sink.pending) == n, f"{n} sent")  # type: ignore[misc]
+        h.sink.ack_offset(0, 1)
+        h.runner.revoke([(TOPIC, 0)])
+        assert h.runner.in_flight == 1
+        await asyncio.wait_for(h.submit(rec(0, 0, b"bad")), 10)  # the slot of the dropped offset 1 was freed
+        await until(lambda: len(h.sink.pending) == 3, "the new generation's offset 0 sent")
+        h.sink.ack_all()
+        await until(lambda: len(h.acked) == 2, "acks of the current generation")
+        await asyncio.sleep(0.05)
+        assert sorted((r.partition, r.offset) for r in h.acked) == [(0, 0), (1, 0)]
+        assert h.runner.in_flight == 0
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_drain_finishes_in_flight_work_and_acknowledges_it() -> None:
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True),
+                    batching=BatchingConfig(slo_s=100.0, max_batch=8, max_wait_s=50.0, fixed_batch=8))
+        await h.runner.start()
+        await h.submit(rec(0, 0), rec(0, 1), rec(1, 0))  # a batch of 8 that would wait 50 s
+        assert await h.runner.drain(10.0)
+        assert sorted((r.partition, r.offset) for r in h.acked) == [(0, 0), (0, 1), (1, 0)]
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_an_output_over_the_topic_limit_becomes_a_dead_letter_never_attempted() -> None:
+    async def go() -> None:
+        sink = FakeSink(auto=True, limits={"processed": 300, "dead_letter": 800})
+        h = Harness(sink=sink)
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"x" * 400), rec(0, 1, b"x" * 600))
+        await h.runner.drain(10.0)
+        assert len(h.acked) == 2
+        sent = {o.source.offset: o for o in sink.acknowledged}
+        assert sent[0].kind == "dead_letter" and b"x" * 400 in sent[0].value  # the original kept
+        assert sent[1].kind == "dead_letter" and b"x" * 600 not in sent[1].value  # left out: over 800
+        await h.runner.stop()
+
+    run(go)
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def received(self, rec: InRecord) -> None:
+        self.calls.append(("received", rec.offset))
+
+    def batch_done(self, lane: str, size: int, seconds: float) -> None:
+        self.calls.append(("batch_done", lane))
+
+    def output_acked(self, out: OutRecord) -> None:
+        self.calls.append(("output_acked", out.source.offset))
+
+    def lane_progress(self, lane: str, queued: int) -> None:
+        self.calls.append(("lane_progress", lane))
+
+    def in_flight(self, n: int) -> None:
+        self.calls.append(("in_flight", n))
+
+
+def test_the_observer_hears_every_input_batch_and_acknowledged_output() -> None:
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True))
+        obs = RecordingObserver()
+        h.runner.observer = obs
+        await h.runner.start()
+        await h.submit(rec(0, 0), rec(0, 1, b"bad"), rec(0, 2))
+        await h.runner.drain(10.0)
+        names = [name for name, _ in obs.calls]
+        assert sorted(v for n, v in obs.calls if n == "received") == [0, 1, 2]
+        assert sorted(v for n, v in obs.calls if n == "output_acked") == [0, 1, 2]
+        assert {v for n, v in obs.calls if n == "batch_done"} == {"decode", "device", "output"}
+        assert {v for n, v in obs.calls if n == "lane_progress"} == {"decode", "device", "output"}
+        assert names.index("received") < names.index("output_acked")
+        assert [v for n, v in obs.calls if n == "in_flight"][-1] == 0
+        await h.runner.stop()
+
+    run(go)
