@@ -481,7 +481,7 @@ def _run_replay(make_source: Any, *, bootstrap: str | None, topic: str | None, r
     )
 
     from lightbox.replay import ReplayError, run_replay
-    from streams.manifest import ManifestError
+    from streams.producer import ManifestError
 
     settings = Settings()
     target = topic or settings.backfill_topic

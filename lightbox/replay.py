@@ -2,7 +2,8 @@
 
 Sources (each yields items in a fixed order, so a job can stop and continue):
 
-- :class:`ManifestSource` — a CSV or JSON Lines manifest (:mod:`streams.manifest`): one event per row.
+- :class:`ManifestSource` — a CSV or JSON Lines manifest (``streams.producer.read_manifest``, the
+  reader ``lightbox produce`` uses): one event per row.
 - :class:`FolderSource` — image files under a folder, sorted by path: one event per file
   (``file://`` URIs by default, inline bytes on request).
 - :class:`TopicSource` — an offset or time range of the input topic: each record is re-published
@@ -42,7 +43,6 @@ from typing import Any, Protocol
 
 from lightbox.ratelimit import TokenBucket
 from schemas.events import EventCodecs
-from streams.manifest import event_from_row, read_manifest, scan_manifest
 
 __all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint", "Defaults", "FolderSource",
            "ManifestSource", "ReplayError", "ReplayItem", "ReplayProgress", "ReplayResult", "ReplaySource",
@@ -119,25 +119,40 @@ def _traceparent() -> bytes:
 
 # ------------------------------------------------------------------------------------ sources
 class ManifestSource:
-    def __init__(self, path: Path, defaults: Defaults, *, fmt: str | None = None,
-                 codecs: EventCodecs | None = None) -> None:
-        self.path, self.defaults, self.fmt = path.resolve(), defaults, fmt
+    """A catalog manifest, read with :func:`streams.producer.read_manifest` (the reader ``lightbox
+    produce`` uses): one event per row, ``file://`` URIs for local paths (never inline bytes)."""
+
+    def __init__(self, path: Path, defaults: Defaults, *, codecs: EventCodecs | None = None) -> None:
+        from streams.producer import read_manifest
+
+        self.path, self.defaults = path.resolve(), defaults
+        if not self.path.is_file():
+            raise ReplayError(f"{path}: no such manifest file")
         self.codecs = codecs or EventCodecs.create()
-        self._scan = scan_manifest(self.path, fmt)
+        digest = hashlib.sha256()
+        with self.path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+        self._sha256 = digest.hexdigest()
+        self._rows = sum(1 for _ in read_manifest(self.path))  # checks every row before anything is sent
 
     def spec(self) -> dict[str, Any]:
-        return {"kind": "manifest", "path": str(self.path), "sha256": self._scan.sha256, **self.defaults.spec()}
+        return {"kind": "manifest", "path": str(self.path), "sha256": self._sha256, **self.defaults.spec()}
 
     async def plan(self) -> Plan:
-        return {"total": self._scan.rows}
+        return {"total": self._rows}
 
     async def items(self, job: str, plan: Plan, cursor: Mapping[int, int]) -> AsyncIterator[ReplayItem]:
-        d = self.defaults
-        for row in read_manifest(self.path, self.fmt, start=cursor.get(0, 0)):
-            ev = event_from_row(row, presets=d.presets, event_id=_event_id(job, 0, row.index),
-                                merchant_id=d.merchant_id, background=d.background, lighting=d.lighting,
-                                segmentation=d.segmentation, created_at_ms=_now_ms())
-            yield ReplayItem(0, row.index, row.sku.encode(), self.codecs.product.encode(ev),
+        from streams.producer import ImageProducer, read_manifest
+
+        d, start = self.defaults, cursor.get(0, 0)
+        for index, row in enumerate(read_manifest(self.path)):
+            if index < start:
+                continue
+            ev = ImageProducer.event_for_row(row, base=self.path.parent, presets=d.presets, inline=False,
+                                             merchant_id=d.merchant_id, background=d.background)
+            ev["event_id"] = _event_id(job, 0, index)
+            yield ReplayItem(0, index, row.sku.encode(), self.codecs.product.encode(ev),
                              [("traceparent", _traceparent())])
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from lightbox.ratelimit import TokenBucket
 from lightbox.replay import Checkpoint, ReplayProgress, job_id
-from streams.manifest import ManifestError, event_from_row, read_manifest, scan_manifest
 
 
 class FakeClock:
@@ -59,65 +58,35 @@ def test_bucket_refuses_nonsense(rate: float, burst: float | None) -> None:
         TokenBucket(rate, burst)
 
 
-# -- manifests -----------------------------------------------------------------------------
-def test_csv_manifest(tmp_path: Path) -> None:
+# -- manifests (read with streams.producer.read_manifest) -----------------------------------
+def test_manifest_source_events_have_ids_fixed_per_job(tmp_path: Path) -> None:
+    import asyncio
+
+    from lightbox.replay import Defaults, ManifestSource
+    from schemas.events import EventCodecs
+
     (tmp_path / "img").mkdir()
     m = tmp_path / "m.csv"
-    m.write_text("# a comment\nsku,uri,presets,background,priority\n"
-                 'A-1,s3://bucket/a.jpg,"jd_main,amazon_main",transparent,5\n'
-                 "\n"
+    m.write_text("sku,uri,presets,background,priority\n"
+                 "A-1,s3://bucket/a.jpg,jd_main;amazon_main,transparent,5\n"
                  "B-2,img/b.png,,,\n"
-                 "C-3,https://cdn.example/c.webp,thumb_webp;jd_main,KEEP,-1\n")
-    rows = list(read_manifest(m))
-    assert [r.sku for r in rows] == ["A-1", "B-2", "C-3"]
-    assert [r.index for r in rows] == [0, 1, 2]
-    assert rows[0].presets == ("jd_main", "amazon_main") and rows[0].background == "TRANSPARENT"
-    assert rows[0].priority == 5 and rows[2].priority == -1
-    assert rows[1].uri == (tmp_path / "img" / "b.png").resolve().as_uri()  # relative to the manifest
-    assert rows[1].presets is None and rows[1].background is None
-    assert [r.sku for r in read_manifest(m, start=2)] == ["C-3"]
-    scan = scan_manifest(m)
-    assert scan.rows == 3 and len(scan.sha256) == 64
+                 "C-3,https://cdn.example/c.webp,thumb_webp,,\n")
+    src = ManifestSource(m, Defaults(presets=("taobao_main",)))
 
+    async def items(cursor: dict[int, int]) -> list[dict]:
+        codec = EventCodecs.create().product
+        return [codec.decode(it.value) async for it in src.items("job-1", await src.plan(), cursor)]
 
-def test_jsonl_manifest_with_options_object(tmp_path: Path) -> None:
-    m = tmp_path / "m.jsonl"
-    m.write_text('{"sku": "A", "uri": "file:///x/a.jpg", "presets": ["jd_main"], "options": {"lighting": "off"}}\n'
-                 "\n"
-                 '{"sku": "B", "uri": "gs://b/b.jpg", "segmentation": "classical", "image_id": "b-front"}\n')
-    a, b = read_manifest(m)
-    assert a.presets == ("jd_main",) and a.lighting == "OFF"
-    assert b.segmentation == "CLASSICAL" and b.image_id == "b-front"
-    ev = event_from_row(b, presets=("taobao_main",), event_id="e-1", created_at_ms=1)
-    assert ev["presets"] == ["taobao_main"] and ev["retouch"]["segmentation"] == "CLASSICAL"
-    assert ev["source"] == {"uri": "gs://b/b.jpg", "sha256": None} and ev["event_id"] == "e-1"
-
-
-@pytest.mark.parametrize("text,match", [
-    ("sku,url\nA,x\n", "must name uri"),
-    ("sku,uri,colour\nA,file:///a,red\n", "unknown CSV column"),
-    ("sku,uri\nA,ftp://host/a.jpg\n", r"m.csv:2: uri scheme 'ftp'"),
-    ("sku,uri,priority\nA,s3://b/a,high\n", r"m.csv:2: priority 'high'"),
-    ("sku,uri,background\nA,s3://b/a,pink\n", r"m.csv:2: background 'pink'"),
-    ("sku,uri\n,s3://b/a\n", r"m.csv:2: sku is required"),
-])
-def test_csv_manifest_errors_name_file_line_and_field(tmp_path: Path, text: str, match: str) -> None:
-    m = tmp_path / "m.csv"
-    m.write_text(text)
-    with pytest.raises(ManifestError, match=match):
-        scan_manifest(m)
-
-
-def test_jsonl_errors(tmp_path: Path) -> None:
-    m = tmp_path / "m.jsonl"
-    m.write_text('{"sku": "A", "uri": "s3://b/a"}\n[1, 2]\n')
-    with pytest.raises(ManifestError, match=r"m.jsonl:2: expected a JSON object"):
-        list(read_manifest(m))
-    m.write_text('{"sku": "A", "uri": "s3://b/a", "size": 3}\n')
-    with pytest.raises(ManifestError, match=r"m.jsonl:1: unknown field\(s\) size"):
-        list(read_manifest(m))
-    with pytest.raises(ManifestError, match="format"):
-        list(read_manifest(tmp_path / "m.txt"))
+    first, again, rest = asyncio.run(items({})), asyncio.run(items({})), asyncio.run(items({0: 2}))
+    assert asyncio.run(src.plan()) == {"total": 3}
+    assert [e["sku"] for e in first] == ["A-1", "B-2", "C-3"] and [e["sku"] for e in rest] == ["C-3"]
+    assert [e["event_id"] for e in first] == [e["event_id"] for e in again]  # the same job, the same ids
+    assert rest[0]["event_id"] == first[2]["event_id"] and len({e["event_id"] for e in first}) == 3
+    assert first[0]["presets"] == ["jd_main", "amazon_main"] and first[0]["retouch"]["background"] == "TRANSPARENT"
+    assert first[0]["priority"] == 5 and first[1]["presets"] == ["taobao_main"]
+    assert first[1]["source"]["uri"] == (tmp_path / "img" / "b.png").resolve().as_uri()  # relative to the manifest
+    other = ManifestSource(m, Defaults(presets=("jd_main",)))
+    assert other.spec() != src.spec()  # other defaults, another job
 
 
 # -- progress and checkpoint ------------------------------------------------------------------
