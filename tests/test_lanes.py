@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -131,3 +132,50 @@ def test_during_a_rebalance_held_backfill_goes_despite_live_work() -> None:
     assert lb.poll(0.002) == []
     lb.device_done(first[0].items)
     assert ids(lb.poll(0.003)) == [(2, 3)]
+
+
+def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_device() -> None:
+    """The runner driving a LaneBatcher: backfill 0 is on the device, backfill 1-3 wait; a live input
+    arriving then goes next, and the backfill resumes after it."""
+    import asyncio
+
+    from agents.process import InRecord
+    from agents.runner import BatchRunner, RunnerConfig
+    from tests.test_runner import FakeClock, FakeProcessor, FakeSink, until
+
+    class Recording(FakeProcessor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.order: list[tuple[str, int]] = []
+
+        def device(self, state: Any) -> Any:
+            self.order.extend((j.record.topic, j.record.offset) for j in state.items)
+            return super().device(state)
+
+    async def go() -> list[tuple[str, int]]:
+        one = BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=1)
+        lb: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p[0].lane)
+        proc, acked = Recording(), []
+
+        async def ack(ev: InRecord) -> None:
+            acked.append(ev)
+
+        runner = BatchRunner(proc, FakeSink(auto=True), lb, ack=ack, clock=FakeClock(step=0.001),
+                             config=RunnerConfig(watchdog_interval_s=0.01, backfill_in_flight=8))
+        await runner.start()
+        try:
+            for i in range(4):
+                r = InRecord("bf", 0, i, b"hang" if i == 0 else b"ok")
+                await runner.submit(r, r, lane="backfill")
+            await until(lambda: proc.order == [("bf", 0)] and lb.backfill_held == 3, "backfill 0 on the device")
+            live = InRecord("in", 0, 0, b"ok")
+            await runner.submit(live, live)
+            await until(lambda: lb.live_queued == 1 and runner.preparing() == 0, "the live batch waiting")
+            assert runner.free_slots("backfill") == 4 and runner.free_slots() == 63
+            proc.release.set()
+            await until(lambda: len(acked) == 5, "everything acknowledged")
+        finally:
+            await runner.stop()
+        return proc.order
+
+    assert asyncio.run(go()) == [("bf", 0), ("in", 0), ("bf", 1), ("bf", 2), ("bf", 3)]
