@@ -45,6 +45,7 @@ from streams.producer import ImageProducer
 from streams.settings import Settings
 
 PRESET = "thumb_webp"
+ROOT = Path(".")  # the images' folder: file:// is allowed only under it (set in main)
 
 
 @dataclass
@@ -103,7 +104,8 @@ def fresh_settings(bootstrap: str, data: Path) -> Settings:
 
 
 def worker_env(s: Settings, extra: dict[str, str]) -> dict[str, str]:
-    return {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
+    return {"LIGHTBOX_FILE_ROOTS": str(ROOT.resolve()),
+            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
             "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
             "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
             "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
@@ -256,6 +258,8 @@ async def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     data = args.out / "data"
     images = small_images(args.out / "images", args.side)
+    global ROOT
+    ROOT = args.out / "images"
     env = {"LIGHTBOX_MAX_BATCH": str(args.max_batch), "LIGHTBOX_BACKFILL_MAX_BATCH": str(args.backfill_max_batch)}
 
     from lightbox.kafka_local import LocalKafka

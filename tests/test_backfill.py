@@ -164,8 +164,10 @@ def test_replay_a_topic_range_references_the_originals(settings: Settings, catal
     assert not wanted
 
 
-def worker_env(s: Settings, **extra: str) -> dict[str, str]:
-    return {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
+def worker_env(s: Settings, roots: list[Path], **extra: str) -> dict[str, str]:
+    """A worker on the test's topics; file:// only under ``roots`` (closed by default)."""
+    return {"LIGHTBOX_FILE_ROOTS": ",".join(str(r.resolve()) for r in roots),
+            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
             "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
             "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
             "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
@@ -183,7 +185,7 @@ def test_redrive_round_trip(settings: Settings, catalog: list[Path], tmp_path: P
     from streams.producer import ImageProducer
 
     fixed, still_missing = tmp_path / "later" / "SKU-fixed.jpg", tmp_path / "never" / "SKU-broken.jpg"
-    worker = WorkerProcess(worker_env(settings), tmp_path / "worker.log").start()
+    worker = WorkerProcess(worker_env(settings, [tmp_path]), tmp_path / "worker.log").start()
     try:
         async def publish() -> dict[str, str]:
             async with ImageProducer(settings.kafka_bootstrap, settings.input_topic) as prod:
@@ -254,7 +256,7 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
             return sent
 
     backfill_ids = asyncio.run(publish(settings.backfill_topic, backlog, "BF"))
-    worker = WorkerProcess(worker_env(settings, LIGHTBOX_BACKFILL_IN_FLIGHT=str(held),
+    worker = WorkerProcess(worker_env(settings, [catalog[0].parent], LIGHTBOX_BACKFILL_IN_FLIGHT=str(held),
                                       LIGHTBOX_BACKFILL_MAX_BATCH="1", LIGHTBOX_MAX_BATCH="2"),
                            tmp_path / "worker.log").start()
     try:
