@@ -146,10 +146,9 @@ class BackfillConsumer:
 
     async def close(self) -> None:
         """Commit what the runner acknowledged and leave the group (after the runner drained)."""
-        consumer, self._consumer = self._consumer, None
+        consumer = self._consumer
         if consumer is None:
             return
-        self._consumer = consumer
         with contextlib.suppress(Exception):
             await self.commit()
         self._consumer = None

@@ -10,11 +10,10 @@ backfill out of live traffic's way:
    item is waiting anywhere before the output lane (in the live batcher, or in a live batch not yet
    through the device) and no other backfill batch is before the output lane. So at most one
    backfill batch is ever ahead of a live batch: a backfill batch delays a live batch by at most
-   one batch. (During a rebalance, :attr:`LaneBatcher.rebalancing`, held backfill batches go one at
-   a time regardless of live work: the revoke waits for every handed input to be acknowledged.)
-2. :func:`pause_backfill` — the consumer-side rule: the backfill topic's partitions are paused
-   while live work is queued in the worker or the live lag is above a threshold, so backfill
-   records are not even fetched while live traffic needs the worker.
+   one batch.
+2. :func:`pause_backfill` — the consumer-side rule (applied by :mod:`agents.backfill`): the
+   backfill topic's partitions are paused while live work is queued in the worker or the live lag
+   is above a threshold, so backfill records are not even fetched while live traffic needs the worker.
 
 The driver reports each batch that leaves the device lane (or fails before it) with
 ``device_done(items)``; that is what frees the next backfill batch.
@@ -51,7 +50,6 @@ class LaneBatcher(Generic[T]):
                  priority_of: Callable[[T], int] | None = None) -> None:
         self.live, self.backfill = live, backfill
         self.lane_of, self.priority_of = lane_of, priority_of or (lambda _item: 0)
-        self.rebalancing = False  # set by the driver during a rebalance: held backfill goes regardless
         self._held: deque[Batch[T]] = deque()  # closed backfill batches waiting for spare capacity
         self._in_pipe: dict[str, int] = {LIVE: 0, BACKFILL: 0}  # batches released, not yet device_done
         self._items_in_pipe: dict[str, int] = {LIVE: 0, BACKFILL: 0}
@@ -76,7 +74,7 @@ class LaneBatcher(Generic[T]):
         """Whether a backfill batch may go to the device now."""
         if self._in_pipe[BACKFILL]:
             return False
-        return self.rebalancing or (self._in_pipe[LIVE] == 0 and self.live.pending == 0)
+        return self._in_pipe[LIVE] == 0 and self.live.pending == 0
 
     # -- MicroBatcher's interface --------------------------------------------------------------
     def add(self, item: T, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[T]]:

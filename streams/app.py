@@ -12,7 +12,7 @@ import faust
 from streams.security import aiokafka_kwargs, faust_credentials, preflight
 from streams.settings import Settings
 
-__all__ = ["backfill_topic", "create_app", "ensure_topics", "input_topic", "max_message_bytes", "topic_configs"]
+__all__ = ["create_app", "ensure_topics", "input_topic", "max_message_bytes", "topic_configs"]
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -46,11 +46,6 @@ def input_topic(app: faust.App, settings: Settings) -> faust.TopicT:
     """The input topic as raw bytes. Outputs and dead letters are sent by the agent's own
     idempotent producer (:class:`streams.sink.KafkaSink`), so they need no Faust topic."""
     return app.topic(settings.input_topic, value_type=bytes, key_type=bytes, partitions=settings.topic_partitions)
-
-
-def backfill_topic(app: faust.App, settings: Settings) -> faust.TopicT:
-    """The backfill topic as raw bytes (the backfill lane: only spare capacity, see agents/lanes.py)."""
-    return app.topic(settings.backfill_topic, value_type=bytes, key_type=bytes, partitions=settings.topic_partitions)
 
 
 async def _admin(settings: Settings, timeout_s: float) -> Any:

@@ -122,18 +122,6 @@ def test_pause_rule(queued: int, lag: int, threshold: int, paused: bool) -> None
     assert pause_backfill(queued, lag, threshold) is paused
 
 
-def test_during_a_rebalance_held_backfill_goes_despite_live_work() -> None:
-    lb = lanes()
-    lb.add(("live", 1, 0), "s", 0.0)  # a live item waits for a mate
-    assert [b for i in range(4) for b in lb.add(("backfill", i, 0), "s", 0.0)] == []
-    lb.rebalancing = True
-    first = lb.poll(0.001)
-    assert ids(first) == [(0, 1)]  # one at a time still
-    assert lb.poll(0.002) == []
-    lb.device_done(first[0].items)
-    assert ids(lb.poll(0.003)) == [(2, 3)]
-
-
 def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_device() -> None:
     """The runner driving a LaneBatcher: backfill 0 is on the device, backfill 1-3 wait; a live input
     arriving then goes next, and the backfill resumes after it."""
