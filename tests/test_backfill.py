@@ -283,3 +283,11 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
     # the live events waited only for backfill inputs already in the worker (a batch of one each)
     assert len(between) <= held + 1, (len(between), worker.log_tail())
     assert len(after) >= len(backlog) // 2, (len(after), len(between))
+
+    # lightbox audit covers the backfill lane: every input of both topics has exactly one output
+    from lightbox.audit import run_audit
+
+    report = asyncio.run(run_audit(settings.kafka_bootstrap, [settings.input_topic, settings.backfill_topic],
+                                   [settings.output_topic, settings.dlq_topic]))
+    assert report.ok and report.missing == [] and report.conflicts == []
+    assert (report.inputs, report.processed, report.dead_letters) == (len(backlog) + 3, len(backlog) + 3, 0)
