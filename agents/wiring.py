@@ -96,6 +96,6 @@ def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
     never reach the allowed size."""
     backfill = backfill_batching(settings, batching)
     return RunnerConfig(max_in_flight=max(settings.max_in_flight, 2 * batching.max_batch + 8),
-                        backfill_in_flight=max(settings.backfill_in_flight, 2 * backfill.max_batch),
+                        backfill_in_flight=max(settings.backfill_in_flight, backfill.max_batch),
                         prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
                         delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)

@@ -1,7 +1,7 @@
 """Live first under a backfill, on a real broker and a real worker process (CPU, classical segmenter).
 
     .venv/bin/python bench/bench_backfill.py [--seconds 120] [--backlog-factor 10]
-        [--backfill-max-batch 1] [--out out/bench_backfill]
+        [--backfill-max-batch 1] [--backfill-in-flight 16] [--out out/bench_backfill]
 
 Phases, each on fresh topics and a fresh worker (``lightbox worker``, device cpu):
 
@@ -252,6 +252,7 @@ async def main() -> None:
     ap.add_argument("--side", type=int, default=320)
     ap.add_argument("--backfill-max-batch", type=int, default=1)
     ap.add_argument("--max-batch", type=int, default=4)
+    ap.add_argument("--backfill-in-flight", type=int, default=16)
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--out", type=Path, default=Path("out/bench_backfill"))
     args = ap.parse_args()
@@ -260,7 +261,8 @@ async def main() -> None:
     images = small_images(args.out / "images", args.side)
     global ROOT
     ROOT = args.out / "images"
-    env = {"LIGHTBOX_MAX_BATCH": str(args.max_batch), "LIGHTBOX_BACKFILL_MAX_BATCH": str(args.backfill_max_batch)}
+    env = {"LIGHTBOX_MAX_BATCH": str(args.max_batch), "LIGHTBOX_BACKFILL_MAX_BATCH": str(args.backfill_max_batch),
+           "LIGHTBOX_BACKFILL_IN_FLIGHT": str(args.backfill_in_flight)}
 
     from lightbox.kafka_local import LocalKafka
 
