@@ -54,7 +54,8 @@ def synth_photos(folder: Path, n: int, size: int) -> list[Path]:
     return out
 
 
-def run_grid(device: str, n: int, size: int, batches: list[int], runtime: str) -> dict[str, Any]:
+def run_grid(device: str, n: int, size: int, batches: list[int], runtime: str,
+             segmenter: str = "model") -> dict[str, Any]:
     from agents.wiring import build_processor
     from lightbox.offline import process_files
     from lightbox.report import stage_table
@@ -63,10 +64,10 @@ def run_grid(device: str, n: int, size: int, batches: list[int], runtime: str) -
     tmp = Path(tempfile.mkdtemp(prefix="lightbox-e2e-grid-"))
     files = synth_photos(tmp / "in", n, size)
     t0 = time.perf_counter()
-    settings = Settings(device=device, segmenter="model", segment_runtime=runtime, max_batch=max(batches),
+    settings = Settings(device=device, segmenter=segmenter, segment_runtime=runtime, max_batch=max(batches),
                         cuda_graphs=device == "gpu")
     processor = build_processor(settings)
-    out: dict[str, Any] = {"device": device, "n": n, "size": size, "presets": PRESETS,
+    out: dict[str, Any] = {"device": device, "n": n, "size": size, "presets": PRESETS, "segmenter": segmenter,
                            "model_version": processor.model_version, "setup_s": round(time.perf_counter() - t0, 2),
                            "rows": []}
     process_files(files[: max(batches)], processor, tmp / "warm", presets=PRESETS, batch_size=max(batches))
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", type=int, default=1200, help="image height in px (widths 1x-1.5x)")
     ap.add_argument("--batches", default="1,4,16,64")
     ap.add_argument("--runtime", default="auto", help="segment runtime (auto, fp32, fp16, ...)")
+    ap.add_argument("--segmenter", default="auto", choices=("auto", "model", "classical"),
+                    help="auto: the model when ONNX Runtime has a CUDA provider on a GPU, else the classical "
+                         "segmenter (CuPy on the GPU)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "gpu_e2e_grid.json")
     args = ap.parse_args(argv)
     from streams.settings import Settings
@@ -103,8 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         result["skipped"] = "no GPU: the GPU grid was skipped; a small CPU grid ran instead (8 images, batch 1 and 4)"
         print(result["skipped"], flush=True)
         n, size, batches = 8, 480, [1, 4]
+    segmenter = args.segmenter
+    if segmenter == "auto":
+        import onnxruntime as ort
+
+        cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+        segmenter = "model" if device == "cpu" or cuda else "classical"
+        if segmenter == "classical":
+            result["segmenter_note"] = "ONNX Runtime has no CUDA provider here: the classical segmenter (CuPy) ran"
     try:
-        result |= run_grid(device, n, size, batches, args.runtime if device == "gpu" else "fp32")
+        result |= run_grid(device, n, size, batches, args.runtime if device == "gpu" else "fp32", segmenter)
     except Exception:
         result |= {"status": "failed", "error": traceback.format_exc(limit=8)}
         print(result["error"], flush=True)

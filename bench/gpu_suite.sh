@@ -56,19 +56,24 @@ step() {  # step NAME LIMIT_S COMMAND...
 
 if $PY -c "import pytest" 2>/dev/null; then
   step parity 75 $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_codec_gpu.py tests/test_pipeline_gpu.py \
-    tests/test_retouch_gpu.py tests/test_segment_gpu.py tests/test_segment_runtime_gpu.py
+    tests/test_retouch_gpu.py tests/test_segment_gpu.py tests/test_segment_runtime_gpu.py tests/test_shadow_gpu.py
 else
   echo "== parity skipped: pytest is not installed here"
   echo '{"step": "parity", "rc": -1, "seconds": 0, "skipped": "pytest not installed"}' >> "$PARTS/steps.jsonl"
 fi
 step decode 75 $PY bench/gpu_check_codec.py --out "$PARTS/codec.json" --min-seconds 0.5
 step retouch 60 env OUT="$PARTS" $PY bench/gpu_check_retouch.py --repeat 3
-if [[ -n "$MODEL" ]]; then
+CUDA_EP=$($PY -c "import onnxruntime as o; print(int('CUDAExecutionProvider' in o.get_available_providers()))" \
+  2>/dev/null || echo 0)
+if [[ "$GPUS" -gt 0 && "$CUDA_EP" != 1 ]]; then
+  echo "== model skipped: ONNX Runtime has no CUDA provider here (bring onnxruntime-gpu)"
+  echo '{"step": "model", "rc": -1, "seconds": 0, "skipped": "no CUDA provider in onnxruntime"}' >> "$PARTS/steps.jsonl"
+elif [[ -n "$MODEL" ]]; then
   step model 110 $PY bench/gpu_model_grid.py "$MODEL" "${GATE_ARGS[@]}" "${DRY[@]}" --out "$PARTS/model.json" --budget 0.4
 else
   echo '{"step": "model", "rc": -1, "seconds": 0, "skipped": "no model file"}' >> "$PARTS/steps.jsonl"
 fi
-step e2e 130 $PY bench/gpu_e2e_grid.py --n 384 --batches 1,4,16,64 --out "$PARTS/e2e.json"
+step e2e 130 $PY bench/gpu_e2e_grid.py --n ${E2E_N:-256} --batches ${E2E_BATCHES:-1,8,32,64} --out "$PARTS/e2e.json"
 step report 15 $PY bench/gpu_suite_report.py "$PARTS" "$OUT/gpu_suite.json" "$OUT/gpu_suite.png"
 cat "$PARTS/report.log"
 echo "gpu_suite: done in ${SECONDS}s; $OUT/gpu_suite.json, $OUT/gpu_suite.png"
