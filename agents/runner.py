@@ -58,7 +58,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -75,6 +75,7 @@ __all__ = ["BatchRunner", "Lanes", "NullObserver", "OutputSink", "RunnerConfig",
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+T_contra = TypeVar("T_contra", contravariant=True)
 Ack = Callable[[Any], Awaitable[Any]]
 
 
@@ -152,6 +153,7 @@ class RunnerConfig:
     watchdog_interval_s: float = 1.0
     retry_backoff_s: float = 0.5
     max_send_batch: int = 256
+    backfill_in_flight: int = 16  # backfill-lane inputs held at once, apart from the live lane's max_in_flight
 
 
 @dataclass
@@ -183,6 +185,7 @@ class _Item:
     event: Any
     record: InRecord
     ticket: Ticket[_Item] | None = None
+    lane: str = "live"  # or "backfill" (agents.lanes)
     parsed: dict[str, Any] | None = None  # the decoded input event, once prepare read it
 
 
@@ -190,11 +193,23 @@ Pair = tuple[_Item, Any]  # an input and its Prepared job
 Sent = tuple[_Item, OutRecord]
 
 
+class Batcher(Protocol[T_contra]):
+    """What the runner drives: :class:`~agents.batching.MicroBatcher`, or :class:`~agents.lanes.LaneBatcher`
+    for live and backfill lanes. ``device_done(items)``: a batch left the device lane (done or failed)."""
+
+    def add(self, item: Any, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[Any]]: ...
+    def poll(self, now: float) -> list[Batch[Any]]: ...
+    def next_deadline(self) -> float | None: ...
+    def flush(self) -> list[Batch[Any]]: ...
+    def record_service(self, batch_size: int, seconds: float) -> None: ...
+    def device_done(self, items: Sequence[T_contra]) -> None: ...
+
+
 class BatchRunner:
     """See the module docstring. ``ack(event)`` acknowledges one input to the consumer;
     ``on_fatal(exc)`` is called once when the runner fail-stops."""
 
-    def __init__(self, processor: Lanes, sink: OutputSink, batcher: MicroBatcher[Pair], *, ack: Ack,
+    def __init__(self, processor: Lanes, sink: OutputSink, batcher: Batcher[Pair] | MicroBatcher[Pair], *, ack: Ack,
                  config: RunnerConfig | None = None, clock: Callable[[], float] = time.monotonic,
                  observer: RunnerObserver | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
@@ -207,6 +222,10 @@ class BatchRunner:
         self._ack, self._on_fatal = ack, on_fatal
         self._wm: Watermarks[_Item] = Watermarks()
         self._slots = asyncio.Semaphore(self.config.max_in_flight)
+        self._lane_slots = {"live": self._slots, "backfill": asyncio.Semaphore(self.config.backfill_in_flight)}
+        self._preparing: dict[str, int] = {"live": 0, "backfill": 0}
+        self._limits = {"live": self.config.max_in_flight, "backfill": self.config.backfill_in_flight}
+        self._held: dict[str, int] = {"live": 0, "backfill": 0}
         depth = self.config.queue_depth
         self._decode_q: asyncio.Queue[Batch[Pair]] = asyncio.Queue(depth)
         self._device_q: asyncio.Queue[tuple[list[Pair], Any, float]] = asyncio.Queue(depth)
@@ -233,6 +252,18 @@ class BatchRunner:
         """Inputs handed and not yet released (acknowledged) or revoked."""
         return self._wm.pending
 
+    def wake(self) -> None:
+        """Make the batch timer look at the batcher now (its release conditions changed)."""
+        self._wake.set()
+
+    def free_slots(self, lane: str = "live") -> int:
+        """How many more inputs of ``lane`` :meth:`submit` takes without waiting."""
+        return self._limits[lane] - self._held[lane]
+
+    def preparing(self, lane: str = "live") -> int:
+        """Inputs of ``lane`` not yet in the batcher: in the prepare lane (fetch), or staged."""
+        return self._preparing[lane] + sum(1 for item, _ in self._staged if item.lane == lane)
+
     def committable(self) -> dict[Any, int]:
         """Per (topic, partition): the offset the acknowledged prefix allows committing."""
         return self._wm.committable()
@@ -247,14 +278,16 @@ class BatchRunner:
             task.add_done_callback(functools.partial(self._lane_ended, name))
             self._lanes.append(task)
 
-    async def submit(self, event: Any, record: InRecord | None = None) -> None:
-        """Take one consumed input; returns once it is on its way (waits while the worker is full).
-        Raises :class:`RunnerFailed` after a fail-stop."""
+    async def submit(self, event: Any, record: InRecord | None = None, *, lane: str = "live") -> None:
+        """Take one consumed input; returns once it is on its way (waits while its lane is full:
+        ``max_in_flight`` live, ``backfill_in_flight`` backfill inputs). Raises :class:`RunnerFailed`
+        after a fail-stop."""
         self._check()
-        await self._slots.acquire()
+        await self._lane_slots[lane].acquire()
+        self._held[lane] += 1
         self._check()
         rec = record or record_of(event)
-        item = _Item(event, rec)
+        item = _Item(event, rec, lane=lane)
         key = (rec.topic, rec.partition)
         try:
             item.ticket = self._wm.submit(key, rec.offset, item)
@@ -300,6 +333,7 @@ class BatchRunner:
 
     # -- lanes -------------------------------------------------------------------------------
     async def _prepare(self, item: _Item) -> None:
+        self._preparing[item.lane] += 1
         try:
             res = await self._call("prepare", 1, self.processor.prepare, item.record)
         except FatalError:
@@ -308,6 +342,8 @@ class BatchRunner:
             log.error("prepare lane: %s for %s:%d:%d; it goes to the dead-letter topic", type(exc).__name__,
                       item.record.topic, item.record.partition, item.record.offset)
             res = self._dead_letter(item, ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="prepare"))
+        finally:
+            self._preparing[item.lane] -= 1
         if isinstance(res, OutRecord):
             self._send_q.put_nowait([(item, res)])
             return
@@ -350,6 +386,7 @@ class BatchRunner:
             except FatalError:
                 raise
             except Exception as exc:
+                self._left_device(pairs)
                 self.observer.batch_done("decode", len(pairs), self.clock() - t0)
                 self._batch_failed("decode", pairs, exc)
                 continue
@@ -367,6 +404,7 @@ class BatchRunner:
             except FatalError:
                 raise
             except Exception as exc:
+                self._left_device(pairs)
                 self.observer.batch_done("device", len(pairs), self.clock() - t0)
                 self._batch_failed("device", pairs, exc)
                 continue
@@ -374,7 +412,7 @@ class BatchRunner:
             self.observer.batch_done("device", len(pairs), seconds)
             # the batch's service time: its decode plus its device work (they overlap other batches)
             self.batcher.record_service(len(pairs), decode_s + seconds)
-            self._wake.set()  # a new service estimate can move deadlines
+            self._left_device(pairs)  # wakes the timer: a new service estimate can move deadlines
             self.stats.batches += 1
             self.stats.batch_items += len(pairs)
             await self._output_q.put((pairs, state))
@@ -466,11 +504,11 @@ class BatchRunner:
                     self.stats.dead_letters += 1
                 assert item.ticket is not None
                 if not self._wm.is_current(item.ticket):  # its partition was revoked meanwhile
-                    self._slots.release()
+                    self._release(item)
                     continue
                 for ticket in self._wm.done(item.ticket):
                     await self._ack(ticket.token.event)
-                    self._slots.release()
+                    self._release(ticket.token)
             self.observer.in_flight(self._wm.pending)
 
     async def _watchdog_loop(self) -> None:
@@ -535,8 +573,18 @@ class BatchRunner:
             raise RunnerFailed("the runner fail-stopped") from self.failure
 
     def _release_dropped(self, dropped: list[Ticket[_Item]]) -> None:
-        for _ in dropped:  # done, waiting for a lower offset: their work is over
-            self._slots.release()
+        for ticket in dropped:  # done, waiting for a lower offset: their work is over
+            self._release(ticket.token)
+
+    def _release(self, item: _Item) -> None:
+        self._held[item.lane] -= 1
+        self._lane_slots[item.lane].release()
+
+    def _left_device(self, pairs: Sequence[Pair]) -> None:
+        """A batch left the device lane (done, or failed before or in it): the batcher may let the
+        next backfill batch go."""
+        self.batcher.device_done(pairs)
+        self._wake.set()
 
     def _batch_failed(self, lane: str, pairs: list[Pair], exc: Exception) -> None:
         """A batch-level exception: every item of the batch becomes a PROCESSING_FAILED dead letter."""

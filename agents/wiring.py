@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agents.batching import BatchingConfig
 from agents.process import BatchProcessor
 from agents.runner import RunnerConfig
@@ -16,7 +18,8 @@ from schemas.codec import FileSchemaStore
 from schemas.events import EventCodecs
 from streams.settings import PIPELINE_VERSION, Settings
 
-__all__ = ["batching_config", "build_fetcher", "build_pipeline", "build_processor", "runner_config"]
+__all__ = ["backfill_batching", "batching_config", "build_fetcher", "build_pipeline", "build_processor",
+           "runner_config"]
 
 
 def _retoucher(device: str) -> Retoucher:
@@ -80,9 +83,19 @@ def batching_config(settings: Settings, device: str) -> BatchingConfig:
     return BatchingConfig.for_device(device, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def backfill_batching(settings: Settings, live: BatchingConfig) -> BatchingConfig:
+    """The backfill lane's batching: the live lane's, capped at ``backfill_max_batch`` (the most a
+    live batch can wait behind)."""
+    size = min(settings.backfill_max_batch or live.max_batch, live.max_batch)
+    fixed = None if live.fixed_batch is None else min(live.fixed_batch, size)
+    return replace(live, max_batch=size, fixed_batch=fixed)
+
+
 def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
     """Lane sizes and timeouts; a running batch plus a filling one must fit in flight, or batches
     never reach the allowed size."""
+    backfill = backfill_batching(settings, batching)
     return RunnerConfig(max_in_flight=max(settings.max_in_flight, 2 * batching.max_batch + 8),
+                        backfill_in_flight=max(settings.backfill_in_flight, backfill.max_batch),
                         prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
                         delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)
