@@ -40,7 +40,7 @@ class CpuRetoucher:
     """
 
     device = "cpu"
-    version = "retouch-1"
+    version = "retouch-2"  # 2: exposure from the frame's highlights (issue 14), no subject-percentile stretch
 
     def __init__(self, config: RetouchConfig | None = None) -> None:
         self.config = config or RetouchConfig()

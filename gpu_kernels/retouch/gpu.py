@@ -368,7 +368,7 @@ class CupyRetoucher:
     returned arrays are views of one ``(N, H, W, C)`` buffer."""
 
     device = "gpu"
-    version = "retouch-1"  # the CPU twin's numbers, on the device
+    version = "retouch-2"  # the CPU twin's numbers, on the device
 
     def close(self) -> None:
         """Drop the cached device buffers (the CuPy memory pool keeps them for reuse)."""
