@@ -2,7 +2,8 @@
 
 Scenes (``tone_scenes``): flat red (150, 30, 40), navy (25, 35, 90), black (20, 20, 22),
 white (245, 245, 245) and a saturated orange (240, 120, 20) product on a white (255) backdrop,
-with their exact masks; skimage photos (astronaut, coffee, chelsea) darkened to 45 % (levels
+with their exact masks, as shot and the whole shot darkened to 45 % (``_dark45``: compared with
+the well-exposed shot); skimage photos (astronaut, coffee, chelsea) darkened to 45 % (levels
 times 0.45), over-exposed (times 1.5, clipped) and washed out (0.55 x + 110).
 
 Measures, for pass (a) of the CPU retoucher (``keep`` background, default config, Retinex on):
@@ -92,6 +93,9 @@ def tone_scenes() -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
     items: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
     for name, rgb in PRODUCTS.items():
         items[f"product_{name}"] = product_scene(rgb)
+    for name, rgb in PRODUCTS.items():
+        image, mask = product_scene(rgb)
+        items[f"product_{name}_dark45"] = ((image * 0.45).astype(np.uint8), mask)
     for name in PHOTOS:
         items[f"photo_{name}_original"] = (photo(name), None)
         for kind, image in photo_variants(name).items():
@@ -116,9 +120,13 @@ def run_tree(tree: Path, items: dict[str, tuple[np.ndarray, np.ndarray | None]])
         return {k: data[k] for k in data.files}
 
 
-def product_measures(image: np.ndarray, mask: np.ndarray, out: np.ndarray) -> tuple[float, float, float, str]:
+def product_measures(
+    reference: np.ndarray, mask: np.ndarray, out: np.ndarray, image: np.ndarray
+) -> tuple[float, float, float, str]:
+    """dE2000 median and p95 of ``out`` against ``reference`` on the subject, the share of subject
+    pixels with a channel at 255 in ``out`` but not in the input ``image``, the median colour."""
     sel = mask == 255
-    de = deltaE_ciede2000(rgb2lab(image[sel][None]), rgb2lab(out[sel][None]))[0]
+    de = deltaE_ciede2000(rgb2lab(reference[sel][None]), rgb2lab(out[sel][None]))[0]
     newly = ((out[sel] == 255) & (image[sel] < 255)).any(axis=1).mean()
     med = np.median(out[sel], axis=0).astype(int)
     return float(np.median(de)), float(np.percentile(de, 95)), float(newly), str(tuple(med.tolist()))
@@ -146,11 +154,13 @@ def main() -> None:
     for key, (image, mask) in items.items():
         if mask is None:
             continue
+        reference = product_scene(PRODUCTS[key.split("_")[1]])[0]  # the well-exposed shot
         cells = []
         for n in names:
-            d50, d95, clip, med = product_measures(image, mask, runs[n][key])
+            d50, d95, clip, med = product_measures(reference, mask, runs[n][key], image)
             cells.append(f"{n}: dE {d50:5.2f}/{d95:5.2f} clip {clip:5.3f} {med:>15}")
-        print(f"  {key:16} in {PRODUCTS[key[8:]]!s:>15} | " + " | ".join(cells))
+        inp = str(tuple(np.median(image[mask == 255], axis=0).astype(int).tolist()))
+        print(f"  {key:22} in {inp:>15} | " + " | ".join(cells))
     print("photos: mean L* (original photo, input, each run's output) | mean |dL*| of each run's output against")
     print("        the same run's output for the original photo | mean |dL*| against the original photo")
     for key, (image, _) in items.items():

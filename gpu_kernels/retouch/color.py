@@ -99,7 +99,9 @@ class ExposureConfig:
     bright max channel is raised to ``ceiling`` at most, its ``peak_pct`` percentile); ``max_gain``
     bounds that gain. ``low_pct``: the percentile of the frame's channel mean taken as its black
     level; a black level at ``veil_full`` or below allows the whole gain, at ``veil_none`` or above
-    none (a washed-out, veiled photo has no shadows left: raising it would wash it out more).
+    none (a washed-out, veiled photo has no shadows left: raising it would wash it out more),
+    unless the bright reference is below ``veil_bright`` (fully below it minus 0.1): a photo that
+    dark is underexposed whatever its black level (a white product on a white backdrop, dim).
     ``knee``: where the linear part ends and the highlight shoulder starts (fraction of 255,
     output); the shoulder approaches ``ceiling * 255`` without reaching it.
     ``subject_min_alpha``: alpha at or above which a pixel is subject. ``lut_size``: entries of
@@ -111,6 +113,7 @@ class ExposureConfig:
     low_pct: float = 1.0
     veil_full: float = 0.25
     veil_none: float = 0.40
+    veil_bright: float = 0.75
     target_high: float = 1.0
     max_gain: float = 3.0
     knee: float = 0.95
@@ -125,8 +128,8 @@ class ExposureConfig:
             raise ValueError(f"exposure target_high must lie within [0.5, 1], knee < ceiling within (0, 1]; got {self}")
         if not (0.0 <= self.low_pct < self.high_pct and 0.0 < self.peak_pct <= 100.0):
             raise ValueError(f"exposure percentiles must lie within [0, 100], low below high; got {self}")
-        if not 0.0 <= self.veil_full < self.veil_none <= 1.0:
-            raise ValueError(f"exposure veil_full < veil_none must lie within [0, 1]; got {self}")
+        if not (0.0 <= self.veil_full < self.veil_none <= 1.0 and 0.0 <= self.veil_bright <= 1.0):
+            raise ValueError(f"exposure veil_full < veil_none and veil_bright must lie within [0, 1]; got {self}")
         if self.max_gain < 1.0:
             raise ValueError(f"exposure max_gain must be >= 1; got {self.max_gain}")
         if self.lut_size < 16:
@@ -280,8 +283,8 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     scene's brightest parts) and the ``peak_pct`` percentile of the max channel. A photo is
     underexposed when even its bright mean is below ``target_high``: the gain raises it there, but
     never lifts the bright max channel above ``ceiling`` (a saturated colour keeps its channels
-    apart), never exceeds ``max_gain``, and fades out when the frame's black level is high (a
-    veiled, washed-out photo). Nothing else moves: a dark, saturated or light product on a
+    apart), never exceeds ``max_gain``, and fades out when the frame's black level is high while
+    its highlights are bright (a veiled, washed-out photo). Nothing else moves: a dark, saturated or light product on a
     well-exposed backdrop keeps its levels, hue and saturation (the subject's median is no target:
     a navy dress is not a mid-grey one), and a photo bright enough is not darkened (an over-exposed
     one has lost the information to do so). One gain for all channels: hue is kept wherever the
@@ -302,6 +305,8 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     gain = xp.minimum(xp.maximum(gain, 1.0), cfg.max_gain)
     black = masked_percentiles(xp, stats[0], everything, (cfg.low_pct,))[0] / 255.0
     veil = xp.clip((cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full), 0.0, 1.0)
+    dim = xp.clip((cfg.veil_bright - refs[0] / 255.0) / 0.1, 0.0, 1.0)  # too dark to be veiled
+    veil = xp.maximum(veil, dim)
     return (1.0 + (gain - 1.0) * veil).reshape(1)
 
 
