@@ -1,7 +1,7 @@
 """The small interfaces every stage implementation satisfies (CPU twin and GPU alike).
 
 The pipeline (``gpu_kernels.pipeline``) only talks to these. A backend is chosen once, from
-settings, by :func:`gpu_kernels.pipeline.build_pipeline`; never deep in a call path.
+settings, by :func:`agents.wiring.build_pipeline`; never deep in a call path.
 
 Per-item failures are returned, not raised: a batch method returns, for each input, either
 its result or the :class:`~schemas.errors.LightboxError` that item failed with, so one bad

@@ -93,3 +93,19 @@ def test_the_shadow_stage_through_the_pipeline(catalog: list[Path]) -> None:
         assert not any(s.stage == "shadow:plain" for s in job.spans.spans)
     pipe.run_lane(ctx, "output")
     assert all(r.ok and [v.preset for v in r.variants] == ["catalog_shadow", "plain"] for r in ctx.finalize())
+
+
+def test_canvas_box_matches_the_any_channel_definition() -> None:
+    """The fast RGB path (row then column minima) finds the same box as 'any channel below 255'."""
+    from gpu_kernels.stages.shadow import canvas_box
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        h, w = (int(v) for v in rng.integers(1, 40, 2))
+        img = np.full((h, w, 3), 255, np.uint8)
+        for _ in range(int(rng.integers(0, 5))):
+            img[rng.integers(0, h), rng.integers(0, w), rng.integers(0, 3)] = rng.integers(0, 255)
+        subject = (img != 255).any(axis=2)
+        rows, cols = np.flatnonzero(subject.any(axis=1)), np.flatnonzero(subject.any(axis=0))
+        want = None if rows.size == 0 else (int(cols[0]), int(rows[0]), int(cols[-1]) + 1, int(rows[-1]) + 1)
+        assert canvas_box(img) == want

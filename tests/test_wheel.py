@@ -20,6 +20,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+def _build_wheel(dest: Path) -> Path:
+    """Build the wheel from a copy of the tracked files, so setuptools' build/ and egg-info land
+    in a temporary folder, never in the checkout."""
+    src = dest / "src"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        if (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dest), str(src)],
+                   check=True, cwd=dest, timeout=300)
+    (wheel,) = dest.glob("lightbox-*.whl")
+    return wheel
+
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
 
@@ -34,30 +49,18 @@ def _uv() -> str:
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bin/ folder of a fresh virtualenv holding only the built wheel and its dependencies."""
     uv = _uv()
-    dist = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(dist), str(ROOT)], check=True, cwd=dist, timeout=300)
-    wheels = list(dist.glob("lightbox-*.whl"))
-    assert len(wheels) == 1, wheels
+    wheel = _build_wheel(tmp_path_factory.mktemp("dist"))
     venv = tmp_path_factory.mktemp("venv") / "env"
     subprocess.run([uv, "venv", "-q", "--seed", "--python", sys.executable, str(venv)], check=True, timeout=120)
     env = {**os.environ, "VIRTUAL_ENV": str(venv)}
-    subprocess.run([uv, "pip", "install", "-q", str(wheels[0])], check=True, env=env, timeout=900,
+    subprocess.run([uv, "pip", "install", "-q", str(wheel)], check=True, env=env, timeout=900,
                    cwd=venv)
     return venv / "bin"
 
 
-def test_wheel_ships_its_run_time_files() -> None:
+def test_wheel_ships_its_run_time_files(tmp_path: Path) -> None:
     """Every file the code reads at run time is in the wheel, as package data."""
-    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"lightbox-wheel-{os.getpid()}"
-    shutil.rmtree(out, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
-                    str(out), str(ROOT)], check=True, timeout=300)
-    try:
-        (wheel,) = out.glob("lightbox-*.whl")
-        names = set(zipfile.ZipFile(wheel).namelist())
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    names = set(zipfile.ZipFile(_build_wheel(tmp_path)).namelist())
     for needed in ("schemas/registry.json", "schemas/product_image_event.avsc", "gpu_kernels/presets.toml",
                    "lightbox/data/kafka-pom.xml", "lightbox/data/s3proxy-pom.xml", "lightbox/__init__.py"):
         assert needed in names, f"{needed} is not in the wheel"

@@ -48,12 +48,23 @@ class ShadowConfig:
 def canvas_box(image: Array) -> tuple[int, int, int, int] | None:
     """``(x0, y0, x1, y1)`` half-open box of the non-white pixels of an RGB canvas (or of alpha > 0
     for RGBA), on the host; None for an empty canvas. Reductions run on the array's device."""
-    subject = image[..., 3] > 0 if image.shape[2] == 4 else (image != 255).any(axis=2)
-    rows, cols = to_host(subject.any(axis=1)), to_host(subject.any(axis=0))
-    if not rows.any():
+    if image.shape[2] == 4:
+        subject = image[..., 3] > 0
+        rows, cols = to_host(subject.any(axis=1)), to_host(subject.any(axis=0))
+        if not rows.any():
+            return None
+        ys, xs = np.flatnonzero(rows), np.flatnonzero(cols)
+        return int(xs[0]), int(ys[0]), int(xs[-1]) + 1, int(ys[-1]) + 1
+    # RGB: a pixel is subject when its smallest channel is below 255. Row minima over contiguous
+    # memory first, then column minima over the subject's rows only (about 10x fewer passes than
+    # a boolean (H, W, 3) comparison on a 2000 x 2000 canvas).
+    h = image.shape[0]
+    ys = np.flatnonzero(to_host(image.reshape(h, -1).min(axis=1) < 255))
+    if ys.size == 0:
         return None
-    ys, xs = np.flatnonzero(rows), np.flatnonzero(cols)
-    return int(xs[0]), int(ys[0]), int(xs[-1]) + 1, int(ys[-1]) + 1
+    y0, y1 = int(ys[0]), int(ys[-1]) + 1
+    xs = np.flatnonzero(to_host(image[y0:y1].min(axis=0).min(axis=1) < 255))
+    return int(xs[0]), y0, int(xs[-1]) + 1, y1
 
 
 def shadow_profiles(subject: Array, box: tuple[int, int, int, int], height: int,
