@@ -13,7 +13,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 __all__ = ["PIPELINE_VERSION", "Settings"]
 
-PIPELINE_VERSION = "0.1.0"
+PIPELINE_VERSION = "0.2.0"  # bump whenever output bytes change: replays then get new event ids
 
 
 def _default_worker_id() -> str:
