@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
+from gpu_kernels.array import Array
 from gpu_kernels.presets import Preset
 from schemas.errors import LightboxError
 
@@ -29,8 +30,6 @@ __all__ = [
     "Retoucher",
     "Segmenter",
 ]
-
-Array = Any  # numpy.ndarray on the CPU backend, cupy.ndarray on the GPU backend
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,6 +67,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gpu_kernels.array import Array
 from gpu_kernels.codec.pillow_decode import decode_first_frame, icc_profile, is_srgb, safe_reason
 from gpu_kernels.codec.sniff import (
     DEFAULT_MAX_BYTES,
@@ -86,7 +87,6 @@ STAGE = "decode"
 ReduceMode = Literal["auto", "dct", "resize", "off"]
 _FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
 DEFAULT_TIME_BUDGET_S = 10.0
-Array = Any
 
 
 @dataclass(frozen=True, slots=True)

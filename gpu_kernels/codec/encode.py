@@ -20,13 +20,13 @@ from typing import Any, Literal
 import cv2
 import numpy as np
 
+from gpu_kernels.array import Array
 from gpu_kernels.presets import Preset
 from schemas.errors import ProcessingFailed
 
 __all__ = ["CpuEncoder", "EncodeSettings", "NvJpegEncoder", "flatten_alpha"]
 
 STAGE = "encode"
-Array = Any
 Subsampling = Literal["444", "422", "420"]
 
 

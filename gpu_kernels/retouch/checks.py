@@ -8,13 +8,10 @@ image's H and W. Anything else raises :class:`~schemas.errors.ProcessingFailed` 
 
 from __future__ import annotations
 
-from typing import Any
-
+from gpu_kernels.array import Array
 from schemas.errors import ProcessingFailed
 
 __all__ = ["alpha_source", "as_pixels"]
-
-Array = Any
 
 
 def _describe(a: Array) -> str:

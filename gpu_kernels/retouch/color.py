@@ -29,6 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_kernels.array import Array
+
 __all__ = [
     "LUMA",
     "ExposureConfig",
@@ -43,7 +45,6 @@ __all__ = [
     "tone_lut",
 ]
 
-Array = Any
 LUMA = (0.299, 0.587, 0.114)  # Rec. 601 luma weights on gamma-encoded RGB (the JPEG convention)
 
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from gpu_kernels.array import Array
+
 __all__ = ["Background", "composite", "round_levels"]
 
-Array = Any
 Background = Literal["white", "transparent", "keep"]
 
 

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import (
     apply_tone_lut,
     estimate_tone,
@@ -42,8 +43,6 @@ __all__ = [
     "tone_stage",
     "white_balance_stage",
 ]
-
-Array = Any
 
 
 @dataclass(frozen=True, slots=True)

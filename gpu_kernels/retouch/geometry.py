@@ -29,9 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from gpu_kernels.array import Array
+
 __all__ = ["VISIBLE_ALPHA", "GeometryConfig", "axis_taps", "keys_weights", "placement", "subject_box"]
 
-Array = Any
 
 # Alpha at or above which a mask pixel shows on a canvas (composited, it is no longer pure white or
 # fully transparent): the subject box and the compliance checks use this one definition.

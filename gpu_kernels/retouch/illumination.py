@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from gpu_kernels.array import Array
+
 __all__ = [
     "RetinexConfig",
     "gain_columns",
@@ -33,7 +35,6 @@ __all__ = [
     "illumination_gain",
 ]
 
-Array = Any
 MatrixFn = Callable[[int, float], Array]
 
 

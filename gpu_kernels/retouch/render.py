@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
+from gpu_kernels.array import Array
 from gpu_kernels.retouch.composite import round_levels
 from gpu_kernels.retouch.geometry import axis_taps
 
 __all__ = ["render_fused_cpu", "render_reference"]
 
-Array = Any
 F32 = np.float32
 
 

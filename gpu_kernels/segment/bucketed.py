@@ -10,8 +10,8 @@ the model: their alpha is the mask (stray specks far from the subject zeroed, ``
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from gpu_kernels.array import Array
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import ModelSpec, output_to_probability, preprocess
 from gpu_kernels.segment.ops import ArrayOps
@@ -19,8 +19,6 @@ from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probabil
 from schemas.errors import LightboxError, per_item
 
 __all__ = ["BucketedSegmenter", "batch_buckets", "plan_chunks"]
-
-Array = Any
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:

@@ -23,19 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import cv2
 import numpy as np
 
+from gpu_kernels.array import Array
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops, disk
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, ProcessingFailed, per_item
 
 __all__ = ["ClassicalConfig", "ClassicalSegmenter", "background_distance", "classical_foreground"]
-
-Array = Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,11 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from gpu_kernels.array import Array
 from schemas.errors import ProcessingFailed
 
 __all__ = ["precut_alpha", "validate_image"]
-
-Array = Any
 
 
 def validate_image(i: int, img: Array) -> None:

@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gpu_kernels.array import Array
 from gpu_kernels.segment.ops import ArrayOps
 from schemas.errors import ProcessingFailed
 
@@ -44,7 +45,6 @@ __all__ = [
     "resolve_model",
 ]
 
-Array = Any
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

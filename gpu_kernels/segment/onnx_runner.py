@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets, plan_chunks
 from gpu_kernels.segment.fetch_model import make_batch_static, model_cache_dir, sha256_file
 from gpu_kernels.segment.model import U2NETP, ModelSpec
@@ -38,7 +39,6 @@ from schemas.errors import ProcessingFailed
 __all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "cpu_session_options", "plan_chunks",
            "usable_cores"]
 
-Array = Any
 STAGE = "segment"
 DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 16}  # on CPU batching does not pay (FACTS.md)
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.model import U2NETP, ModelSpec
@@ -26,7 +27,6 @@ from schemas.errors import ProcessingFailed
 
 __all__ = ["OpenVinoSegmenter", "openvino_available", "supports_bf16"]
 
-Array = Any
 STAGE = "segment"
 Precision = Literal["f32", "bf16", "f16"]
 

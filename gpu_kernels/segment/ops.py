@@ -19,6 +19,8 @@ from typing import Any, Protocol
 import cv2
 import numpy as np
 
+from gpu_kernels.array import Array
+
 __all__ = [
     "ArrayOps",
     "CpuOps",
@@ -28,8 +30,6 @@ __all__ = [
     "numpy_xp_ops",
     "resample_matrix",
 ]
-
-Array = Any
 
 
 class ArrayOps(Protocol):

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import srgb_to_lab
 from gpu_kernels.segment.ops import ArrayOps
 
@@ -36,8 +37,6 @@ __all__ = [
     "fill_holes",
     "guided_probability",
 ]
-
-Array = Any
 
 
 @dataclass(frozen=True, slots=True)
