@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from lightbox.kafka_secure import client_env, secure_setup
+from lightbox.launch import cache_root, find_java, free_port, maven_jars, pid_alive
 
 __all__ = [
     "KAFKA_VERSION",
@@ -52,43 +53,20 @@ class KafkaLaunchError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("LIGHTBOX_CACHE_DIR") or Path.home() / ".cache" / "lightbox"
-    return Path(root) / f"kafka-{KAFKA_VERSION}"
+    return cache_root() / f"kafka-{KAFKA_VERSION}"
 
 
 def ensure_jars(target: Path | None = None, *, quiet: bool = True) -> Path:
     """Resolve the broker's jars with Maven into ``target/lib`` once; return that folder."""
-    lib = (target or cache_dir()) / "lib"
-    if any(lib.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):
-        return lib
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise KafkaLaunchError("Maven (mvn) is not on PATH: it is needed once to fetch Kafka's jars")
-    tmp = lib.with_name("lib.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [mvn, "-B", *(["-q"] if quiet else []), "-f", str(POM), "dependency:copy-dependencies",
-           "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
-    proc = subprocess.run(cmd, capture_output=quiet, text=True, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stdout or "")[-2000:] if quiet else ""
-        raise KafkaLaunchError(f"mvn failed to resolve Kafka {KAFKA_VERSION} (exit {proc.returncode}):\n{tail}")
-    shutil.rmtree(lib, ignore_errors=True)
-    tmp.rename(lib)
-    return lib
+    return maven_jars(POM, (target or cache_dir()) / "lib", f"kafka_2.13-{KAFKA_VERSION}.jar",
+                      f"Kafka {KAFKA_VERSION}", KafkaLaunchError, quiet=quiet)
 
 
 def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
-    if not java:
-        raise KafkaLaunchError("no java on PATH (Kafka 4.x needs a JDK/JRE 17+)")
-    return java
+    return find_java("Kafka 4.x", KafkaLaunchError)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_free_port = free_port
 
 
 def _port_free(port: int) -> bool:
@@ -332,16 +310,7 @@ def cluster_id(data_dir: Path) -> str:
     return cid
 
 
-def _pid_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:  # a zombie counts as gone
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+_pid_exists = pid_alive
 
 
 def _state_file() -> Path:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -22,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
+
+from lightbox.launch import free_port
 
 __all__ = ["LocalPrometheus", "PrometheusLaunchError", "prometheus_binary"]
 
@@ -35,10 +36,7 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus") or next((p for p in ("/usr/bin/prometheus",) if Path(p).exists()), None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_free_port = free_port
 
 
 def config_text(targets: Sequence[str], scrape_interval_s: float, job: str = "lightbox") -> str:

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from lightbox.launch import cache_root, find_java, free_port, maven_jars, pid_alive
+
 __all__ = [
     "S3PROXY_VERSION",
     "LocalS3",
@@ -63,43 +65,20 @@ class S3LaunchError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("LIGHTBOX_CACHE_DIR") or Path.home() / ".cache" / "lightbox"
-    return Path(root) / f"s3proxy-{S3PROXY_VERSION}"
+    return cache_root() / f"s3proxy-{S3PROXY_VERSION}"
 
 
 def ensure_jars(target: Path | None = None, *, quiet: bool = True) -> Path:
     """Resolve s3proxy's jars with Maven into ``target/lib`` once; return that folder."""
-    lib = (target or cache_dir()) / "lib"
-    if any(lib.glob(f"s3proxy-{S3PROXY_VERSION}.jar")):
-        return lib
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise S3LaunchError("Maven (mvn) is not on PATH: it is needed once to fetch s3proxy's jars")
-    tmp = lib.with_name("lib.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [mvn, "-B", *(["-q"] if quiet else []), "-f", str(POM), "dependency:copy-dependencies",
-           "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"]
-    proc = subprocess.run(cmd, capture_output=quiet, text=True, check=False)
-    if proc.returncode != 0:
-        tail = (proc.stdout or "")[-2000:] if quiet else ""
-        raise S3LaunchError(f"mvn failed to resolve s3proxy {S3PROXY_VERSION} (exit {proc.returncode}):\n{tail}")
-    shutil.rmtree(lib, ignore_errors=True)
-    tmp.rename(lib)
-    return lib
+    return maven_jars(POM, (target or cache_dir()) / "lib", f"s3proxy-{S3PROXY_VERSION}.jar",
+                      f"s3proxy {S3PROXY_VERSION}", S3LaunchError, quiet=quiet)
 
 
 def _java() -> str:
-    home = os.environ.get("JAVA_HOME")
-    java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
-    if not java:
-        raise S3LaunchError("no java on PATH (s3proxy needs a JDK/JRE 17+)")
-    return java
+    return find_java("s3proxy", S3LaunchError)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+_free_port = free_port
 
 
 def _answers_http(port: int) -> bool:
@@ -112,15 +91,7 @@ def _answers_http(port: int) -> bool:
         return False
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    try:  # a zombie counts as gone
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
+_pid_alive = pid_alive
 
 
 @dataclass
