@@ -148,6 +148,7 @@ class RunnerConfig:
     watchdog_interval_s: float = 1.0
     retry_backoff_s: float = 0.5
     max_send_batch: int = 256
+    max_prepare_batch: int = 64  # inputs one prepare call takes (a backlog is split over prepare_threads)
 
 
 @dataclass
@@ -212,6 +213,9 @@ class BatchRunner:
         self._ack_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._staged: deque[Pair] = deque()  # prepared, waiting to enter the batcher
+        self._inbox: deque[_Item] = deque()  # submitted, waiting for a prepare call
+        self._inbox_ready = asyncio.Event()
+        self._prep_slots = asyncio.Semaphore(self.config.prepare_threads)
         self._pools = {
             "prepare": ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="lightbox-prepare"),
             "decode": ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode"),
@@ -236,7 +240,7 @@ class BatchRunner:
     async def start(self) -> None:
         """Start the sink (reads the topics' size limits) and the lanes."""
         await self.sink.start()
-        loops = {"batch-timer": self._timer_loop, "decode": self._decode_loop, "device": self._device_loop,
+        loops = {"prepare": self._prepare_loop, "batch-timer": self._timer_loop, "decode": self._decode_loop, "device": self._device_loop,
                  "output": self._output_loop, "send": self._send_loop, "watchdog": self._watchdog_loop}
         for name, loop in loops.items():
             task = asyncio.create_task(loop(), name=f"lightbox-{name}")
@@ -261,7 +265,8 @@ class BatchRunner:
             item.ticket = self._wm.submit(key, rec.offset, item)
         self.observer.received(rec)
         self.observer.in_flight(self._wm.pending)
-        self._spawn(self._prepare(item))
+        self._inbox.append(item)
+        self._inbox_ready.set()
 
     def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Partitions went away: forget their queues; their in-flight work will ack nothing."""
@@ -295,21 +300,53 @@ class BatchRunner:
             self.processor.close()
 
     # -- lanes -------------------------------------------------------------------------------
-    async def _prepare(self, item: _Item) -> None:
+    async def _prepare_loop(self) -> None:
+        """Hands submitted inputs to the prepare threads in groups: one thread hop per group, not
+        per input. A backlog is split evenly over ``prepare_threads`` (at most
+        ``max_prepare_batch`` per call); a lone input goes alone, at once."""
+        cfg = self.config
+        while True:
+            await self._inbox_ready.wait()
+            self._inbox_ready.clear()
+            while self._inbox:
+                await self._prep_slots.acquire()
+                n = min(len(self._inbox), cfg.max_prepare_batch, -(-len(self._inbox) // cfg.prepare_threads))
+                self._spawn(self._prepare([self._inbox.popleft() for _ in range(n)]))
+
+    async def _prepare(self, items: list[_Item]) -> None:
         try:
-            res = await self._call("prepare", 1, self.processor.prepare, item.record)
-        except FatalError:
-            raise
-        except Exception as exc:  # prepare never raises by contract; this is the last line of defence
-            log.error("prepare lane: %s for %s:%d:%d; it goes to the dead-letter topic", type(exc).__name__,
-                      item.record.topic, item.record.partition, item.record.offset)
-            res = self._dead_letter(item, ProcessingFailed(f"{type(exc).__name__}: {exc}", stage="prepare"))
-        if isinstance(res, OutRecord):
-            self._send_q.put_nowait([(item, res)])
-            return
-        item.parsed = res.event
-        self._staged.append((item, res))
-        self._wake.set()
+            results = await self._call("prepare", len(items), self._prepare_all, [i.record for i in items])
+        finally:
+            self._prep_slots.release()
+        dead: list[Sent] = []
+        for item, res in zip(items, results, strict=True):
+            if isinstance(res, Exception):  # prepare never raises by contract; this is the last line of defence
+                log.error("prepare lane: %s for %s:%d:%d; it goes to the dead-letter topic", type(res).__name__,
+                          item.record.topic, item.record.partition, item.record.offset)
+                dead.append((item, self._dead_letter(item, ProcessingFailed(f"{type(res).__name__}: {res}",
+                                                                            stage="prepare"))))
+            elif isinstance(res, OutRecord):
+                dead.append((item, res))
+            else:
+                item.parsed = res.event
+                self._staged.append((item, res))
+        if dead:
+            self._send_q.put_nowait(dead)
+        if len(dead) < len(items):
+            self._wake.set()
+
+    def _prepare_all(self, records: list[InRecord]) -> list[Any]:
+        """In a prepare thread: each record's Prepared job, dead letter, or (a broken contract) the
+        exception it raised. A :class:`FatalError` stops the call (the runner fail-stops)."""
+        out: list[Any] = []
+        for rec in records:
+            try:
+                out.append(self.processor.prepare(rec))
+            except FatalError:
+                raise
+            except Exception as exc:
+                out.append(exc)
+        return out
 
     def _stage_into_batcher(self, *, all_of_them: bool = False) -> list[Batch[Pair]]:
         """Prepared jobs enter the batcher only while a closed batch can go straight to decode:
