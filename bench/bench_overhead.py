@@ -196,6 +196,7 @@ class Bench:
     baseline_dir: Path | None
     worker_env: dict[str, str]
     lighting: str
+    cprofile: Path | None = None
 
 
 def _command(b: Bench, variant: str, env: dict[str, str]) -> tuple[list[str], Path]:
@@ -206,6 +207,10 @@ def _command(b: Bench, variant: str, env: dict[str, str]) -> tuple[list[str], Pa
         env["PYTHONPATH"] = str(b.baseline_dir)
         return [sys.executable, "-m", "lightbox.cli", "worker"], b.baseline_dir
     env["PYTHONPATH"] = str(ROOT)
+    if b.cprofile is not None:  # the event-loop thread only: the framework's own share
+        b.cprofile.mkdir(parents=True, exist_ok=True)
+        return [sys.executable, "-m", "cProfile", "-o", str(b.cprofile / "current.prof"),
+                "-m", "lightbox.cli", "worker"], ROOT
     return [sys.executable, "-m", "lightbox.cli", "worker"], ROOT
 
 
@@ -377,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-floor", action="store_true", help="skip the pure-aiokafka floor")
     ap.add_argument("--only", default="", help="comma-separated variants to run (current, baseline, floor)")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy the current worker of round 1 into DIR")
+    ap.add_argument("--cprofile", type=Path, default=None,
+                    help="run the current worker under cProfile (event-loop thread) into DIR/current.prof")
     ap.add_argument("--worker-env", action="append", default=[], help="K=V for every worker (repeatable)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--floor-worker", action="store_true", help=argparse.SUPPRESS)
@@ -404,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             bootstrap, broker_pid = kafka.bootstrap, kafka.pid
         b = Bench(bootstrap=bootstrap, broker_pid=broker_pid, events=args.events, images=tiny_jpegs(),
                   workdir=workdir, baseline_dir=baseline_dir,
-                  worker_env=dict(kv.split("=", 1) for kv in args.worker_env), lighting=args.lighting)
+                  worker_env=dict(kv.split("=", 1) for kv in args.worker_env), lighting=args.lighting, cprofile=args.cprofile)
         runs: list[RunResult] = []
         for rnd in range(1, args.rounds + 1):
             order = variants[(rnd - 1) % len(variants):] + variants[:(rnd - 1) % len(variants)]
