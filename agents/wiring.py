@@ -32,7 +32,10 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
     classical = make_segmenter("classical", device)
     if settings.segmenter == "classical":
         return None, classical, str(getattr(classical, "version", "classical"))
-    model = make_segmenter("model", device, model_path=settings.model_path)
+    from gpu_kernels.segment.model import resolve_model
+
+    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    model = make_segmenter("model", device, model_path=path, spec=spec)
     return model, classical, str(getattr(model, "version", "model"))
 
 

@@ -98,6 +98,11 @@ class Settings(BaseSettings):
     kafka_allow_plain_over_plaintext: bool = Field(
         False, description="allow SASL PLAIN over SASL_PLAINTEXT (sends the password in the clear)")
 
+    model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, isnet or birefnet "
+                                                  "(gpu_kernels.segment.model.KNOWN_SPECS)")
+    model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
+                                                             "overrides: input_size, mean, std, ...)")
+
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":
             return self.device

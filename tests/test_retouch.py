@@ -142,20 +142,18 @@ def test_white_balance_removes_a_colour_cast_from_the_background() -> None:
         assert 60 <= out[mask == 0].mean() <= 250  # not trivially neutral by clipping to 255
 
 
-@pytest.mark.parametrize("name", ["astronaut", "chelsea", "rocket"])
-def test_gray_world_undoes_a_cast_without_a_mask(name: str) -> None:
-    """Without a mask: the output of the cast photo is within 1.5 levels (mean abs) of the
-    output of the original, and < 30 % of the cast's own difference."""
-    config = RetouchConfig(retinex=RetinexConfig(strength=0.0),
-                           white_balance=WhiteBalanceConfig(gray_world_max_gain=1.6))
-    r = CpuRetoucher(config)
-    original = photo(name)
+def test_white_balance_undoes_a_cast_on_a_photo_with_neutral_evidence() -> None:
+    """Without a mask, skimage's astronaut (a white suit) under a cast: the output of the cast
+    photo is within 2 levels (mean abs) of the output of the original, and < 30 % of the cast's
+    own difference. (Photos without neutral evidence are left alone: tests/test_quality.py.)"""
+    r = CpuRetoucher(NO_RETINEX)
+    original = photo("astronaut")
     cast = np.clip(original * np.array([1.08, 1.0, 0.92]), 0, 255).astype(np.uint8)
     a = r.correct([original], [None], RetouchOptions("keep"))[0].astype(np.int16)
     b = r.correct([cast], [None], RetouchOptions("keep"))[0].astype(np.int16)
     before = np.abs(cast.astype(np.int16) - original).mean()
     after = np.abs(a - b).mean()
-    assert after <= 1.5
+    assert after <= 2.0
     assert after < 0.3 * before
 
 

@@ -431,3 +431,137 @@ def test_contact_sheet_with_a_segmenter(tmp_path: Path) -> None:
     img = make_composite("coffee", "ellipse", "plain", size=(150, 200)).image
     out = write_contact_sheet([img], tmp_path / "s.png", segmenter=ClassicalSegmenter())
     assert out.is_file() and cv2.imread(str(out)) is not None
+
+
+# -- mask cleanup: holes, islands, guided edge ----------------------------------------------------
+
+BOTH_OPS = pytest.mark.parametrize("ops", [CpuOps(), numpy_xp_ops()], ids=["opencv", "xp-numpy"])
+
+
+def _holed_scene() -> tuple[np.ndarray, np.ndarray]:
+    """A grey disc on a sand-coloured backdrop, and a model probability with four holes: a speck,
+    a dark logo the model missed (not background-coloured), the opening of a handle (shows the
+    backdrop) and a big opening (a ring's centre)."""
+    yy, xx = np.mgrid[0:400, 0:600]
+    image = np.empty((400, 600, 3), np.uint8)
+    image[:] = (214, 196, 160)
+    disc = np.hypot(yy - 200, xx - 300) < 180
+    image[disc] = (120, 120, 125)
+    prob = disc.astype(np.float32)
+    prob[150:153, 250:253] = 0.0  # speck
+    image[230:260, 220:260] = (30, 30, 90)  # the logo ...
+    prob[230:260, 220:260] = 0.0  # ... that the model missed
+    handle = np.hypot(yy - 200, xx - 400) < 18
+    image[handle] = (214, 196, 160)  # the handle's opening shows the backdrop
+    prob[handle] = 0.0
+    centre = np.hypot(yy - 120, xx - 300) < 45  # > max_hole of the disc? no: see the test
+    image[centre] = (214, 196, 160)
+    prob[centre] = 0.0
+    return image, prob
+
+
+@BOTH_OPS
+def test_holes_are_filled_unless_they_show_the_background(ops: CpuOps) -> None:
+    image, prob = _holed_scene()
+    cfg = MaskPostprocess(feather_px=0, guide_sigma=0.0)
+    alpha = alpha_from_probability(prob, cfg, ops, image) > 0
+    assert alpha[151, 251]  # the speck is filled
+    assert alpha[230:260, 220:260].all()  # the logo, unlike the backdrop, is filled
+    assert not alpha[200, 400]  # the handle's opening stays open
+    assert not alpha[120, 300]  # so does the big background-coloured opening
+    no_image = alpha_from_probability(prob, cfg, ops) > 0
+    assert no_image[151, 251] and not no_image[245, 240]  # without colours: specks only
+    small = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0, max_hole=0.01), ops, image)
+    assert not small[245, 240]  # a hole above max_hole stays open whatever its colour
+
+
+@BOTH_OPS
+def test_small_islands_far_from_the_subject_are_dropped(ops: CpuOps) -> None:
+    prob = np.zeros((400, 600), np.float32)
+    prob[100:300, 200:400] = 1.0  # the product: 40000 px
+    prob[170:230, 410:450] = 1.0  # a small part near it (2400 px, 6 %): kept
+    prob[10:60, 10:70] = 1.0  # a small blob far away (3000 px, 7.5 %): dropped
+    prob[330:390, 500:590] = 1.0  # a far but sizeable item (5400 px, 13 %): kept
+    prob[380:382, 100:102] = 1.0  # a speck: dropped
+    alpha = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0), ops) > 0
+    assert alpha[200, 300] and alpha[200, 420] and alpha[350, 550]
+    assert not alpha[30, 30] and not alpha[381, 101]
+    old = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0, far_component=0.0), ops)
+    assert old[30, 30]  # the previous rule (share of the largest only) kept it
+
+
+@BOTH_OPS
+def test_guided_edge_follows_the_photo_and_does_not_bleed(ops: CpuOps) -> None:
+    """A model probability that is soft and 2 px too wide (as an upsampled 320 px output is):
+    with the guided filter no background pixel gets alpha > 0 and the outline is within 1 px."""
+    image = np.full((300, 400, 3), (40, 120, 60), np.uint8)
+    truth = np.zeros((300, 400), bool)
+    truth[80:220, 100:300] = True
+    image[truth] = (230, 225, 215)
+    wide = cv2.dilate(truth.astype(np.uint8), np.ones((5, 5), np.uint8)).astype(np.float32)
+    prob = cv2.GaussianBlur(wide, (0, 0), 3.0)
+    plain = alpha_from_probability(prob, MaskPostprocess(guide_sigma=0.0), ops, image)
+    guided = alpha_from_probability(prob, MaskPostprocess(), ops, image)
+    assert ((plain > 0) & ~truth).sum() > 500  # without it, the edge bleeds into the backdrop
+    assert ((guided > 0) & ~truth).sum() == 0
+    assert boundary_f_px(guided > 0, truth) >= 0.99
+
+
+def boundary_f_px(pred: np.ndarray, truth: np.ndarray) -> float:
+    from gpu_kernels.quality import boundary_f
+
+    return boundary_f(pred, truth, tol=1)
+
+
+def test_cleanup_backends_agree() -> None:
+    image, prob = _holed_scene()
+    blurred = cv2.GaussianBlur(prob, (0, 0), 2.0)
+    a = alpha_from_probability(blurred, MaskPostprocess(), CpuOps(), image)
+    b = alpha_from_probability(blurred, MaskPostprocess(), numpy_xp_ops(), image)
+    assert (np.abs(a.astype(int) - b) > 2).mean() < 0.001
+
+
+# -- the model spec from the worker's settings ----------------------------------------------------
+
+def test_settings_carry_the_model_spec_to_the_segmenter(u2netp: ModelFiles, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LIGHTBOX_MODEL_SPEC`` / ``LIGHTBOX_MODEL_CONFIG_FILE`` reach the runner: another model's
+    spec never runs with u2netp's pre-processing, and u2netp alone needs no file."""
+    from gpu_kernels.segment import ISNET
+    from gpu_kernels.segment.model import resolve_model
+    from streams.settings import Settings
+
+    monkeypatch.setenv("LIGHTBOX_MODEL_SPEC", "isnet")
+    settings = Settings(model_path=u2netp.original)
+    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    assert path == u2netp.original and spec == ISNET
+    with pytest.raises(ProcessingFailed, match="needs a model file"):
+        resolve_model(None, "isnet")
+    with pytest.raises(ProcessingFailed, match="unknown model spec"):
+        resolve_model(u2netp.original, "sam")
+    assert resolve_model(None) == (None, U2NETP)
+    config = tmp_path / "model.toml"
+    config.write_text(f'[segment.model]\npath = "{u2netp.original}"\nspec = "u2netp"\ninput_size = [288, 288]\n')
+    monkeypatch.setenv("LIGHTBOX_MODEL_CONFIG_FILE", str(config))
+    settings = Settings()
+    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    assert path == u2netp.original and spec.input_size == (288, 288) and spec.mean == U2NETP.mean
+    seg = make_segmenter("model", "cpu", model_path=path, spec=spec)
+    assert isinstance(seg, OnnxSegmenter) and seg.spec.input_size == (288, 288)
+
+
+@BOTH_OPS
+def test_an_unsure_background_coloured_leak_is_dropped_when_asked(ops: CpuOps) -> None:
+    """A bright product with a patch of dark backdrop the model half-took for product (prob
+    0.6): with ``leak_prob=0.8`` the patch goes, the product (prob 1) stays; off by default
+    (measured: it also trims fur and soft parts of real photos, see the bench)."""
+    image = np.full((300, 400, 3), 45, np.uint8)
+    image[100:200, 100:200] = 210
+    prob = np.zeros((300, 400), np.float32)
+    prob[100:200, 100:200] = 1.0
+    prob[120:180, 200:260] = 0.6  # the leak, backdrop-coloured
+    off = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0), ops, image) > 0
+    on = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0, leak_prob=0.8), ops,
+                                image) > 0
+    assert off[150, 230] and not on[150, 230]
+    assert on[100:200, 100:200].all()

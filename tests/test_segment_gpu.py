@@ -121,3 +121,17 @@ def test_classical_gpu_matches_cpu() -> None:
 def test_xp_ops_is_the_gpu_backend() -> None:
     ops = cupy_ops()
     assert isinstance(ops, XpOps) and ops.device == "gpu" and ops.xp is cupy
+
+
+def test_cupy_mask_cleanup_matches_cpu() -> None:
+    """Guided edge, hole filling and island dropping with the photo: CuPy vs OpenCV."""
+    from tests.test_segment import _holed_scene
+
+    image, prob = _holed_scene()
+    import cv2
+
+    blurred = cv2.GaussianBlur(prob, (0, 0), 2.0)
+    cfg = MaskPostprocess()
+    a = alpha_from_probability(blurred, cfg, CpuOps(), image)
+    b = cupy.asnumpy(alpha_from_probability(cupy.asarray(blurred), cfg, cupy_ops(), cupy.asarray(image)))
+    assert (np.abs(a.astype(int) - b) > 2).mean() < 0.001

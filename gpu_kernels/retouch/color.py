@@ -7,7 +7,9 @@ never synchronises and its results stay on the device.
 
 Working values ("levels") are float32 on the 0..255 scale. The per-pixel maths:
 
-* white balance: ``v_c = x_c * wb_c`` (one gain per channel);
+* white balance: ``v_c = min(x_c * wb_c, 255 * min(wb))`` (one gain per channel; the clip makes
+  every channel saturate together, so a highlight clipped in the input stays neutral instead of
+  taking the colour of the gains);
 * exposure + gamma + highlight protection: one monotone tone curve ``f`` applied to every
   channel, tabulated as a float32 look-up table of ``lut_size`` entries over ``[0, v_max]`` and
   read with linear interpolation: ``t = v * scale``, ``i = min(int(t), n - 2)``,
@@ -18,7 +20,8 @@ The curve maps the subject's luminance percentiles ``(p_low, p_mid, p_high)`` to
 ``(target_low, target_mid, target_high)``: levels ``t = (v - lo) / (hi - lo)``, gamma on
 ``[0, 1]`` (``target_low + (target_high - target_low) * t ** gamma``), a linear toe from
 ``(0, 0)`` to ``(lo, target_low)`` below, and above ``hi`` an exponential shoulder that keeps
-the slope at ``hi`` and approaches 255 without clipping (highlight protection). Stretch and
+the slope at ``hi`` and approaches ``ceiling * 255`` without clipping (highlight protection; a
+ceiling under 255 keeps a product's highlights apart from a pure-white background). Stretch and
 gamma are clipped to the config's limits, so the targets are met only within those limits.
 """
 
@@ -38,6 +41,7 @@ __all__ = [
     "luma",
     "masked_percentiles",
     "sample_stride",
+    "srgb_to_lab",
     "tone_lut",
 ]
 
@@ -47,27 +51,44 @@ LUMA = (0.299, 0.587, 0.114)  # Rec. 601 luma weights on gamma-encoded RGB (the 
 
 @dataclass(frozen=True, slots=True)
 class WhiteBalanceConfig:
-    """White balance gains: background mean → neutral, or gray-world without a background.
+    """White balance from neutral evidence (see :func:`estimate_white_balance`).
 
-    A pixel counts as background where alpha <= ``background_max_alpha``; pixels with a channel
-    >= ``saturated`` or all channels <= ``dark`` are ignored. With at least ``min_share`` of the
-    sample (and 16 pixels) as background, the background's channel means are equalised (gains
-    clipped to ``[1/max_gain, max_gain]``); otherwise gray-world over all valid pixels with the
-    tighter ``gray_world_max_gain``. Gains keep the mean level (their weighted mean is 1).
+    Pixels with a channel >= ``saturated`` or an L* below ``min_lightness`` carry no evidence.
+    ``sigmas``: the a*b* kernel widths of the mean-shift search for the neutral cluster, from
+    wide to narrow. A cluster centre is a plausible illuminant inside the ellipse of half-axes
+    ``max_cast_a``, ``max_cast_b`` (lights vary along blue-yellow far more than green-magenta);
+    trust fades to 0 at 1.25 times the ellipse. ``min_evidence``: the (lightness-weighted) share
+    of the sample in the cluster needed for full confidence; less scales the correction down,
+    none leaves the colour alone. The background (alpha <= ``background_max_alpha``) is trusted as
+    a backdrop when it covers ``backdrop_min_share`` of the sample, its mean colour is a plausible
+    illuminant and its texture (mean ``|grad L*|`` per sample pixel) is at most
+    ``backdrop_max_texture`` (fading to 0 at twice that). Gains are clipped to
+    ``[1 / max_gain, max_gain]``; they keep the mean level.
     """
 
     background_max_alpha: int = 16
-    min_share: float = 0.01
     saturated: int = 250
-    dark: int = 8
-    max_gain: float = 2.0
-    gray_world_max_gain: float = 1.25
+    min_lightness: float = 20.0
+    sigmas: tuple[float, ...] = (16.0, 10.0, 6.0, 4.0)
+    max_cast_a: float = 10.0
+    max_cast_b: float = 36.0
+    bright_pct: float = 99.0
+    bright_span: float = 30.0
+    min_evidence: float = 0.02
+    agree: float = 6.0
+    backdrop_min_share: float = 0.05
+    backdrop_max_texture: float = 2.5
+    max_gain: float = 1.6
 
     def __post_init__(self) -> None:
-        if not (self.max_gain >= 1.0 and self.gray_world_max_gain >= 1.0):
-            raise ValueError(f"white balance gain limits must be >= 1; got {self}")
-        if not 0.0 <= self.min_share <= 1.0:
-            raise ValueError(f"white balance min_share must be within [0, 1]; got {self.min_share}")
+        if self.max_gain < 1.0:
+            raise ValueError(f"white balance max_gain must be >= 1; got {self.max_gain}")
+        if not self.sigmas or min(self.sigmas) <= 0:
+            raise ValueError(f"white balance sigmas must be positive; got {self.sigmas}")
+        if min(self.max_cast_a, self.max_cast_b, self.min_evidence, self.backdrop_max_texture) <= 0:
+            raise ValueError(f"white balance limits must be positive; got {self}")
+        if not 0.0 <= self.backdrop_min_share <= 1.0:
+            raise ValueError(f"white balance backdrop_min_share must be within [0, 1]; got {self.backdrop_min_share}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +108,7 @@ class ExposureConfig:
     target_low: float = 0.02
     target_mid: float = 0.45
     target_high: float = 0.96
+    ceiling: float = 0.985
     max_black: float = 0.12
     max_stretch: float = 2.5
     min_stretch: float = 0.6
@@ -98,8 +120,8 @@ class ExposureConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.low_pct < self.mid_pct < self.high_pct <= 100.0:
             raise ValueError(f"exposure percentiles must rise within [0, 100]; got {self}")
-        if not 0.0 < self.target_low < self.target_mid < self.target_high < 1.0:
-            raise ValueError(f"exposure targets must rise within (0, 1); got {self}")
+        if not 0.0 < self.target_low < self.target_mid < self.target_high < self.ceiling <= 1.0:
+            raise ValueError(f"exposure targets and ceiling must rise within (0, 1]; got {self}")
         stretch_ok = 0 < self.min_stretch <= 1 <= self.max_stretch
         if not (stretch_ok and 0 < self.gamma_min <= 1 <= self.gamma_max):
             raise ValueError(f"exposure stretch/gamma limits must bracket 1; got {self}")
@@ -137,29 +159,109 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
     return xp.stack(out)
 
 
+def srgb_to_lab(xp: Any, rgb: Array) -> Array:
+    """CIELAB (D65) of ``(..., 3)`` sRGB levels 0..255 (float64): ``(..., 3)`` L*, a*, b*."""
+    c = rgb / 255.0
+    lin = xp.where(c <= 0.04045, c / 12.92, xp.power((xp.maximum(c, 0.04045) + 0.055) / 1.055, 2.4))
+    r, g, b = lin[..., 0], lin[..., 1], lin[..., 2]
+    x = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b) / 0.95047
+    y = 0.2126729 * r + 0.7151522 * g + 0.0721750 * b
+    z = (0.0193339 * r + 0.1191920 * g + 0.9503041 * b) / 1.08883
+    eps, kappa = 216.0 / 24389.0, 24389.0 / 27.0
+
+    def f(t: Array) -> Array:
+        return xp.where(t > eps, xp.cbrt(xp.maximum(t, eps)), (kappa * t + 16.0) / 116.0)
+
+    fx, fy, fz = f(x), f(y), f(z)
+    return xp.stack([116.0 * fy - 16.0, 500.0 * (fx - fy), 200.0 * (fy - fz)], axis=-1)
+
+
+LOCUS_SLOPE = 0.3  # a* per b* of a white under lights along the daylight/Planckian locus (warm: +a*)
+
+
+def _plausible(xp: Any, a: Array, b: Array, cfg: WhiteBalanceConfig) -> Array:
+    """1 inside the illuminant ellipse (around the locus ``a* = 0.3 b*``), fading to 0 at 1.25
+    times it."""
+    norm = math.sqrt(1.0 + LOCUS_SLOPE * LOCUS_SLOPE)
+    along = (b + LOCUS_SLOPE * a) / norm
+    across = (a - LOCUS_SLOPE * b) / norm
+    r = xp.sqrt((across / cfg.max_cast_a) ** 2 + (along / cfg.max_cast_b) ** 2)
+    return xp.clip((1.25 - r) / 0.25, 0.0, 1.0)
+
+
+def _balancing_gains(xp: Any, illuminant: Array) -> Array:
+    """Gains that make ``illuminant`` (3,) levels neutral and keep its mean level."""
+    return illuminant.mean() / xp.maximum(illuminant, 1e-6)
+
+
 def estimate_white_balance(
     xp: Any, rgb: Array, alpha: Array | None, cfg: WhiteBalanceConfig
 ) -> Array:
-    """Per-channel gains ``(3,)`` float32 from a sample.
+    """Per-channel gains ``(3,)`` float32 from neutral evidence in a sample.
 
-    ``rgb``: ``(n, 3)`` float64 levels; ``alpha``: ``(n,)`` float64 in 0..255 or None.
+    ``rgb``: ``(h, w, 3)`` float64 levels (the strided sample, its neighbours are neighbours);
+    ``alpha``: ``(h, w)`` float64 in 0..255 or None.
+
+    1. Neutral evidence: pixels (not clipped, not dark) weighted by ``(L*/100)^2`` (bright
+       pixels are the better witnesses: white-patch), and a mean-shift in a*b* that starts at
+       neutral and narrows (``cfg.sigmas``) finds the cluster of near-neutral pixels nearest to
+       neutral: a white or grey object, a specular highlight, a grey backdrop, under whatever
+       plausible cast. A saturated surface (wood, green cloth, blue paper) lies far from it and
+       weighs (almost) nothing. The illuminant is the cluster's mean colour; confidence grows with
+       its share of the sample and fades when its centre is no plausible light.
+    2. Backdrop: a background that covers enough of the sample, is of plausible colour and of
+       low texture (a studio sweep, paper, a grey table) is itself the neutral reference.
+    3. Gains ``(illuminant mean / illuminant) ** confidence`` (blended, in log space, with the
+       backdrop's by its trust), clipped to ``max_gain``. No evidence: gains 1.
     """
-    mx = rgb.max(axis=1)
-    valid = (mx < cfg.saturated) & (mx > cfg.dark)
-    n = rgb.shape[0]
+    n = rgb.shape[0] * rgb.shape[1]
+    flat = rgb.reshape(-1, 3)
+    lab = srgb_to_lab(xp, flat)
+    light, ab = lab[:, 0], lab[:, 1:]
+    valid = (flat.max(axis=1) < cfg.saturated) & (light >= cfg.min_lightness)
+    top = masked_percentiles(xp, light, valid | ~xp.any(valid), (cfg.bright_pct,))[0]
+    bright = xp.clip((light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
+    weight = xp.where(valid, bright, 0.0)
+    total = xp.maximum(valid.sum(), 1.0)
+    centre = xp.zeros(2, xp.float64)
+    kernel = weight
+    for sigma in cfg.sigmas:
+        d2 = ((ab - centre) ** 2).sum(axis=1)
+        kernel = weight * xp.exp(-0.5 * d2 / (sigma * sigma))
+        mass = kernel.sum()
+        centre = xp.where(mass > 1e-12, (kernel[:, None] * ab).sum(axis=0) / xp.maximum(mass, 1e-12), centre)
+    mass = kernel.sum()
+    illuminant = xp.maximum((kernel[:, None] * flat).sum(axis=0) / xp.maximum(mass, 1e-12), 1.0)
+    confidence = xp.clip(mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
+    confidence = xp.where(mass > 1e-12, confidence, 0.0)
+    log_gain = confidence * xp.log(_balancing_gains(xp, illuminant))
     if alpha is not None:
-        bg = valid & (alpha <= cfg.background_max_alpha)
-        use_bg = xp.sum(bg) >= max(16.0, cfg.min_share * n)
-        weights = xp.where(use_bg, bg, valid)
-        limit = xp.where(use_bg, xp.asarray(cfg.max_gain), xp.asarray(cfg.gray_world_max_gain))
-    else:
-        weights = valid
-        limit = xp.asarray(cfg.gray_world_max_gain)
-    count = xp.sum(weights)
-    means = (rgb * weights[:, None]).sum(axis=0) / xp.maximum(count, 1)
-    gains = means.mean() / xp.maximum(means, 1e-6)
-    gains = xp.minimum(xp.maximum(gains, 1.0 / limit), limit)
-    gains = xp.where(count > 0, gains, xp.ones_like(gains))
+        bg = valid & (alpha.reshape(-1) <= cfg.background_max_alpha)
+        count = bg.sum()
+        bgw = bg.astype(xp.float64)
+        bg_rgb = (bgw[:, None] * flat).sum(axis=0) / xp.maximum(count, 1)
+        bg_ab = (bgw[:, None] * ab).sum(axis=0) / xp.maximum(count, 1)
+        plane = light.reshape(rgb.shape[:2])
+        gx = xp.abs(plane[:, 1:] - plane[:, :-1])
+        gy = xp.abs(plane[1:, :] - plane[:-1, :])
+        mask2 = bgw.reshape(rgb.shape[:2])
+        both_x = mask2[:, 1:] * mask2[:, :-1]
+        both_y = mask2[1:, :] * mask2[:-1, :]
+        pairs = both_x.sum() + both_y.sum()
+        texture = ((gx * both_x).sum() + (gy * both_y).sum()) / xp.maximum(pairs, 1.0)
+        t_max = cfg.backdrop_max_texture
+        disagree = xp.sqrt(((bg_ab - centre) ** 2).sum())
+        trust = (
+            xp.clip(count / (cfg.backdrop_min_share * n), 0.0, 1.0)
+            * _plausible(xp, bg_ab[0], bg_ab[1], cfg)
+            * xp.clip((2.0 * t_max - texture) / t_max, 0.0, 1.0)
+            * (pairs > 0)
+            * (1.0 - confidence * xp.clip((disagree - cfg.agree) / cfg.agree, 0.0, 1.0))
+        )
+        log_bg = xp.log(_balancing_gains(xp, xp.maximum(bg_rgb, 1.0)))
+        log_gain = trust * log_bg + (1.0 - trust) * log_gain
+    limit = math.log(cfg.max_gain)
+    gains = xp.exp(xp.clip(log_gain, -limit, limit))
     return gains.astype(xp.float32)
 
 
@@ -202,7 +304,8 @@ def tone_lut(xp: Any, tone: Array, v_max: Array, cfg: ExposureConfig) -> tuple[A
     body = t_lo + (t_hi - t_lo) * xp.power(xp.minimum(xp.maximum(t, 0.0), 1.0), gamma)
     slope = (t_hi - t_lo) * gamma  # d out / d t at t = 1
     above = xp.maximum(t - 1.0, 0.0)
-    shoulder = t_hi + (1.0 - t_hi) * (1.0 - xp.exp(-slope * above / (1.0 - t_hi)))
+    top = cfg.ceiling
+    shoulder = t_hi + (top - t_hi) * (1.0 - xp.exp(-slope * above / (top - t_hi)))
     toe = t_lo * xp.maximum(v / xp.maximum(lo, 1e-6), 0.0)
     out = xp.where(t > 1.0, shoulder, xp.where(v < lo, toe, body))
     lut = (out * 255.0).astype(xp.float32)

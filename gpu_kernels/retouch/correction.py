@@ -3,7 +3,7 @@
 :func:`plan_correction` estimates everything the pass needs from a strided sample (array-module
 generic, no device sync); the pass itself is per pixel, in float32, in this order::
 
-    v_c = (x_c * wb_c) * g(x, y)        # white balance, then the bilinear Retinex gain (if any)
+    v_c = min(x_c * wb_c, 255 min(wb)) * g(x, y)   # white balance, then the Retinex gain (if any)
     y_c = tone_lut(v_c)                 # exposure + gamma + highlight shoulder (if lighting)
     out = composite(y, alpha)           # white / transparent / keep, rounded to uint8
 
@@ -78,7 +78,7 @@ def plan_correction(
     gh, gw = rgb.shape[:2]
     a = None if alpha is None else alpha[::s, ::s].astype(xp.float64)
     flat_a = None if a is None else a.reshape(-1)
-    wb = estimate_white_balance(xp, rgb.reshape(-1, 3), flat_a, cfg.white_balance)
+    wb = estimate_white_balance(xp, rgb, a, cfg.white_balance)
     lum = luma(xp, rgb * wb.astype(xp.float64))
     gain_map = None
     v_max = 255.0 * xp.max(wb).astype(xp.float64) * 1.001
@@ -93,9 +93,12 @@ def plan_correction(
 
 
 def white_balance_stage(xp: Any, pixels: Array, wb: Array) -> Array:
-    """``(H, W, 1|3|4)`` uint8 → ``(H, W, 3)`` float32 ``x * wb`` (gray broadcast, no alpha)."""
+    """``(H, W, 1|3|4)`` uint8 → ``(H, W, 3)`` float32 ``min(x * wb, 255 * min(wb))`` (gray
+    broadcast, no alpha): a channel clipped at 255 in the input may have been brighter, so every
+    channel is clipped where the least-gained one saturates and clipped highlights stay neutral."""
     x = pixels[..., :3] if pixels.shape[2] == 4 else pixels
-    return x.astype(xp.float32) * wb
+    v = x.astype(xp.float32) * wb
+    return xp.minimum(v, xp.float32(255) * xp.min(wb))
 
 
 def illumination_stage(xp: Any, v: Array, plan: ColorPlan, y_start: int = 0) -> Array:
@@ -187,6 +190,7 @@ def _levels(src: np.ndarray, plan: ColorPlan, wb3: np.ndarray, cols3: np.ndarray
         v[...] = src[..., :1] if c == 1 else src[..., :3]
         v = v.reshape(rows, width * 3)
     v *= wb3
+    np.minimum(v, np.float32(255) * wb3[:3].min(), out=v)
     if cols3 is not None:
         v *= _band_gain(cols3, band, plan.stride)
     if pairs is None or plan.lut_scale is None:

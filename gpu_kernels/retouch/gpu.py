@@ -88,6 +88,7 @@ __global__ void lb_correct(
         grow1 = gcols + (long long)y1 * width;
     }
     const float wb0 = wb[0], wb1 = wb[1], wb2 = wb[2];
+    const float wcap = 255.0f * fminf(fminf(wb0, wb1), wb2);
     const float scale = has_lut ? lut_scale[0] : 0.0f;
     const int xe = min(xs + LB_PX, width);
     for (int x = xs; x < xe; ++x) {
@@ -99,7 +100,7 @@ __global__ void lb_correct(
         } else {
             v0 = (float)s[0]; v1 = (float)s[1]; v2 = (float)s[2];
         }
-        v0 = v0 * wb0; v1 = v1 * wb1; v2 = v2 * wb2;
+        v0 = fminf(v0 * wb0, wcap); v1 = fminf(v1 * wb1, wcap); v2 = fminf(v2 * wb2, wcap);
         if (has_gain) {
             const float g = grow0[x] * (1.0f - fy) + grow1[x] * fy;
             v0 = v0 * g; v1 = v1 * g; v2 = v2 * g;
@@ -236,9 +237,12 @@ __device__ void lb_render_phase(
             if (transparent) {
                 LB_T(ty, tx, 0) = acc[0]; LB_T(ty, tx, 1) = acc[1]; LB_T(ty, tx, 2) = acc[2];
             } else {
-                const float bg = 255.0f * (1.0f - cover);
-                LB_T(ty, tx, 0) = acc[0] + bg; LB_T(ty, tx, 1) = acc[1] + bg;
-                LB_T(ty, tx, 2) = acc[2] + bg;
+                const float bg = 255.0f * (1.0f - acc[3]);
+                for (int ch = 0; ch < 3; ++ch) {
+                    const float raw = acc[ch] + bg;
+                    const int product = raw >= 254.5f && fabsf(raw - 255.0f) > 0.01f;
+                    LB_T(ty, tx, ch) = product ? 254.0f : fminf(raw, 255.0f);
+                }
             }
             LB_T(ty, tx, 3) = cover;
         }
@@ -257,6 +261,7 @@ __device__ void lb_render_phase(
         const float blur = (h0 + 2.0f * h1 + h2) * 0.0625f;
         const float s = LB_T(ty, tx, ch);
         v[ch] = s + amount * (s - blur);
+        if (!transparent && s < 254.5f) v[ch] = fminf(v[ch], 254.0f);
     }
     const long long base = (long long)n * out_h * out_w + (long long)Y * out_w + X;
     if (!transparent) {

@@ -5,10 +5,16 @@ All in float32 on premultiplied RGBA (an RGB source is opaque; outside the image
 
 1. resample: for each source row tap ``u``: ``row = Σ_t wx_t * p(iy_u, ix_t)``, then
    ``acc = Σ_u wy_u * row`` (``p`` premultiplied: ``c * (a / 255)``, coverage ``a / 255``);
-2. pad / composite: ``A = clip(acc_a, 0, 1)``; white output ``S = acc_c + 255 * (1 - A)``,
-   transparent output ``S = acc_c`` (still premultiplied);
+2. pad / composite: ``A = clip(acc_a, 0, 1)``; white output from ``R = acc_c + 255 * (1 -
+   acc_a)`` (the unclipped coverage, as resampling a white-composited source would give, so a
+   cubic lobe at the source's frame edge prints no grey line through the white canvas):
+   ``S = 254 if R >= 254.5 and |R - 255| > 0.01 else min(R, 255)`` (only the background, where
+   every tap is 255, resamples to 255 up to float rounding; a product's highlight that a cubic
+   lobe lifts to 255 stays 254); transparent output ``S = acc_c`` (still premultiplied);
 3. sharpen: ``S' = S + amount * (S - blur(S))``, blur = ``[1 2 1]ᵀ[1 2 1] / 16`` with
-   replicated canvas borders (rows first summed horizontally, then vertically);
+   replicated canvas borders (rows first summed horizontally, then vertically); on a white
+   canvas ``S' = min(S', 254)`` where ``S < 254.5``: sharpening never turns a product's pixel
+   into background white (no white specks inside a product);
 4. finalize: white → ``round(S')``; transparent → alpha ``round(255 A)`` and colour
    ``round(S' / A)`` (0 where alpha rounds to 0). ``round(v) = clip(floor(v + 0.5), 0, 255)``.
 
@@ -93,7 +99,9 @@ def _pad(xp: Any, acc: Array, transparent: bool) -> tuple[Array, Array]:
     cover = xp.clip(acc[..., 3], 0, 1)
     if transparent:
         return acc[..., :3], cover
-    return acc[..., :3] + F32(255) * (F32(1) - cover)[..., None], cover
+    raw = acc[..., :3] + F32(255) * (F32(1) - acc[..., 3])[..., None]
+    product = (raw >= F32(254.5)) & (xp.abs(raw - F32(255)) > F32(0.01))
+    return xp.where(product, F32(254), xp.minimum(raw, F32(255))), cover
 
 
 def _sharpen(xp: Any, s_ext: Array, amount: float) -> Array:
@@ -144,6 +152,8 @@ def render_reference(
     s, cover = _pad(xp, resized, transparent)
     mark("pad")
     v = _sharpen(xp, xp.concatenate([s[:1], s, s[-1:]], axis=0), amount)
+    if not transparent:
+        v = xp.where(s < F32(254.5), xp.minimum(v, F32(254)), v)
     mark("sharpen")
     out = _finalize(xp, v, cover, transparent)
     mark("finalize")
@@ -252,11 +262,16 @@ def render_fused_cpu(
         if transparent:
             live[...] = acc[:, :3].transpose(1, 0, 2)
         else:
-            bg = F32(255) * (F32(1) - cover)
+            bg = F32(255) * (F32(1) - acc[:, 3])
             np.add(acc[:, :3].transpose(1, 0, 2), bg[None], out=live)
+            over = (live >= F32(254.5)) & (np.abs(live - F32(255)) > F32(0.01))
+            np.minimum(live, F32(255), out=live)
+            live[over] = F32(254)
         padded[:, :, 0] = padded[:, :, 1]
         padded[:, :, -1] = padded[:, :, -2]
         v = _sharpen_planar(padded, amount)
+        if cover_full is None:
+            np.putmask(v, (padded[:, 1:-1, 1:-1] < F32(254.5)) & (v > F32(254)), F32(254))
         if cover_full is not None:
             full = cover_full[:nb - 2]
             full[:, x0:x1] = cover[1:-1]

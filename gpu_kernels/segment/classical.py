@@ -158,7 +158,7 @@ class ClassicalSegmenter:
         small = ops.asnumpy(ops.resize_image(img[..., :3], sh, sw))
         fg = classical_foreground(small, self.config).astype(np.float32)
         prob = ops.resize_map(ops.asarray(fg), h, w)
-        return alpha_from_probability(prob, self.post, ops)
+        return alpha_from_probability(prob, self.post, ops, img)
 
     def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:
         """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image;

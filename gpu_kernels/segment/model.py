@@ -41,6 +41,7 @@ __all__ = [
     "load_model_config",
     "output_to_probability",
     "preprocess",
+    "resolve_model",
 ]
 
 Array = Any
@@ -141,6 +142,30 @@ def load_model_config(source: Path | str | Mapping[str, Any]) -> tuple[Path | No
     except (TypeError, ValueError) as exc:
         raise ProcessingFailed(f"invalid model config: {exc}", stage="segment") from exc
     return (Path(path).expanduser() if path else None), spec
+
+
+def resolve_model(
+    model_path: Path | str | None, spec: str = "u2netp", config: Path | str | None = None
+) -> tuple[Path | None, ModelSpec]:
+    """``(model file or None for the fetched u2netp, spec)`` from a worker's settings.
+
+    ``config``: a TOML file with a ``[segment.model]`` table (:func:`load_model_config`), whose
+    ``path`` ``model_path`` overrides; else ``spec``, a name in :data:`KNOWN_SPECS`. A spec
+    other than u2netp without a model file is refused: the fetched u2netp would otherwise run
+    with another model's pre-processing (and vice versa).
+    """
+    if config is not None:
+        path, resolved = load_model_config(config)
+        path = Path(model_path).expanduser() if model_path is not None else path
+    else:
+        if spec not in KNOWN_SPECS:
+            raise ProcessingFailed(f"unknown model spec {spec!r}; known: {sorted(KNOWN_SPECS)}", stage="segment")
+        path, resolved = (None if model_path is None else Path(model_path).expanduser()), KNOWN_SPECS[spec]
+    if path is None and resolved != U2NETP:
+        raise ProcessingFailed(
+            f"model spec {resolved.name!r} needs a model file (model_path or the config's path); "
+            "only u2netp is fetched automatically", stage="segment")
+    return path, resolved
 
 
 def preprocess(images: Sequence[Array], spec: ModelSpec, batch: int, ops: ArrayOps) -> Array:

@@ -303,7 +303,7 @@ class OnnxSegmenter:
             probs = output_to_probability(raw[: len(idx)], self.spec, xp)
             for i, prob in zip(idx, probs, strict=True):
                 h, w = images[i].shape[:2]
-                masks[i] = alpha_from_probability(ops.resize_map(prob, h, w), self.post, ops)
+                masks[i] = alpha_from_probability(ops.resize_map(prob, h, w), self.post, ops, images[i])
         return [m for m in masks if m is not None]
 
     def close(self) -> None:

@@ -58,6 +58,16 @@ class ArrayOps(Protocol):
         """Drop 8-connected components smaller than ``min_fraction`` of the largest one."""
         ...
 
+    def label(self, mask: Array, connectivity: int) -> tuple[Array, int]:
+        """``(labels (H, W) int32, n)``: components of ``mask`` (4- or 8-connected) numbered
+        1..n, 0 outside the mask."""
+        ...
+
+    def distance_to(self, mask: Array) -> Array:
+        """``(H, W)`` float32 Euclidean distance of each pixel to the nearest ``mask`` pixel (0 on
+        it); a large value everywhere when the mask is empty."""
+        ...
+
     def asnumpy(self, a: Array) -> np.ndarray: ...
 
     def asarray(self, a: np.ndarray) -> Array: ...
@@ -141,6 +151,16 @@ class CpuOps:
         keep[0] = False
         return keep[labels]
 
+    def label(self, mask: Array, connectivity: int) -> tuple[Array, int]:
+        n, labels = cv2.connectedComponents(mask.astype(np.uint8), connectivity=connectivity, ltype=cv2.CV_32S)
+        return labels, int(n) - 1
+
+    def distance_to(self, mask: Array) -> Array:
+        if not bool(mask.any()):
+            return np.full(mask.shape, np.float32(1e9))
+        dist = cv2.distanceTransform((~mask.astype(bool)).astype(np.uint8), cv2.DIST_L2, cv2.DIST_MASK_PRECISE)
+        return np.asarray(dist, dtype=np.float32)
+
     def asnumpy(self, a: Array) -> np.ndarray:
         return np.asarray(a)
 
@@ -210,6 +230,19 @@ class XpOps:
         keep = areas >= min_fraction * areas.max()
         keep[0] = False
         return keep[labels]
+
+    def label(self, mask: Array, connectivity: int) -> tuple[Array, int]:
+        xp = self.xp
+        structure = xp.ones((3, 3), dtype=bool) if connectivity == 8 else xp.asarray(
+            np.array([[0, 1, 0], [1, 1, 1], [0, 1, 0]], bool))
+        labels, n = self.ndi.label(mask, structure=structure)
+        return labels.astype(xp.int32), int(n)
+
+    def distance_to(self, mask: Array) -> Array:
+        xp = self.xp
+        if not bool(mask.any()):
+            return xp.full(mask.shape, xp.float32(1e9))
+        return self.ndi.distance_transform_edt(~mask.astype(bool)).astype(xp.float32)
 
     def asnumpy(self, a: Array) -> np.ndarray:
         if self.xp is np:

@@ -1,35 +1,75 @@
 """From a foreground probability map to the alpha mask composites use, without a halo.
 
-    hard  = prob >= threshold, small islands dropped
+    prob  = guided(prob, image) where the model is unsure   (the edge follows the photo's edges)
+    hard  = prob >= threshold
+            - islands small beside the largest, or far from it and not large, dropped
+            + holes enclosed by the subject filled: specks always, larger ones up to a share of
+              the subject unless they look like the background (a mug's handle stays open)
     core  = hard eroded by ``erode_px``       (the edge pixels, mixed with background, go)
     alpha = min(blur(core, feather_px), hard) (a feathered edge that only fades *inward*)
 
-So alpha is exactly 0 wherever the thresholded mask is background (no background colour can
-bleed into a composite as a fringe), exactly 255 deep inside the subject, and ramps over a
-few pixels just inside the subject's outline. Written once over :class:`ArrayOps`, so the CPU
-(OpenCV) and GPU (CuPy) backends run the same steps.
+The model's probability comes from a small input (320 px for u2netp) upsampled to the photo, so
+its edge is soft and a few pixels off; a guided filter (He et al., grey guide, Gaussian windows)
+at full resolution snaps it to the photo's edges, only where the model is unsure (``guide_band``)
+so thin parts the model is sure of are never blurred away. So alpha is exactly 0 wherever the
+refined mask is background (no background colour can bleed into a composite as a fringe),
+exactly 255 deep inside the subject, and ramps over a few pixels just inside the outline.
+Written once over :class:`ArrayOps`, so the CPU (OpenCV) and GPU (CuPy) backends run the same
+steps; the image-dependent steps need the image (``image=None`` skips them).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_kernels.retouch.color import srgb_to_lab
 from gpu_kernels.segment.ops import ArrayOps
 
-__all__ = ["MaskPostprocess", "alpha_from_probability"]
+__all__ = [
+    "MaskPostprocess",
+    "alpha_from_probability",
+    "drop_islands",
+    "drop_leaks",
+    "fill_holes",
+    "guided_probability",
+]
 
 Array = Any
 
 
 @dataclass(frozen=True, slots=True)
 class MaskPostprocess:
-    """Mask post-processing settings; pixel sizes are at the image's full resolution."""
+    """Mask post-processing settings; pixel sizes are at the image's full resolution.
+
+    Islands: a component is kept when it is at least ``min_component`` of the largest and either
+    within ``near`` (a share of the image diagonal) of the largest or at least ``far_component``
+    of it. Holes (background components that do not touch the frame): filled when at most
+    ``speck_hole`` of the subject's area, or at most ``max_hole`` of it and their mean colour is
+    more than ``hole_delta_e`` (CIELAB ΔE) from the background just around the subject
+    (``ring`` share of the diagonal). Guided filter: Gaussian window ``guide_sigma`` px (0: off),
+    regulariser ``guide_eps`` (on a 0..1 grey guide), applied where ``|prob - 0.5| < guide_band``.
+    Leaks (off by default, ``leak_prob`` 0): subject pixels with ``prob < leak_prob`` within
+    ``leak_delta_e`` of the background around the subject are dropped (on the sample catalog at
+    0.8 it removes the backdrop patch between the coins but also trims a cat's fur by 5 %).
+    """
 
     threshold: float = 0.5  # probability at or above which a pixel is subject
-    erode_px: int = 1  # how far the soft edge is pulled inside the thresholded outline
+    erode_px: int = 0  # how far the soft edge is pulled inside the outline (1 without the guided edge)
     feather_px: float = 1.0  # Gaussian sigma of the edge ramp; 0 gives a hard 0/255 mask
     min_component: float = 0.05  # drop islands smaller than this share of the largest; 0 keeps all
+    far_component: float = 0.1
+    near: float = 0.06
+    speck_hole: float = 0.002
+    max_hole: float = 0.15
+    hole_delta_e: float = 15.0
+    ring: float = 0.02
+    guide_sigma: float = 3.0
+    guide_eps: float = 1e-3
+    guide_band: float = 0.45
+    leak_prob: float = 0.0
+    leak_delta_e: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -38,16 +78,159 @@ class MaskPostprocess:
             raise ValueError(
                 f"mask postprocess: erode_px and feather_px must be >= 0, got {self.erode_px}, {self.feather_px}"
             )
-        if not 0.0 <= self.min_component <= 1.0:
-            raise ValueError(f"mask postprocess: min_component must be in [0, 1], got {self.min_component}")
+        shares = (self.min_component, self.far_component, self.near, self.speck_hole, self.max_hole, self.ring)
+        if not all(0.0 <= v <= 1.0 for v in shares):
+            raise ValueError(f"mask postprocess: shares must be in [0, 1], got {self}")
+        if self.guide_sigma < 0 or self.guide_eps <= 0 or not 0 <= self.guide_band <= 0.5:
+            raise ValueError(f"mask postprocess: bad guided-filter settings in {self}")
 
 
-def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
-    """``(H, W)`` float32 probability in [0, 1] -> ``(H, W)`` uint8 alpha (0 bg, 255 subject)."""
+def guided_probability(prob: Array, image: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """``prob`` refined by a guided filter on ``image``'s grey levels where the model is unsure.
+
+    The fast guided filter (He and Sun, 2015): the linear coefficients ``a``, ``b`` are computed
+    on a copy shrunk by ``s`` (window ``guide_sigma / s``) and enlarged back; the output
+    ``a * I + b`` uses the full-resolution guide ``I``, so edges stay sharp at full resolution.
+    """
     xp = ops.xp
+    h, w = prob.shape[:2]
+    rgb = image[..., :3] if image.ndim == 3 else image[..., None]
+    grey = ops.resize_map(_grey(xp, rgb), h, w) if rgb.shape[:2] != (h, w) else _grey(xp, rgb)
+    p = prob.astype(xp.float32)
+    s = max(1, min(4, int(cfg.guide_sigma // 1.5)))
+    sh, sw = max(1, h // s), max(1, w // s)
+    gi, gp = ops.resize_map(grey, sh, sw), ops.resize_map(p, sh, sw)
+    sigma = cfg.guide_sigma / s
+    mean_i, mean_p = ops.blur(gi, sigma), ops.blur(gp, sigma)
+    cov = ops.blur(gi * gp, sigma) - mean_i * mean_p
+    var = ops.blur(gi * gi, sigma) - mean_i * mean_i
+    a = cov / (var + xp.float32(cfg.guide_eps))
+    b = mean_p - a * mean_i
+    q = ops.resize_map(ops.blur(a, sigma), h, w)
+    q *= grey
+    q += ops.resize_map(ops.blur(b, sigma), h, w)
+    xp.clip(q, xp.float32(0), xp.float32(1), out=q)
+    sure = xp.abs(p - xp.float32(0.5)) >= xp.float32(cfg.guide_band)
+    q[sure] = p[sure]
+    return q
+
+
+def _grey(xp: Any, rgb: Array) -> Array:
+    """``(H, W, 1|3)`` uint8 → ``(H, W)`` float32 grey in [0, 1] (Rec. 601 weights)."""
+    if rgb.shape[-1] == 1:
+        return rgb[..., 0].astype(xp.float32) * xp.float32(1 / 255)
+    out = rgb[..., 0] * xp.float32(0.299 / 255)
+    out += rgb[..., 1] * xp.float32(0.587 / 255)
+    out += rgb[..., 2] * xp.float32(0.114 / 255)
+    return out
+
+
+def drop_islands(hard: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """Keep the components of ``hard`` that are large beside the largest, or near it."""
+    xp = ops.xp
+    labels, n = ops.label(hard, 8)
+    if n <= 1:
+        return hard
+    areas = xp.bincount(labels.ravel(), minlength=n + 1).astype(xp.float64)
+    areas[0] = 0
+    main = xp.argmax(areas)
+    radius = cfg.near * math.hypot(*hard.shape[:2])
+    near_main = (ops.distance_to(labels == main) <= radius).astype(xp.float64)
+    touches = xp.bincount(labels.ravel(), weights=near_main.ravel(), minlength=n + 1) > 0
+    big = areas.max()
+    keep = (areas >= cfg.min_component * big) & (touches | (areas >= cfg.far_component * big))
+    keep[0] = False
+    return keep[labels]
+
+
+def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """``hard`` with its enclosed holes filled (see :class:`MaskPostprocess`). Colours are
+    averaged on a strided grid (about 0.5 MP), enough for a hole's and the ring's means."""
+    xp = ops.xp
+    labels, n = ops.label(~hard, 4)
+    if n == 0:
+        return hard
+    frame = xp.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]])
+    outside = xp.zeros(n + 1, dtype=bool)
+    outside[frame] = True
+    outside[0] = True  # label 0 is the subject itself
+    if bool(outside.all()):
+        return hard  # nothing enclosed: the common case ends here
+    flat = labels.ravel()
+    areas = xp.bincount(flat, minlength=n + 1).astype(xp.float64)
+    subject = xp.maximum(xp.sum(hard).astype(xp.float64), 1.0)
+    fill = ~outside & (areas <= cfg.speck_hole * subject)
+    medium = ~outside & ~fill & (areas <= cfg.max_hole * subject)
+    if image is not None and cfg.max_hole > 0 and bool(medium.any()):
+        h, w = hard.shape[:2]
+        st = max(1, math.ceil(math.sqrt(h * w / 500_000)))
+        lab_s, hard_s = labels[::st, ::st], hard[::st, ::st]
+        rgb = image[::st, ::st, :3] if image.ndim == 3 else image[::st, ::st, None]
+        rgb = rgb.astype(xp.float64)
+        if rgb.shape[-1] == 1:
+            rgb = xp.repeat(rgb, 3, axis=2)
+        flat_s = lab_s.ravel()
+        counts = xp.bincount(flat_s, minlength=n + 1).astype(xp.float64)
+        sums = xp.stack([xp.bincount(flat_s, weights=rgb[..., c].ravel(), minlength=n + 1) for c in range(3)],
+                        axis=1)
+        means = sums / xp.maximum(counts, 1.0)[:, None]
+        radius = max(1.0, cfg.ring * math.hypot(h, w) / st)
+        ring = (~hard_s) & (ops.distance_to(hard_s) <= radius) & outside[lab_s]
+        ring_n = xp.sum(ring)
+        ring_mean = xp.stack([xp.sum(xp.where(ring, rgb[..., c], 0.0)) for c in range(3)]) / xp.maximum(ring_n, 1)
+        delta = xp.sqrt(((srgb_to_lab(xp, means) - srgb_to_lab(xp, ring_mean)[None, :]) ** 2).sum(axis=1))
+        unlike_bg = ((delta > cfg.hole_delta_e) & (counts > 0)) | (ring_n == 0)
+        fill = fill | (medium & unlike_bg)
+    fill[0] = False
+    return hard | fill[labels]
+
+
+def drop_leaks(hard: Array, prob: Array, image: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """``hard`` without the pixels the model was unsure of (``prob < leak_prob``) whose colour is
+    within ``leak_delta_e`` of the background just around the subject: a patch of backdrop the
+    model took for product (the dark blob between skimage's coins)."""
+    xp = ops.xp
+    unsure = hard & (prob < xp.float32(cfg.leak_prob))
+    if not bool(unsure.any()):
+        return hard
+    h, w = hard.shape[:2]
+    st = max(1, math.ceil(math.sqrt(h * w / 500_000)))
+    hard_s = hard[::st, ::st]
+    rgb_s = image[::st, ::st, :3].astype(xp.float64) if image.ndim == 3 else xp.repeat(
+        image[::st, ::st, None].astype(xp.float64), 3, axis=2)
+    radius = max(1.0, cfg.ring * math.hypot(h, w) / st)
+    ring = (~hard_s) & (ops.distance_to(hard_s) <= radius)
+    ring_n = xp.sum(ring)
+    if int(ring_n) == 0:
+        return hard
+    ring_mean = xp.stack([xp.sum(xp.where(ring, rgb_s[..., c], 0.0)) for c in range(3)]) / ring_n
+    ys, xs = xp.nonzero(unsure)
+    rgb = image[ys, xs, :3].astype(xp.float64) if image.ndim == 3 else xp.repeat(
+        image[ys, xs, None].astype(xp.float64), 3, axis=1)
+    delta = xp.sqrt(((srgb_to_lab(xp, rgb) - srgb_to_lab(xp, ring_mean)[None, :]) ** 2).sum(axis=1))
+    leak = delta < cfg.leak_delta_e
+    out = hard.copy()
+    out[ys[leak], xs[leak]] = False
+    return out
+
+
+def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps, image: Array | None = None) -> Array:
+    """``(H, W)`` float32 probability in [0, 1] -> ``(H, W)`` uint8 alpha (0 bg, 255 subject).
+
+    ``image``: the photo ``(H, W, 3|4)`` uint8 (same device) for the guided edge and the hole
+    colours; without it those steps are skipped.
+    """
+    xp = ops.xp
+    if image is not None and cfg.guide_sigma > 0:
+        prob = guided_probability(prob, image, cfg, ops)
     hard = prob >= cfg.threshold
+    if image is not None and cfg.leak_prob > cfg.threshold:
+        hard = drop_leaks(hard, prob, image, cfg, ops)
     if cfg.min_component > 0:
-        hard = ops.keep_large_components(hard, cfg.min_component)
+        hard = drop_islands(hard, cfg, ops) if cfg.far_component > 0 else ops.keep_large_components(
+            hard, cfg.min_component)
+    if cfg.speck_hole > 0 or (cfg.max_hole > 0 and image is not None):
+        hard = fill_holes(hard, image, cfg, ops)
     if cfg.feather_px <= 0:
         return ops.erode(hard, cfg.erode_px).astype(xp.uint8) * xp.uint8(255)
     core = ops.erode(hard, cfg.erode_px).astype(xp.float32)
