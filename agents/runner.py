@@ -217,6 +217,7 @@ class BatchRunner:
         self._inbox: deque[_Item] = deque()  # submitted, waiting for a prepare call
         self._inbox_ready = asyncio.Event()
         self._prep_slots = asyncio.Semaphore(self.config.prepare_threads)
+        self._preparing = 0  # inputs in a prepare call now
         self._pools = {
             "prepare": ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="lightbox-prepare"),
             "decode": ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode"),
@@ -241,8 +242,9 @@ class BatchRunner:
     async def start(self) -> None:
         """Start the sink (reads the topics' size limits) and the lanes."""
         await self.sink.start()
-        loops = {"prepare": self._prepare_loop, "batch-timer": self._timer_loop, "decode": self._decode_loop, "device": self._device_loop,
-                 "output": self._output_loop, "send": self._send_loop, "watchdog": self._watchdog_loop}
+        loops = {"prepare": self._prepare_loop, "batch-timer": self._timer_loop, "decode": self._decode_loop,
+                 "device": self._device_loop, "output": self._output_loop, "send": self._send_loop,
+                 "watchdog": self._watchdog_loop}
         for name, loop in loops.items():
             task = asyncio.create_task(loop(), name=f"lightbox-{name}")
             task.add_done_callback(functools.partial(self._lane_ended, name))
@@ -268,6 +270,8 @@ class BatchRunner:
         self.observer.in_flight(self._wm.pending)
         self._inbox.append(item)
         self._inbox_ready.set()
+        if self._slots.locked():
+            self._wake.set()  # the window is full: the batcher may stop waiting for batch-mates
 
     def revoke(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Partitions went away: forget their queues; their in-flight work will ack nothing."""
@@ -305,8 +309,9 @@ class BatchRunner:
         """Hands submitted inputs to the prepare threads in groups: one thread hop per group, not
         per input (a hop costs the event loop a GIL hand-over, ~0.1 ms on a busy 2-core machine).
         The consumer hands inputs over one at a time, so a group shorter than
-        ``max_prepare_batch`` lingers ``prepare_linger_s`` for more; a backlog is split evenly over
-        ``prepare_threads`` (at most ``max_prepare_batch`` per call)."""
+        ``max_prepare_batch`` lingers ``prepare_linger_s`` for more. Each call takes what is
+        queued, up to ``max_prepare_batch``; a larger backlog goes to the other prepare threads
+        (fetches wait on the network in parallel)."""
         cfg = self.config
         while True:
             await self._inbox_ready.wait()
@@ -315,7 +320,8 @@ class BatchRunner:
                 await asyncio.sleep(cfg.prepare_linger_s)
             while self._inbox:
                 await self._prep_slots.acquire()
-                n = min(len(self._inbox), cfg.max_prepare_batch, -(-len(self._inbox) // cfg.prepare_threads))
+                n = min(len(self._inbox), cfg.max_prepare_batch)
+                self._preparing += n
                 self._spawn(self._prepare([self._inbox.popleft() for _ in range(n)]))
 
     async def _prepare(self, items: list[_Item]) -> None:
@@ -323,6 +329,7 @@ class BatchRunner:
             results = await self._call("prepare", len(items), self._prepare_all, [i.record for i in items])
         finally:
             self._prep_slots.release()
+            self._preparing -= len(items)
         dead: list[Sent] = []
         for item, res in zip(items, results, strict=True):
             if isinstance(res, Exception):  # prepare never raises by contract; this is the last line of defence
@@ -337,8 +344,7 @@ class BatchRunner:
                 self._staged.append((item, res))
         if dead:
             self._send_q.put_nowait(dead)
-        if len(dead) < len(items):
-            self._wake.set()
+        self._wake.set()  # staged jobs to feed, or (window full) nothing more to wait for
 
     def _prepare_all(self, records: list[InRecord]) -> list[Any]:
         """In a prepare thread: each record's Prepared job, dead letter, or (a broken contract) the
@@ -363,10 +369,19 @@ class BatchRunner:
             closed += self.batcher.add(pair, pair[1].shape_class, self.clock(), nbytes=pair[1].nbytes)
         return closed
 
+    def _window_full(self) -> bool:
+        """Every in-flight slot is taken and every taken input reached the batcher (or left
+        it): no batch-mate can arrive before something completes, so waiting for one is moot."""
+        return self._slots.locked() and not self._inbox and not self._preparing and not self._staged
+
     async def _timer_loop(self) -> None:
-        """Feeds the batcher and closes batches at their deadlines."""
+        """Feeds the batcher and closes batches at their deadlines, or at once when the
+        in-flight window is full (a deadline would then only add latency: nothing can join)."""
         while True:
-            for batch in self._stage_into_batcher() + self.batcher.poll(self.clock()):
+            closed = self._stage_into_batcher() + self.batcher.poll(self.clock())
+            if not closed and self.batcher.pending and self._window_full() and not self._decode_q.full():
+                closed = self.batcher.flush()
+            for batch in closed:
                 await self._decode_q.put(batch)
             if self._staged and not self._decode_q.full():
                 continue

@@ -16,6 +16,9 @@ Side by side in the same run, rounds alternating their order:
 - ``baseline``: the worker of ``--baseline`` (a git ref, default ``main``), extracted with
   ``git archive`` into a temporary folder and run from there (``PYTHONPATH``) on the same
   virtualenv.
+- ``framework``: this tree's worker (Faust agent, runner, watermarks, sink) around lanes that do
+  no image work (:class:`NullLanes`: the output is the input's bytes) — the framework's own
+  ceiling.
 - ``floor``: a pure aiokafka loop in its own process — consume (``getmany``) in a group, produce
   each input's bytes to the output topic (acks=all, idempotent, one await per batch), commit —
   what the Kafka client alone allows on this machine.
@@ -24,9 +27,9 @@ Per run it also records the worker's CPU time per event (from /proc, between the
 last output: robust to other load) and the cores other processes kept busy meanwhile: the
 machine is shared, so compare variants within a round and read the ranges.
 
-``--profile DIR``: py-spy (``pip install py-spy``) samples the ``current`` worker of the first
-round while it works (``DIR/current.txt``: collapsed stacks; ``DIR/current.svg``: a flame
-graph) and the benchmark prints the functions with the most samples.
+``--profile DIR``: py-spy (``pip install py-spy``) samples each worker of the first round while
+it works (``DIR/<variant>.txt``: collapsed stacks, every thread) and the benchmark prints the
+threads and the event-loop functions with the most samples.
 
 A benchmark, not a test: it asserts nothing. Writes ``<out>/bench_overhead.json``.
 """
@@ -202,13 +205,16 @@ class Bench:
 def _command(b: Bench, variant: str, env: dict[str, str]) -> tuple[list[str], Path]:
     if variant == "floor":
         return [sys.executable, str(Path(__file__).resolve()), "--floor-worker"], ROOT
+    if variant == "framework":
+        env["PYTHONPATH"] = str(ROOT)
+        prof = [] if b.cprofile is None else ["-m", "cProfile", "-o", str(b.cprofile / "framework.prof")]
+        return [sys.executable, *prof, str(Path(__file__).resolve()), "--null-worker"], ROOT
     if variant == "baseline":
         assert b.baseline_dir is not None
         env["PYTHONPATH"] = str(b.baseline_dir)
         return [sys.executable, "-m", "lightbox.cli", "worker"], b.baseline_dir
     env["PYTHONPATH"] = str(ROOT)
     if b.cprofile is not None:  # the event-loop thread only: the framework's own share
-        b.cprofile.mkdir(parents=True, exist_ok=True)
         return [sys.executable, "-m", "cProfile", "-o", str(b.cprofile / "current.prof"),
                 "-m", "lightbox.cli", "worker"], ROOT
     return [sys.executable, "-m", "lightbox.cli", "worker"], ROOT
@@ -225,6 +231,8 @@ async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> Run
            "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(b.workdir / "data" / tag),
            "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "none", "LIGHTBOX_PRESETS_FILE": str(PRESETS_FILE),
            "LIGHTBOX_WORKER_ID": f"overhead-{tag}", **b.worker_env}
+    if b.cprofile is not None:
+        b.cprofile.mkdir(parents=True, exist_ok=True)
     cmd, cwd = _command(b, variant, env)
     log_path = b.workdir / "logs" / f"{tag}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -359,6 +367,59 @@ async def floor_worker() -> None:
         await consumer.stop()
 
 
+# ----------------------------------------------------------------------------------- framework
+class NullLanes:
+    """The runner's lanes without image work: prepare reads nothing, the output is the input's
+    bytes as a processed record. Measures Faust, the runner, the watermarks and the sink alone."""
+
+    @dataclass
+    class Job:
+        record: Any
+        event: None = None
+        shape_class: int = 0
+        nbytes: int = 0
+
+    def prepare(self, rec: Any) -> Any:
+        return NullLanes.Job(rec)
+
+    def decode(self, batch: Any) -> Any:
+        return list(batch)
+
+    def device(self, state: Any) -> Any:
+        return state
+
+    def output(self, state: Any, *, max_record_bytes: int | None = None) -> list[Any]:
+        from agents.process import OutRecord
+
+        return [OutRecord("processed", j.record.key, j.record.value or b"", [("lightbox-source", b"x")], j.record)
+                for j in state]
+
+    def dead_letter(self, rec: Any, exc: Any, event: Any = None) -> Any:
+        raise RuntimeError("NullLanes makes no dead letters")
+
+    def close(self) -> None:
+        pass
+
+
+def null_worker() -> int:
+    """``lightbox worker`` with :class:`NullLanes` (same Faust app, runner and sink)."""
+    from faust import Worker
+
+    from agents.retouch import build_worker
+    from streams.app import ensure_topics
+    from streams.settings import Settings
+
+    settings = Settings()
+    asyncio.run(ensure_topics(settings))
+    retouch = build_worker(settings, processor=NullLanes())  # type: ignore[arg-type]
+    code: Any = 0
+    try:
+        Worker(retouch.app, loglevel="WARNING", quiet=True).execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code
+    return retouch.exit_code or (code if isinstance(code, int) else 1)
+
+
 # ----------------------------------------------------------------------------------- main
 def extract(ref: str, into: Path) -> Path:
     """``git archive ref`` unpacked into ``into``."""
@@ -380,19 +441,23 @@ def main(argv: list[str] | None = None) -> int:
                     help="the events' retouch.lighting (AUTO: the issue's setting; OFF: no exposure/illumination work)")
     ap.add_argument("--baseline", default="main", help="git ref of the baseline worker ('' for none)")
     ap.add_argument("--no-floor", action="store_true", help="skip the pure-aiokafka floor")
-    ap.add_argument("--only", default="", help="comma-separated variants to run (current, baseline, floor)")
-    ap.add_argument("--profile", type=Path, default=None, help="py-spy the current worker of round 1 into DIR")
+    ap.add_argument("--only", default="", help="comma-separated variants to run (current, baseline, framework, floor)")
+    ap.add_argument("--profile", type=Path, default=None, help="py-spy every worker of round 1 into DIR")
     ap.add_argument("--cprofile", type=Path, default=None,
                     help="run the current worker under cProfile (event-loop thread) into DIR/current.prof")
     ap.add_argument("--worker-env", action="append", default=[], help="K=V for every worker (repeatable)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     ap.add_argument("--floor-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--null-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.floor_worker:
         asyncio.run(floor_worker())
         return 0
+    if args.null_worker:
+        return null_worker()
 
-    variants = ["current"] + (["baseline"] if args.baseline else []) + ([] if args.no_floor else ["floor"])
+    variants = (["current"] + (["baseline"] if args.baseline else [])
+                + ([] if args.no_floor else ["framework", "floor"]))
     if args.only:
         variants = [v for v in variants if v in args.only.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="lightbox-overhead-"))
@@ -411,12 +476,13 @@ def main(argv: list[str] | None = None) -> int:
             bootstrap, broker_pid = kafka.bootstrap, kafka.pid
         b = Bench(bootstrap=bootstrap, broker_pid=broker_pid, events=args.events, images=tiny_jpegs(),
                   workdir=workdir, baseline_dir=baseline_dir,
-                  worker_env=dict(kv.split("=", 1) for kv in args.worker_env), lighting=args.lighting, cprofile=args.cprofile)
+                  worker_env=dict(kv.split("=", 1) for kv in args.worker_env), lighting=args.lighting,
+                  cprofile=args.cprofile)
         runs: list[RunResult] = []
         for rnd in range(1, args.rounds + 1):
             order = variants[(rnd - 1) % len(variants):] + variants[:(rnd - 1) % len(variants)]
             for variant in order:
-                prof = args.profile if (args.profile and rnd == 1 and variant == "current") else None
+                prof = args.profile if (args.profile and rnd == 1) else None
                 r = asyncio.run(one_run(b, variant, rnd, prof))
                 runs.append(r)
                 print(f"round {rnd} {variant:9s} {r.events_per_s:8.0f} events/s  "
