@@ -81,7 +81,7 @@ def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
     filling batch must fit in flight at the largest batch size: with fewer inputs in flight the
     lanes hold small batches, and every batch costs thread hops and a produce request (with a
     backlog of 64×64 images and 64 in flight, batches averaged 2 items; bench/bench_overhead.py)."""
-    depth = RunnerConfig.queue_depth
+    depth = RunnerConfig().queue_depth
     slots = 2 * (1 + depth) + settings.output_threads + depth + 1
     return RunnerConfig(max_in_flight=max(settings.max_in_flight, slots * batching.max_batch + 8),
                         prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
