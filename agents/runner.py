@@ -192,6 +192,8 @@ class BatchRunner:
     """See the module docstring. ``ack(event)`` acknowledges one input to the consumer;
     ``on_fatal(exc)`` is called once when the runner fail-stops."""
 
+    _LANES = ("prepare", "decode", "device", "output")
+
     def __init__(self, processor: Lanes, sink: OutputSink, batcher: MicroBatcher[Pair], *, ack: Ack,
                  config: RunnerConfig | None = None, clock: Callable[[], float] = time.monotonic,
                  observer: RunnerObserver | None = None,
@@ -218,6 +220,7 @@ class BatchRunner:
         self._inbox_ready = asyncio.Event()
         self._prep_slots = asyncio.Semaphore(self.config.prepare_threads)
         self._preparing = 0  # inputs in a prepare call now
+        self._calls: dict[str, int] = dict.fromkeys(self._LANES, 0)  # lane calls handed to threads, not yet back
         self._pools = {
             "prepare": ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="lightbox-prepare"),
             "decode": ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode"),
@@ -370,9 +373,13 @@ class BatchRunner:
         return closed
 
     def _window_full(self) -> bool:
-        """Every in-flight slot is taken and every taken input reached the batcher (or left
-        it): no batch-mate can arrive before something completes, so waiting for one is moot."""
-        return self._slots.locked() and not self._inbox and not self._preparing and not self._staged
+        """Every in-flight slot is taken, every taken input reached the batcher (or left it), and
+        decode and device are idle: no batch-mate can arrive before something completes, and
+        waiting for the deadline would only leave the device idle. (While they are busy, the
+        bucket keeps filling as slots free up: under a backlog batches still grow.)"""
+        return (self._slots.locked() and not self._inbox and not self._preparing and not self._staged
+                and self._decode_q.empty() and self._device_q.empty()
+                and not self._calls["decode"] and not self._calls["device"])
 
     async def _timer_loop(self) -> None:
         """Feeds the batcher and closes batches at their deadlines, or at once when the
@@ -549,7 +556,11 @@ class BatchRunner:
             finally:
                 self._busy.pop(token, None)
 
-        return await asyncio.get_running_loop().run_in_executor(self._pools[lane], run)
+        self._calls[lane] += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pools[lane], run)
+        finally:
+            self._calls[lane] -= 1
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(coro)

@@ -450,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--floor-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--null-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM: stop the worker and the broker on the way out
+
+    signal.signal(signal.SIGTERM, interrupted)
     if args.floor_worker:
         asyncio.run(floor_worker())
         return 0
