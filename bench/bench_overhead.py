@@ -19,6 +19,7 @@ Side by side in the same run, rounds alternating their order:
 - ``framework``: this tree's worker (Faust agent, runner, watermarks, sink) around lanes that do
   no image work (:class:`NullLanes`: the output is the input's bytes) — the framework's own
   ceiling.
+- ``framework-baseline``: the same around the baseline's runner, sink and agent.
 - ``floor``: a pure aiokafka loop in its own process — consume (``getmany``) in a group, produce
   each input's bytes to the output topic (acks=all, idempotent, one await per batch), commit —
   what the Kafka client alone allows on this machine.
@@ -205,6 +206,10 @@ class Bench:
 def _command(b: Bench, variant: str, env: dict[str, str]) -> tuple[list[str], Path]:
     if variant == "floor":
         return [sys.executable, str(Path(__file__).resolve()), "--floor-worker"], ROOT
+    if variant == "framework-baseline":  # NullLanes around the baseline's runner, sink and agent
+        assert b.baseline_dir is not None
+        env["PYTHONPATH"] = env["LIGHTBOX_BENCH_CODE"] = str(b.baseline_dir)
+        return [sys.executable, str(Path(__file__).resolve()), "--null-worker"], b.baseline_dir
     if variant == "framework":
         env["PYTHONPATH"] = str(ROOT)
         prof = [] if b.cprofile is None else ["-m", "cProfile", "-o", str(b.cprofile / "framework.prof")]
@@ -411,6 +416,8 @@ def null_worker() -> int:
 
     settings = Settings()
     asyncio.run(ensure_topics(settings))
+    code_root = os.environ.get("LIGHTBOX_BENCH_CODE", str(ROOT))
+    assert code_root in str(sys.modules[build_worker.__module__].__file__), "the worker must run the code asked for"
     retouch = build_worker(settings, processor=NullLanes())  # type: ignore[arg-type]
     code: Any = 0
     try:
@@ -441,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="the events' retouch.lighting (AUTO: the issue's setting; OFF: no exposure/illumination work)")
     ap.add_argument("--baseline", default="main", help="git ref of the baseline worker ('' for none)")
     ap.add_argument("--no-floor", action="store_true", help="skip the pure-aiokafka floor")
-    ap.add_argument("--only", default="", help="comma-separated variants to run (current, baseline, framework, floor)")
+    ap.add_argument("--only", default="",
+                    help="comma-separated variants: current, baseline, framework, framework-baseline, floor")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy every worker of round 1 into DIR")
     ap.add_argument("--cprofile", type=Path, default=None,
                     help="run the current worker under cProfile (event-loop thread) into DIR/current.prof")
@@ -459,17 +467,20 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(floor_worker())
         return 0
     if args.null_worker:
+        if os.environ.get("LIGHTBOX_BENCH_CODE"):  # the baseline's agents, streams, schemas
+            sys.path.insert(0, os.environ["LIGHTBOX_BENCH_CODE"])
         return null_worker()
 
-    variants = (["current"] + (["baseline"] if args.baseline else [])
-                + ([] if args.no_floor else ["framework", "floor"]))
+    variants = ["current"] + (["baseline"] if args.baseline else [])
+    if not args.no_floor:
+        variants += ["framework"] + (["framework-baseline"] if args.baseline else []) + ["floor"]
     if args.only:
         variants = [v for v in variants if v in args.only.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="lightbox-overhead-"))
     kafka = None
     try:
         baseline_dir = None
-        if "baseline" in variants:
+        if "baseline" in variants or "framework-baseline" in variants:
             baseline_dir = extract(args.baseline, workdir / "baseline")
             print(f"baseline: {args.baseline} = {git('rev-parse', '--short', args.baseline)}", flush=True)
         bootstrap = os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP")
@@ -505,9 +516,10 @@ def main(argv: list[str] | None = None) -> int:
         cpu = sorted(r.worker_cpu_ms_per_event for r in runs if r.variant == v)
         summary[v] = {"events_per_s": {"min": rates[0], "max": rates[-1], "median": rates[len(rates) // 2]},
                       "worker_cpu_ms_per_event": {"min": cpu[0], "max": cpu[-1]}}
-    if "baseline" in summary:
-        summary["current_vs_baseline"] = (summary["current"]["events_per_s"]["median"]
-                                          / summary["baseline"]["events_per_s"]["median"])
+    for new, old in (("current", "baseline"), ("framework", "framework-baseline")):
+        if new in summary and old in summary:
+            summary[f"{new}_vs_{old}"] = (summary[new]["events_per_s"]["median"]
+                                          / summary[old]["events_per_s"]["median"])
     if "current" in summary:
         summary["current_vs_issue_figure"] = summary["current"]["events_per_s"]["median"] / (sum(ISSUE_FIGURE) / 2)
         summary["goal_2000_per_s_met"] = summary["current"]["events_per_s"]["median"] >= 2000
