@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
-from aiokafka.partitioner import DefaultPartitioner
 
 from streams.app import max_message_bytes
 from streams.security import aiokafka_kwargs, preflight
@@ -56,7 +55,6 @@ class KafkaSink:
         #: the largest record (see :func:`record_size`) each kind's topic accepts; read at start
         self.limits: Mapping[str, int | None] = {kind: None for kind in self.topics}
         self._producer: AIOKafkaProducer | None = None
-        self._partitioner = DefaultPartitioner()
 
     async def start(self) -> None:
         await preflight(self.settings.kafka_bootstrap, security := aiokafka_kwargs(self.settings))
@@ -73,57 +71,25 @@ class KafkaSink:
 
     async def send_batch(self, records: Sequence[Outgoing]) -> list[BaseException | None]:
         """Hand every record to the producer, then wait once for the brokers' acknowledgements.
-        One entry per record: None when acknowledged, else the error.
-
-        Records are grouped by topic and partition (the producer's own key partitioner: the same
-        partition ``send`` would pick) into record batches (``create_batch``/``send_batch``): one
-        producer call per batch instead of one per record. In a partition, records keep their order."""
-        producer = self._producer
-        assert producer is not None, "KafkaSink.start() was not called"
-        groups: dict[tuple[str, int], list[int]] = {}
-        results: list[BaseException | None] = [None] * len(records)
-        partitions: dict[str, list[int] | KafkaError] = {}
-        for i, out in enumerate(records):
-            topic = self.topics[out.kind]
-            if topic not in partitions:
-                try:
-                    partitions[topic] = sorted(await producer.partitions_for(topic))
-                except KafkaError as exc:  # no metadata for the topic in time
-                    partitions[topic] = exc
-            parts = partitions[topic]
-            if isinstance(parts, KafkaError):
-                results[i] = parts
-                continue
-            groups.setdefault((topic, self._partitioner(out.key, parts, parts)), []).append(i)
-        pending: list[tuple[list[int], Awaitable[Any]]] = []
-        for (topic, partition), idx in groups.items():
-            batch, members = producer.create_batch(), list[int]()
-            for i in idx:
-                out = records[i]
-                headers = [(k, v or b"") for k, v in out.headers]
-                if batch.append(key=out.key, value=out.value, timestamp=None, headers=headers) is None:
-                    await self._submit(producer, batch, topic, partition, members, pending, results)
-                    batch, members = producer.create_batch(), []
-                    batch.append(key=out.key, value=out.value, timestamp=None, headers=headers)  # the first always fits
-                members.append(i)
-            await self._submit(producer, batch, topic, partition, members, pending, results)
-        acked = await asyncio.gather(*(fut for _, fut in pending), return_exceptions=True)
-        for (members, _), got in zip(pending, acked, strict=True):
-            if isinstance(got, BaseException):
-                for i in members:
-                    results[i] = got
+        One entry per record: None when acknowledged, else the error."""
+        assert self._producer is not None, "KafkaSink.start() was not called"
+        pending: list[Awaitable[Any] | BaseException] = []
+        for out in records:
+            try:
+                pending.append(await self._producer.send(
+                    self.topics[out.kind], out.value, key=out.key, headers=[(k, v or b"") for k, v in out.headers]))
+            except KafkaError as exc:  # refused before it left (too large, producer closed, buffer timeout)
+                pending.append(exc)
+        futures = [p for p in pending if not isinstance(p, BaseException)]
+        acked = iter(await asyncio.gather(*futures, return_exceptions=True))
+        results: list[BaseException | None] = []
+        for p in pending:
+            if isinstance(p, BaseException):
+                results.append(p)
+            else:
+                got = next(acked)
+                results.append(got if isinstance(got, BaseException) else None)
         return results
-
-    @staticmethod
-    async def _submit(producer: AIOKafkaProducer, batch: Any, topic: str, partition: int, members: list[int],
-                      pending: list[tuple[list[int], Awaitable[Any]]], results: list[BaseException | None]) -> None:
-        if not members:
-            return
-        try:
-            pending.append((members, await producer.send_batch(batch, topic, partition=partition)))
-        except KafkaError as exc:  # refused before it left (producer closed, buffer timeout)
-            for i in members:
-                results[i] = exc
 
     @staticmethod
     def retriable(exc: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""KafkaSink on a real broker: record batches per partition land where ``send`` would put them."""
+"""KafkaSink on a real broker: a send_batch lands each record where the key partitioner puts it, in order."""
 
 from __future__ import annotations
 
