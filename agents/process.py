@@ -18,6 +18,7 @@ runner only moves these records between Kafka and this class.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -62,14 +63,25 @@ class InRecord:
     timestamp_ms: int | None = None
 
 
+RecordKey = tuple[str, int, int]  # topic, partition, offset
+
+
 @dataclass(frozen=True, slots=True)
 class OutRecord:
+    """One record to produce. The fields after ``error_code`` are for observers (metrics and
+    traces) and never travel: the item's per-stage span records as in the event, the monotonic
+    nanoseconds their ``start_us`` count from, the input's ``created_at`` and the batch's inputs."""
+
     kind: Literal["processed", "dead_letter"]
     key: bytes | None
     value: bytes
     headers: Headers
     source: InRecord
     error_code: str | None = None
+    spans: tuple[dict[str, Any], ...] = ()
+    origin_ns: int | None = None
+    created_ms: int | None = None
+    batch: tuple[RecordKey, ...] = ()
 
 
 def resolution_bin(width: int, height: int) -> int:
@@ -98,6 +110,14 @@ class Prepared:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _created_ms(event: dict[str, Any] | None) -> int | None:
+    """An event's ``created_at`` in epoch milliseconds (None when unknown)."""
+    created = (event or {}).get("created_at")
+    if isinstance(created, datetime):
+        return int(created.timestamp() * 1000)
+    return int(created) if isinstance(created, int) else None
 
 
 def _describe(exc: BaseException) -> str:
@@ -267,7 +287,8 @@ class BatchProcessor:
                 out.append(self._last_resort(p.record, exc, p.event))
             except Exception as exc:
                 out.append(self._last_resort(p.record, ProcessingFailed(_describe(exc), stage="produce"), p.event))
-        return out
+        batch = tuple((p.record.topic, p.record.partition, p.record.offset) for p in state.items)
+        return [dataclasses.replace(o, batch=batch) for o in out]
 
     def run(self, batch: Sequence[Prepared], *, max_record_bytes: int | None = None) -> list[OutRecord]:
         """Every lane in order (offline use, tests)."""
@@ -283,8 +304,7 @@ class BatchProcessor:
         ev, spans = p.event, p.job.spans
         start = spans.clock()
         now = self.wall_ms()
-        created = ev["created_at"]
-        created_ms = int(created.timestamp() * 1000) if isinstance(created, datetime) else int(created)
+        created_ms = _created_ms(ev)
         q = res.quality
         variants = [self._variant(v) for v in res.variants]
         if self.store is not None and self.offload == "always":
@@ -299,7 +319,7 @@ class BatchProcessor:
                         "background_whiteness": q.background_whiteness if q else 0.0,
                         "sharpness": q.sharpness if q else 0.0},
             "spans": [],
-            "latency_us": max(0, (now - created_ms) * 1000),
+            "latency_us": max(0, (now - (created_ms or now)) * 1000),
             "worker_id": self.worker_id, "model_version": self.model_version,
             "pipeline_version": self.pipeline_version, "processed_at": now,
         }
@@ -324,7 +344,8 @@ class BatchProcessor:
                 raise OutputTooLarge(f"processed event of {record_size(value, key, headers)} bytes (variants out of "
                                      f"line; {first} bytes inline) still exceeds the output limit of "
                                      f"{max_record_bytes} bytes", stage="produce")
-        return OutRecord("processed", key, value, headers, p.record)
+        return OutRecord("processed", key, value, headers, p.record, spans=tuple(record["spans"]),
+                         origin_ns=spans.origin_ns, created_ms=created_ms)
 
     def _seal(self, record: dict[str, Any], spans: SpanRecorder, start: int) -> bytes:
         # "produce" covers building and serializing this event (store writes included) up to the
@@ -365,7 +386,7 @@ class BatchProcessor:
         }
         headers = [*self._headers(rec), ("lightbox-error", str(exc.code).encode())]
         return OutRecord("dead_letter", rec.key, self.codecs.dead_letter.encode(record), headers, rec,
-                         error_code=str(exc.code))
+                         error_code=str(exc.code), created_ms=_created_ms(event))
 
     @staticmethod
     def _headers(rec: InRecord) -> Headers:

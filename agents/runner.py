@@ -105,9 +105,10 @@ class RunnerObserver(Protocol):
     """Hooks for metrics and tracing; called on the event loop, must be quick and never raise."""
 
     def received(self, rec: InRecord) -> None: ...
-    def batch_done(self, lane: str, size: int, seconds: float) -> None: ...
+    def batch_done(self, lane: str, size: int, seconds: float) -> None: ...  # failed batches too
+    def sending(self, out: OutRecord) -> OutRecord: ...  # just before the send; may return it re-headered
     def output_acked(self, out: OutRecord) -> None: ...  # after the brokers acknowledged it
-    def lane_progress(self, lane: str, queued: int) -> None: ...
+    def lane_progress(self, lane: str, queued: int) -> None: ...  # a lane took a batch; ``queued`` wait behind
     def in_flight(self, n: int) -> None: ...
 
 
@@ -119,6 +120,9 @@ class NullObserver:
 
     def batch_done(self, lane: str, size: int, seconds: float) -> None:
         pass
+
+    def sending(self, out: OutRecord) -> OutRecord:
+        return out
 
     def output_acked(self, out: OutRecord) -> None:
         pass
@@ -410,6 +414,7 @@ class BatchRunner:
             except FatalError:
                 raise
             except Exception as exc:
+                self.observer.batch_done("decode", len(pairs), self.clock() - t0)
                 self._batch_failed("decode", pairs, exc)
                 continue
             seconds = self.clock() - t0
@@ -426,6 +431,7 @@ class BatchRunner:
             except FatalError:
                 raise
             except Exception as exc:
+                self.observer.batch_done("device", len(pairs), self.clock() - t0)
                 self._batch_failed("device", pairs, exc)
                 continue
             seconds = self.clock() - t0
@@ -459,6 +465,7 @@ class BatchRunner:
             except FatalError:
                 raise
             except Exception as exc:
+                self.observer.batch_done("output", len(pairs), self.clock() - t0)
                 self._batch_failed("output", pairs, exc)
                 return
             self.observer.batch_done("output", len(pairs), self.clock() - t0)
@@ -472,7 +479,7 @@ class BatchRunner:
             group = await self._send_q.get()
             while not self._send_q.empty() and len(group) < self.config.max_send_batch:
                 group.extend(self._send_q.get_nowait())
-            self._spawn(self._deliver([(item, self._fit(item, out)) for item, out in group]))
+            self._spawn(self._deliver([(item, self.observer.sending(self._fit(item, out))) for item, out in group]))
 
     async def _deliver(self, pending: list[Sent]) -> None:
         """Send until the brokers acknowledged every record: retriable errors are retried within

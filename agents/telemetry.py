@@ -15,16 +15,28 @@ depends on it. Nothing here imports Kafka or Faust.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-__all__ = ["Health", "Metrics", "MetricsServer"]
+if TYPE_CHECKING:  # at run time this module needs prometheus-client alone (bench/gpu_check_observe.py)
+    from agents.process import InRecord, OutRecord, RecordKey
+    from agents.tracing import Tracing
+
+__all__ = ["Health", "Metrics", "MetricsServer", "Telemetry", "device_memory_bytes"]
+
+log = logging.getLogger(__name__)
+
+#: stages each item runs alone (the rest run over the batch)
+PER_ITEM_STAGES = ("fetch", "produce")
 
 # per image, batch-amortized: 0.5 ms .. 30 s
 STAGE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -45,7 +57,7 @@ class Metrics:
         self.e2e_seconds = Histogram("lightbox_e2e_seconds", "created_at of the input to its output event",
                                      buckets=LATENCY_BUCKETS, registry=r)
         self.queue_wait_seconds = Histogram("lightbox_queue_wait_seconds",
-                                            "From consumption to the start of the image's first stage",
+                                            "From consumption to the image's first batched stage, less its fetch",
                                             buckets=LATENCY_BUCKETS, registry=r)
         self.images = Counter("lightbox_images", "Inputs finished, by outcome (processed, dead_letter)",
                               ["outcome"], registry=r)
@@ -162,3 +174,114 @@ class MetricsServer:
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def device_memory_bytes() -> int | None:
+    """Bytes CuPy's default memory pool holds for this process (None without CuPy or a device)."""
+    try:
+        import cupy
+
+        return int(cupy.get_default_memory_pool().used_bytes())
+    except Exception:  # no CuPy, no driver, no device
+        return None
+
+
+class Telemetry:
+    """The runner's observer (:class:`~agents.runner.RunnerObserver`): feeds :class:`Metrics`,
+    :class:`Health` and, when on, :class:`~agents.tracing.Tracing`. Called on the event loop.
+
+    Stage times come from each processed output's own span records (batch-amortized), e2e from
+    the input's ``created_at`` to the brokers' acknowledgement, queue wait from consumption to
+    the first batched stage. A lane counts as busy from taking a batch to finishing it, so a lane
+    stuck inside a stage is "queued without progress" for :meth:`Health.live`."""
+
+    def __init__(self, metrics: Metrics, health: Health, tracing: Tracing | None = None, *,
+                 clock_ns: Callable[[], int] = time.monotonic_ns, wall_ms: Callable[[], int] | None = None) -> None:
+        self.metrics, self.health, self.tracing = metrics, health, tracing
+        self.clock_ns = clock_ns
+        self.wall_ms = wall_ms or (lambda: time.time_ns() // 1_000_000)
+        self._received: dict[RecordKey, int] = {}
+        self._sent: dict[RecordKey, int] = {}
+        self._in_hand: dict[str, int] = {}
+        self._batches: deque[tuple[RecordKey, ...]] = deque(maxlen=1024)  # batches already observed
+        self._batch_set: set[tuple[RecordKey, ...]] = set()
+
+    # -- RunnerObserver ----------------------------------------------------------------------
+    def received(self, rec: InRecord) -> None:
+        key = (rec.topic, rec.partition, rec.offset)
+        self._received[key] = self.clock_ns()
+        if self.tracing is not None:
+            self.tracing.received(rec.topic, rec.partition, rec.offset, rec.headers or [])
+
+    def lane_progress(self, lane: str, queued: int) -> None:
+        n = self._in_hand[lane] = self._in_hand.get(lane, 0) + 1
+        self.health.progress(lane, queued + n)
+
+    def batch_done(self, lane: str, size: int, seconds: float) -> None:
+        n = self._in_hand[lane] = max(0, self._in_hand.get(lane, 0) - 1)
+        self.health.progress(lane, n)
+
+    def in_flight(self, n: int) -> None:
+        self.metrics.in_flight.set(n)
+
+    def sending(self, out: OutRecord) -> OutRecord:
+        key = _key(out.source)
+        self._sent[key] = self.clock_ns()
+        if out.spans and out.batch and out.batch not in self._batch_set:
+            self._observe_batch(out)
+        if self.tracing is None:
+            return out
+        return dataclasses.replace(out, headers=self.tracing.output_headers(key, out.headers))
+
+    def output_acked(self, out: OutRecord) -> None:
+        key = _key(out.source)
+        received, sent = self._received.pop(key, None), self._sent.pop(key, None)
+        trace_id = self.tracing.trace_id(key) if self.tracing is not None else None
+        exemplar = {"trace_id": trace_id} if trace_id else None
+        if out.spans:
+            self.metrics.observe_spans(out.spans, exemplar)
+            first = next((s for s in out.spans if s["stage"] not in PER_ITEM_STAGES), None)
+            if first is not None and received is not None and out.origin_ns is not None:
+                fetch_us = sum(int(s["duration_us"]) for s in out.spans if s["stage"] == "fetch")
+                wait_ns = out.origin_ns + (int(first["start_us"]) - fetch_us) * 1000 - received
+                self.metrics.queue_wait_seconds.observe(max(0.0, wait_ns / 1e9), exemplar=exemplar)
+        e2e = None if out.created_ms is None else (self.wall_ms() - out.created_ms) / 1000
+        self.metrics.observe_output(kind=out.kind, error_code=out.error_code, e2e_s=e2e, exemplar=exemplar)
+        if out.kind != "processed":
+            log.info("dead letter %s for %s:%d:%d", out.error_code, *key,
+                     extra={"code": out.error_code, **({"trace_id": trace_id} if trace_id else {})})
+        if self.tracing is not None:
+            produce = next((s for s in out.spans if s["stage"] == "produce"), None)
+            start = (out.origin_ns + int(produce["start_us"]) * 1000
+                     if produce is not None and out.origin_ns is not None else sent)
+            self.tracing.stages(key, [s for s in out.spans if s["stage"] != "produce"], out.origin_ns)
+            self.tracing.finished(key, outcome="processed" if out.kind == "processed" else "dead_letter",
+                                  error_code=out.error_code, produce_start_ns=start)
+
+    # -- from the worker -----------------------------------------------------------------------
+    def revoked(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Partitions went away: forget their inputs (their spans end as revoked)."""
+        gone = set(partitions)
+        keys = [k for k in self._received if (k[0], k[1]) in gone]
+        for k in keys:
+            self._received.pop(k, None)
+            self._sent.pop(k, None)
+        if self.tracing is not None:
+            self.tracing.forget(keys)
+
+    def _observe_batch(self, out: OutRecord) -> None:
+        if len(self._batches) == self._batches.maxlen:
+            self._batch_set.discard(self._batches[0])
+        self._batches.append(out.batch)
+        self._batch_set.add(out.batch)
+        batched = [s for s in out.spans if s["stage"] not in PER_ITEM_STAGES]
+        for s in batched:
+            stage = str(s["stage"]).split(":", 1)[0]
+            self.metrics.batch_size.labels("render" if stage == "preset" else stage).observe(
+                int(s.get("batch_size") or 1))
+        if self.tracing is not None and out.origin_ns is not None:
+            self.tracing.batch(out.batch, batched, out.origin_ns)
+
+
+def _key(rec: InRecord) -> RecordKey:
+    return rec.topic, rec.partition, rec.offset

@@ -7,10 +7,13 @@ spans go over OTLP/HTTP through a batching processor (the exporter reads every o
 Per input, a consumer span (``process <topic>``) that continues the producer's ``traceparent``
 from the Kafka headers, with the messaging attributes (system, destination, partition, offset,
 consumer group); it ends when the output is acknowledged, and the output event's
-``traceparent`` header names it, so a CDN publisher's spans hang under lightbox's. Per batch, a
-``batch`` span linked to every input it holds, with one child span per stage (``decode``,
-``segment``, ``preset:<name>``…) carrying batch size and device, re-created from the monotonic
-per-stage spans every output event carries. The produce span covers the broker round trip.
+``traceparent`` header names it, so a CDN publisher's spans hang under lightbox's. Under it, one
+child per stage the image went through (``fetch``, ``decode``, ``segment``, ``preset:<name>``…,
+batch size and device as attributes), so each input's own trace shows where its time went. Per
+batch, a ``batch`` span linked to every input it holds, with one child per batched stage. All are
+re-created from the monotonic per-stage spans every output event carries (no span is open while
+a stage runs, so tracing adds nothing inside the lanes). The ``produce`` span (kind PRODUCER)
+runs from sealing the output event to the brokers' acknowledgement.
 """
 
 from __future__ import annotations
@@ -45,10 +48,13 @@ def _epoch_ns(monotonic_ns: int) -> int:
 class Tracing:
     """Spans for one worker. Build with :func:`tracing_from_env`; ``tracer`` is an OTel tracer."""
 
-    def __init__(self, tracer: Any, *, group: str, provider: Any = None) -> None:
+    def __init__(self, tracer: Any, *, group: str, provider: Any = None, item_stages: bool = True) -> None:
+        """``item_stages=False`` leaves out the per-input stage children (about three quarters of
+        the spans; the batch span's children still give each stage's time)."""
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         self.tracer, self.group, self.provider = tracer, group, provider
+        self.item_stages = item_stages
         self._propagator = TraceContextTextMapPropagator()
         self._getter = _HeaderGetter()
         self._open: dict[RecordKey, Any] = {}
@@ -91,7 +97,7 @@ class Tracing:
         from opentelemetry import trace
         from opentelemetry.trace import SpanKind, Status, StatusCode
 
-        if produce_start_ns is not None:
+        if produce_start_ns is not None and span.is_recording():
             produce = self.tracer.start_span("produce", context=trace.set_span_in_context(span), kind=SpanKind.PRODUCER,
                                              start_time=_epoch_ns(produce_start_ns),
                                              attributes={"messaging.system": "kafka"})
@@ -101,6 +107,29 @@ class Tracing:
             span.set_attribute("lightbox.error_code", error_code)
             span.set_status(Status(StatusCode.ERROR, error_code))
         span.end()
+
+    def stages(self, key: RecordKey, stage_spans: Sequence[Mapping[str, Any]], origin_ns: int | None) -> None:
+        """One child of ``key``'s consumer span per stage the item went through, from its own
+        span records (batched stages carry their batch size): each input's trace shows where
+        its milliseconds went without following the batch link."""
+        span = self._open.get(key)
+        if span is None or origin_ns is None or not stage_spans or not self.item_stages or not span.is_recording():
+            return  # a trace the sampler dropped costs no children
+        from opentelemetry import trace
+
+        ctx = trace.set_span_in_context(span)
+        self._children(ctx, stage_spans, origin_ns)
+
+    def _children(self, ctx: Any, stage_spans: Sequence[Mapping[str, Any]], origin_ns: int) -> None:
+        for s in stage_spans:
+            name = str(s["stage"])
+            begin = origin_ns + int(s["start_us"]) * 1000
+            attrs: dict[str, Any] = {"lightbox.batch_size": int(s.get("batch_size") or 1),
+                                     "lightbox.device": str(s.get("device") or "cpu")}
+            if ":" in name:
+                attrs["lightbox.preset"] = name.split(":", 1)[1]
+            child = self.tracer.start_span(name, context=ctx, start_time=_epoch_ns(begin), attributes=attrs)
+            child.end(end_time=_epoch_ns(begin + int(s["duration_us"]) * 1000))
 
     def forget(self, keys: Iterable[RecordKey]) -> None:
         """Inputs whose partition was revoked: end their spans unfinished."""
@@ -126,15 +155,7 @@ class Tracing:
         ends = [b + int(s["duration_us"]) * 1000 for b, s in zip(starts, stage_spans, strict=True)]
         batch = self.tracer.start_span("batch", links=links, start_time=_epoch_ns(min(starts)),
                                        attributes={"lightbox.batch_size": len(keys)})
-        ctx = trace.set_span_in_context(batch)
-        for s, b, e in zip(stage_spans, starts, ends, strict=True):
-            name = str(s["stage"])
-            attrs: dict[str, Any] = {"lightbox.batch_size": int(s.get("batch_size") or 1),
-                                     "lightbox.device": str(s.get("device") or "cpu")}
-            if ":" in name:
-                attrs["lightbox.preset"] = name.split(":", 1)[1]
-            child = self.tracer.start_span(name, context=ctx, start_time=_epoch_ns(b), attributes=attrs)
-            child.end(end_time=_epoch_ns(e))
+        self._children(trace.set_span_in_context(batch), stage_spans, origin_ns)
         batch.end(end_time=_epoch_ns(max(ends)))
 
     def close(self) -> None:
@@ -143,8 +164,11 @@ class Tracing:
             self.provider.shutdown()  # flushes the batch processor
 
 
-def tracing_from_env(*, group: str, worker_id: str, environ: Mapping[str, str] = os.environ) -> Tracing | None:
-    """A :class:`Tracing` exporting over OTLP/HTTP when the standard variables ask for it, else None."""
+def tracing_from_env(*, group: str, worker_id: str, environ: Mapping[str, str] = os.environ,
+                     item_stages: bool = True) -> Tracing | None:
+    """A :class:`Tracing` exporting over OTLP/HTTP when the standard variables ask for it, else None.
+    The sampler comes from ``OTEL_TRACES_SAMPLER``/``OTEL_TRACES_SAMPLER_ARG`` as the SDK reads
+    them (e.g. ``traceidratio`` and ``0.1`` keeps a tenth of the inputs' traces, whole)."""
     endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
     if not endpoint or environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         return None
@@ -157,4 +181,4 @@ def tracing_from_env(*, group: str, worker_id: str, environ: Mapping[str, str] =
                                 "service.instance.id": worker_id})
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return Tracing(provider.get_tracer("lightbox"), group=group, provider=provider)
+    return Tracing(provider.get_tracer("lightbox"), group=group, provider=provider, item_stages=item_stages)

@@ -27,16 +27,21 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
     """(model, classical fallback, model version) as configured."""
     if settings.segmenter == "none":
         return None, None, "none"
-    from gpu_kernels.segment import make_segmenter
+    from gpu_kernels.segment import ensure_u2netp, make_segmenter
 
     classical = make_segmenter("classical", device)
     if settings.segmenter == "classical":
         return None, classical, str(getattr(classical, "version", "classical"))
+    from gpu_kernels.segment import make_model_segmenter
     from gpu_kernels.segment.model import resolve_model
 
     path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
-    model = make_segmenter("model", device, model_path=path, spec=spec)
-    return model, classical, str(getattr(model, "version", "model"))
+    model, choice = make_model_segmenter(path or ensure_u2netp().batched, spec, device=device,
+                                         runtime=settings.segment_runtime, threads=settings.segment_threads,
+                                         cuda_graphs=settings.cuda_graphs,
+                                         max_batch=settings.max_batch if device == "gpu" else None)  # CPU: 1
+    runtime = "" if choice.runtime == "fp32" else f"+{choice.runtime}"  # events name the runtime when not fp32
+    return model, classical, f"{getattr(model, 'version', 'model')}{runtime}"
 
 
 def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:

@@ -245,7 +245,7 @@ async def one_run(b: Bench, config: str, schedule: Sequence[tuple[float, int]], 
            "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
            "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(b.workdir / "data" / tag),
            "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": b.segmenter, "LIGHTBOX_MAX_BATCH": str(MAX_BATCH),
-           "LIGHTBOX_WORKER_ID": f"bench-{tag}", **CONFIGS[config]}
+           "LIGHTBOX_WORKER_ID": f"bench-{tag}", "LIGHTBOX_METRICS_PORT": "0", **CONFIGS[config]}
     worker = WorkerProcess(env, b.workdir / "logs" / f"{tag}.log").start()
     codecs = EventCodecs.create()
     reader = OutputReader(b.bootstrap, topics["output"], topics["dlq"], codecs)

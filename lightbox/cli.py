@@ -219,26 +219,54 @@ def worker(
         if val is not None:
             overrides[key] = val
     settings = Settings(**overrides)
+    import logging.config
+
     from faust import Worker
 
+    from agents.logs import logging_config
+    from agents.observe import Observability
     from agents.retouch import EXIT_FAIL_STOP, build_worker
+    from agents.wiring import build_processor
+    from lightbox import __version__
     from streams.app import ensure_topics
+    from streams.security import KafkaSecurityError
 
+    logs = logging_config(settings.log_format, loglevel)
+    logging.config.dictConfig(logs)  # Faust's Worker applies the same again when it starts
+    logging.captureWarnings(True)
+    say = logging.getLogger("lightbox.worker").warning if settings.log_format == "json" else err.print
+    obs = None
     try:  # before joining the group: a worker that cannot start never holds partitions
         created = asyncio.run(ensure_topics(settings))
-        retouch = build_worker(settings)
+        obs = Observability(settings)
+        device = settings.resolved_device()
+        processor = build_processor(settings, device)
+        retouch = build_worker(settings, processor=processor, observer=obs.telemetry)
+        obs.attach(retouch.app, device=device, model=processor.model_version, version=__version__)
+    except KafkaSecurityError:
+        if obs is not None:
+            obs.close()
+        raise  # a configuration error: main() prints one line and exits 2
     except Exception as exc:
-        err.print(f"[red]lightbox worker could not start:[/] {type(exc).__name__}: {exc}")
+        say(f"lightbox worker could not start: {type(exc).__name__}: {exc}")
+        if obs is not None:
+            obs.close()
         raise typer.Exit(EXIT_FAIL_STOP) from None
     if created:
-        err.print(f"created topics: {', '.join(created)}")
-    err.print(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
-              f"on {settings.kafka_bootstrap}, device {settings.resolved_device()}")
+        say(f"created topics: {', '.join(created)}")
+    say(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
+        f"on {settings.kafka_bootstrap}, device {device}"
+        + (f", metrics on :{obs.server.port}" if obs.server is not None else ""))
     code: Any = 0
     try:
-        Worker(retouch.app, loglevel=loglevel.upper(), quiet=True).execute_from_commandline()
+        runner = Worker(retouch.app, loglevel=loglevel.upper(), quiet=True, logging_config=logs)
+        if not runner.stdout.isatty():
+            runner.spinner = None  # it writes cursor codes even into files
+        runner.execute_from_commandline()
     except SystemExit as exc:
         code = exc.code
+    finally:
+        obs.close()
     raise typer.Exit(retouch.exit_code or (code if isinstance(code, int) else 1))
 
 
@@ -374,6 +402,134 @@ def report(
         from lightbox.report import draw_stage_chart
 
         console.print(f"wrote {draw_stage_chart(events, png)}")
+
+
+@app.command()
+def process(
+    paths: Annotated[list[Path], typer.Argument(help="image files and/or folders (searched recursively)")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="folder for the variants and results.jsonl")],
+    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,jd_main,amazon_main",
+    device: Annotated[str | None, typer.Option(help="auto, cpu or gpu (default: $LIGHTBOX_DEVICE or auto)")] = None,
+    batch: Annotated[int, typer.Option(help="images per batch (same size class and presets)")] = 4,
+    segmenter: Annotated[str | None, typer.Option(help="model, classical or none")] = None,
+    runtime: Annotated[str | None, typer.Option(help="segment model runtime on CPU: auto, fp32, int8 or "
+                                                     "openvino (default: $LIGHTBOX_SEGMENT_RUNTIME or auto)")] = None,
+    background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
+    lighting: Annotated[bool, typer.Option("--lighting/--no-lighting", help="lighting correction")] = True,
+    table: Annotated[bool, typer.Option("--table/--no-table", help="print the per-stage latency table")] = True,
+) -> None:
+    """The same pipeline offline, without Kafka: process image files and folders into OUT
+    (<sku>.<preset>.<ext>) with a progress bar, write OUT/results.jsonl (one line per input,
+    dead-letter reasons included) and print the per-stage latency table. Exit code 1 when
+    any input became a dead letter."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agents.wiring import build_processor
+    from lightbox.offline import OfflineResult, process_files
+    from streams.producer import iter_image_files
+
+    try:
+        files = list(iter_image_files(paths))
+    except FileNotFoundError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    if not files:
+        err.print("[yellow]no image files found[/]")
+        raise typer.Exit(2)
+    overrides: dict[str, Any] = {}
+    for key, val in (("device", device), ("segmenter", segmenter), ("segment_runtime", runtime)):
+        if val is not None:
+            overrides[key] = val
+    settings = Settings(**overrides)
+    names = [p.strip() for p in presets.split(",") if p.strip()]
+    with err.status("loading the pipeline…"):
+        processor = build_processor(settings.model_copy(update={"output_dir": None}))
+    err.print(f"{len(files)} files, device {processor.pipeline.device}, model {processor.model_version}")
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[failed]} dead letters"))
+    try:
+        with Progress(*columns, console=err) as bar:
+            task = bar.add_task("processing", total=len(files), failed=0)
+
+            def advance(res: OfflineResult) -> None:
+                bar.update(task, advance=1, failed=bar.tasks[0].fields["failed"] + (not res.ok))
+
+            summary = process_files(files, processor, out, presets=names, batch_size=batch, background=background,
+                                    lighting="auto" if lighting else "off", on_result=advance)
+    finally:
+        processor.close()
+    if table and summary.processed:
+        print_latency_table(summary.processed)
+    rate = len(files) / summary.seconds if summary.seconds else 0.0
+    console.print(f"{len(summary.processed)} processed, {summary.dead_letters} dead letters in "
+                  f"{summary.seconds:.1f} s ({rate:.2f} img/s); results in {out / 'results.jsonl'}")
+    for r in summary.results:
+        if not r.ok:
+            console.print(f"[red]{r.line['error_code']}[/] {r.path} {r.line['stage']}: {r.line['message']}")
+    if summary.dead_letters:
+        raise typer.Exit(1)
+
+
+def _when_ms(text: str | None) -> int | None:
+    """Epoch milliseconds from an ISO-8601 time (UTC when no zone is given) or a number of ms."""
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    from datetime import UTC, datetime
+
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        err.print(f"[red]not a time:[/] {text!r} (ISO-8601, e.g. 2026-11-30T10:00:00Z, or epoch ms)")
+        raise typer.Exit(2) from None
+    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
+
+
+@app.command()
+def audit(
+    bootstrap: Bootstrap = None,
+    input_topic: Annotated[list[str] | None, typer.Option(
+        "--input-topic", help="input topic(s) to audit (default: the input and backfill topics)")] = None,
+    from_offset: Annotated[int | None, typer.Option(help="first input offset, in every partition")] = None,
+    to_offset: Annotated[int | None, typer.Option(help="input offsets below this, in every partition")] = None,
+    since: Annotated[str | None, typer.Option(help="inputs at or after this time (ISO-8601 or epoch ms)")] = None,
+    until: Annotated[str | None, typer.Option(help="inputs before this time (ISO-8601 or epoch ms)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
+) -> None:
+    """Reconcile inputs against processed events and dead letters, by source event id: inputs,
+    processed, dead letters, missing, duplicates and whether duplicates are byte-identical.
+    Exit code 1 when an input has no output, or duplicates differ, or a dead letter's original
+    record is not its input's."""
+    import json
+
+    from lightbox.audit import run_audit
+
+    settings = Settings()
+    topics = input_topic or [settings.input_topic, settings.backfill_topic]
+    report = asyncio.run(run_audit(_bootstrap(bootstrap), topics, [settings.output_topic, settings.dlq_topic],
+                                   from_offset=from_offset, to_offset=to_offset,
+                                   since_ms=_when_ms(since), until_ms=_when_ms(until)))
+    if as_json:
+        console.print_json(json.dumps(report.as_dict()))
+    else:
+        same = ("" if not report.duplicates
+                else " (byte-identical)" if report.duplicates_identical else " (NOT identical)")
+        console.print(f"inputs {report.inputs}  processed {report.processed}  dead letters {report.dead_letters}  "
+                      f"missing {len(report.missing)}  duplicates {report.duplicates}{same}", soft_wrap=True)
+        if report.error_codes:
+            console.print("dead letters by code: " + ", ".join(f"{k} {v}" for k, v in report.error_codes.items()))
+        for title, items in (("missing", report.missing), ("differing duplicates", report.conflicts),
+                             ("dead letters whose original differs from the input", report.original_mismatches)):
+            if items:
+                shown = ", ".join(items[:20]) + (f" … ({len(items)} in all)" if len(items) > 20 else "")
+                console.print(f"[red]{title}:[/] {shown}")
+        if report.bad_digests:
+            console.print(f"[red]{report.bad_digests} processed events whose bytes do not match their sha256[/]")
+        if report.outside_range or report.unreadable_outputs:
+            console.print(f"({report.outside_range} outputs of inputs outside the range, "
+                          f"{report.unreadable_outputs} unreadable outputs)")
+    raise typer.Exit(0 if report.ok else 1)
 
 
 @app.command("contact-sheet")

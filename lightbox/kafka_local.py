@@ -5,12 +5,18 @@ broker runs as ``java -cp '<cache>/lib/*' kafka.Kafka server.properties`` on 127
 free ports and a temporary data dir. Used by ``lightbox kafka up|down|status`` and by the
 pytest session fixture. Imports no Kafka client: readiness is read from the broker's log and
 its listening socket.
+
+The cluster id lives with the data dir (``<data_dir>/cluster.id``), so a broker stopped or killed
+(``kill``) starts again on the same folder (``restart`` or ``lightbox kafka up --data-dir D``) with
+its topics, offsets and committed group offsets intact.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -30,6 +36,7 @@ __all__ = [
     "LocalKafka",
     "cache_dir",
     "clear_state",
+    "cluster_id",
     "ensure_jars",
     "read_state",
 ]
@@ -82,6 +89,27 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _previous_ports(props: Path) -> tuple[int | None, int | None]:
+    """(client port, controller port) a data dir's ``server.properties`` used, if it has one."""
+    try:
+        text = props.read_text()
+    except OSError:
+        return None, None
+    port = re.search(r"^advertised\.listeners=\w+://[^:,]+:(\d+)", text, re.M)
+    voter = re.search(r"^controller\.quorum\.voters=\d+@[^:,]+:(\d+)", text, re.M)
+    return (int(port.group(1)) if port else None), (int(voter.group(1)) if voter else None)
 
 
 def _port_open(port: int) -> bool:
@@ -147,14 +175,19 @@ class LocalKafka:
         heap: str = "512m",
         timeout_s: float = 90.0,
         secure: bool = False,
+        controller_port: int | None = None,
     ) -> LocalKafka:
-        """Format storage and start the broker; return once it accepts connections."""
+        """Format storage (keeping the data dir's cluster id) and start the broker; return once it
+        accepts connections."""
         lib = ensure_jars()
         owns = data_dir is None
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-kafka-"))
         ddir.mkdir(parents=True, exist_ok=True)
-        port = port or _free_port()
-        controller_port = _free_port()
+        # a data dir used before keeps its address when the ports are still free
+        was_port, was_controller = _previous_ports(ddir / "server.properties")
+        port = port or (was_port if was_port and _port_free(was_port) else _free_port())
+        controller_port = controller_port or (
+            was_controller if was_controller and _port_free(was_controller) else _free_port())
         props = ddir / "server.properties"
         secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
         props.touch(mode=0o600)
@@ -163,13 +196,23 @@ class LocalKafka:
             port=port, controller_port=controller_port, data_dir=ddir,
             partitions=partitions, max_message_bytes=max_message_bytes) + secure_props)
         java, cp = _java(), f"{lib}/*"
-        log = ddir / "kafka.log"
         fmt = subprocess.run(
             [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-             "-t", str(uuid.uuid4()).replace("-", "")[:22], "-c", str(props), *secure_fmt],
+             "-t", cluster_id(ddir), "-c", str(props), *secure_fmt],
             capture_output=True, text=True, check=False)
         if fmt.returncode != 0:
             raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
+        return cls._launch(props, port=port, controller_port=controller_port, data_dir=ddir, owns=owns,
+                           heap=heap, timeout_s=timeout_s, secure=secure)
+
+    @classmethod
+    def _launch(cls, props: Path, *, port: int, controller_port: int, data_dir: Path, owns: bool, heap: str,
+                timeout_s: float, secure: bool) -> LocalKafka:
+        """Run the broker on an already formatted data dir; return once it accepts connections."""
+        ddir, cp = data_dir, f"{ensure_jars()}/*"
+        java = _java()
+        log = ddir / "kafka.log"
+        seen = log.stat().st_size if log.exists() else 0  # a restart appends: look for a new ready line
         with log.open("ab") as out:
             proc = subprocess.Popen(
                 [java, f"-Xmx{heap}", "-Xms128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
@@ -184,11 +227,32 @@ class LocalKafka:
             if proc.poll() is not None:
                 raise KafkaLaunchError(
                     f"broker exited with {proc.returncode} during start; last log lines:\n{kafka.log_tail()}")
-            if _port_open(port) and READY_LINE in log.read_text(errors="replace"):
+            if _port_open(port) and READY_LINE in _read_from(log, seen):
                 return kafka
             time.sleep(0.2)
         kafka.stop()
         raise KafkaLaunchError(f"broker did not start within {timeout_s:.0f} s; log:\n{kafka.log_tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL the broker, as a crash would; the data dir is kept for :meth:`restart`."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self._wait_gone(10.0)
+
+    def restart(self, *, heap: str = "512m", timeout_s: float = 90.0) -> LocalKafka:
+        """Start this broker again on its data dir, ports and properties (after :meth:`kill`,
+        or a stop of a broker whose data dir was kept); stops it first if it still runs.
+        Updates this object in place (new pid) and returns it."""
+        if _pid_exists(self.pid):
+            self._signal_and_wait()
+        props = Path(self.data_dir) / "server.properties"
+        if not props.exists():
+            raise KafkaLaunchError(f"nothing to restart: {props} is missing")
+        new = self._launch(props, port=self.port, controller_port=self.controller_port,
+                           data_dir=Path(self.data_dir), owns=self.owns_data_dir, heap=heap, timeout_s=timeout_s,
+                           secure=self.secure)
+        self.pid = new.pid
+        return self
 
     def client_env(self) -> dict[str, str]:
         """The ``LIGHTBOX_KAFKA_*`` settings a client needs for this broker."""
@@ -211,6 +275,11 @@ class LocalKafka:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL after ``timeout_s``."""
+        self._signal_and_wait(timeout_s)
+        if self.owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _signal_and_wait(self, timeout_s: float = 30.0) -> None:
         for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
             try:
                 os.kill(self.pid, sig)
@@ -218,8 +287,6 @@ class LocalKafka:
                 break
             if self._wait_gone(wait):
                 break
-        if self.owns_data_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def _wait_gone(self, timeout_s: float) -> bool:
         end = time.monotonic() + timeout_s
@@ -240,6 +307,29 @@ class LocalKafka:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(self)))
         return path
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with path.open("rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+
+
+def cluster_id(data_dir: Path) -> str:
+    """The data dir's KRaft cluster id: kept in ``cluster.id`` (or read back from a formatted log's
+    ``meta.properties``); a new one is made and kept on first use."""
+    kept = data_dir / "cluster.id"
+    if kept.exists():
+        return kept.read_text().strip()
+    meta = data_dir / "log" / "meta.properties"
+    found = None
+    if meta.exists():
+        for line in meta.read_text().splitlines():
+            if line.startswith("cluster.id="):
+                found = line.split("=", 1)[1].strip()
+    cid = found or str(uuid.uuid4()).replace("-", "")[:22]
+    kept.write_text(cid + "\n")
+    return cid
 
 
 def _pid_exists(pid: int) -> bool:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import TopicPartition
 
 from schemas.codec import split_frame
 from schemas.errors import SchemaInvalid
 from schemas.events import EventCodecs
 from streams.security import client_kwargs, preflight
 
-__all__ = ["read_events"]
+__all__ = ["RawRecord", "read_events", "read_records"]
 
 
 def decode_any(codecs: EventCodecs, value: bytes) -> tuple[str, dict[str, Any]]:
@@ -59,5 +62,73 @@ async def read_events(bootstrap: str, topics: Sequence[str], *, from_beginning: 
                     seen += 1
                     if limit is not None and seen >= limit:
                         return
+    finally:
+        await consumer.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecord:
+    """One record as the log holds it (value undecoded)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+async def read_records(bootstrap: str, topics: Sequence[str], *, from_offset: int | None = None,
+                       to_offset: int | None = None, since_ms: int | None = None,
+                       until_ms: int | None = None, security: Mapping[str, Any] | None = None) -> list[RawRecord]:
+    """Every record of ``topics`` (all partitions) in a range, read up to the log end as it was
+    when the read began (no consumer group, nothing committed; a missing topic reads as empty).
+
+    Offsets ``[from_offset, to_offset)`` apply to each partition; ``[since_ms, until_ms)`` to
+    record timestamps (the read starts at the first offset at or after ``since_ms``). ``security``
+    as for :func:`read_events`."""
+    await preflight(bootstrap, kw := client_kwargs(security))
+    admin = AIOKafkaAdminClient(**kw, bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        described = await admin.describe_topics(list(topics))
+    finally:
+        await admin.close()
+    tps = [TopicPartition(t["topic"], p["partition"]) for t in described if t["error_code"] == 0
+           for p in sorted(t["partitions"], key=lambda p: int(p["partition"]))]
+    if not tps:
+        return []
+    consumer = AIOKafkaConsumer(**kw, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                max_partition_fetch_bytes=64 << 20, fetch_max_bytes=128 << 20)
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        first = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        starts = {tp: max(first[tp], from_offset or 0) for tp in tps}
+        if since_ms is not None:
+            found = await consumer.offsets_for_times({tp: since_ms for tp in tps})
+            starts = {tp: max(starts[tp], ends[tp] if found[tp] is None else found[tp].offset) for tp in tps}
+        if to_offset is not None:
+            ends = {tp: min(ends[tp], to_offset) for tp in tps}
+        todo = {tp for tp in tps if starts[tp] < ends[tp]}
+        for tp in tps:
+            consumer.seek(tp, starts[tp])
+        out: list[RawRecord] = []
+        while todo:
+            batch = await consumer.getmany(*todo, timeout_ms=500, max_records=500)
+            for tp, records in batch.items():
+                for r in records:
+                    if r.offset >= ends[tp] or (until_ms is not None and r.timestamp >= until_ms):
+                        continue
+                    if since_ms is not None and r.timestamp < since_ms:
+                        continue
+                    out.append(RawRecord(r.topic, r.partition, r.offset, r.timestamp, r.key, r.value,
+                                         tuple((k, bytes(v or b"")) for k, v in r.headers)))
+            for tp in list(todo):
+                if await consumer.position(tp) >= ends[tp]:
+                    todo.discard(tp)
+        return out
     finally:
         await consumer.stop()

@@ -66,6 +66,15 @@ class Settings(BaseSettings):
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
     log_level: str = "WARNING"
 
+    # -- perf
+    segment_runtime: Literal["auto", "fp32", "int8", "openvino", "openvino-bf16", "openvino-f32", "fp16"] = Field(
+        "auto", description="segment model runtime. CPU: auto picks the fastest of OpenVINO (bf16 where the CPU "
+                            "has it) and an INT8 QDQ model that passes the fidelity gate against fp32 masks, else "
+                            "fp32 (ONNX Runtime); openvino-bf16/-f32 and int8 by name are not gated; "
+                            "GPU: auto is fp32, fp16 is a gated half-precision model")
+    segment_threads: int | None = Field(None, ge=1, description="model threads on CPU (default: the usable cores)")
+    cuda_graphs: bool = Field(False, description="GPU: capture one CUDA graph per batch bucket (ONNX Runtime)")
+
     # -- delivery
     topic_replication_factor: int = Field(1, ge=1, description="replication factor of topics lightbox creates "
                                                                  "(1 locally; 3 in production)")
@@ -102,6 +111,14 @@ class Settings(BaseSettings):
                                                   "(gpu_kernels.segment.model.KNOWN_SPECS)")
     model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
                                                              "overrides: input_size, mean, std, ...)")
+
+    # -- observe
+    metrics_port: int = Field(9464, ge=0, le=65535, description="port of /metrics, /healthz and /readyz (0: off)")
+    log_format: Literal["text", "json"] = Field("text", description="json: one JSON object per line, with trace ids")
+    health_stall_s: float = Field(60.0, gt=0, description="/healthz fails when a lane with work queued made no "
+                                                          "progress for this long")
+    trace_item_stages: bool = Field(True, description="traces: a span per stage under each input's span (off: per "
+                                                      "batch only, about a quarter of the spans)")
 
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":

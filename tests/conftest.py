@@ -142,3 +142,14 @@ def s3_env(s3_server: S3Endpoint, monkeypatch: pytest.MonkeyPatch) -> S3Endpoint
         monkeypatch.setenv(key, val)
     monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
     return s3_server
+
+
+# -- observe: workers the tests start serve no metrics port unless a test asks for one (a fixed
+#    default port would collide between workers running at once: several per test, other suites)
+@pytest.fixture(scope="session", autouse=True)
+def _no_default_metrics_port() -> Iterator[None]:
+    before = os.environ.get("LIGHTBOX_METRICS_PORT")
+    os.environ.setdefault("LIGHTBOX_METRICS_PORT", "0")
+    yield
+    if before is None:
+        os.environ.pop("LIGHTBOX_METRICS_PORT", None)

@@ -16,7 +16,8 @@ from lightbox.cli import app
 runner = CliRunner()
 
 SUBCOMMANDS = [[], ["kafka"], ["kafka", "up"], ["kafka", "down"], ["kafka", "status"], ["worker"],
-               ["produce"], ["tail"], ["samples"], ["demo"], ["s3"], ["s3", "up"], ["s3", "down"], ["s3", "status"]]
+               ["produce"], ["tail"], ["samples"], ["demo"], ["s3"], ["s3", "up"], ["s3", "down"], ["s3", "status"],
+               ["process"]]
 
 
 @pytest.mark.parametrize("args", SUBCOMMANDS, ids=lambda a: " ".join(a) or "lightbox")

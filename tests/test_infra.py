@@ -143,3 +143,38 @@ def test_worker_deployment_requests_a_gpu_and_probes_health() -> None:
     (trigger,) = spec["triggers"]  # type: ignore[index]
     assert trigger["type"] == "kafka" and int(trigger["metadata"]["lagThreshold"]) > 0
     assert trigger["metadata"]["consumerGroup"] == "lightbox-workers"
+
+
+# ------------------------------------------------------------------ observe: the compose observability stack
+def test_compose_runs_prometheus_grafana_and_a_collector_wired_to_the_worker() -> None:
+    """Mounted files exist, and each service points at the one it depends on."""
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((INFRA / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"prometheus", "grafana", "otel-collector", "worker", "kafka"} <= set(services)
+    for name, svc in services.items():
+        for vol in svc.get("volumes", []):
+            source = vol.split(":", 1)[0]
+            if source.startswith("."):
+                assert (INFRA / source).exists(), f"{name}: {source} is missing"
+    # the worker exports OTLP/HTTP to the collector, which receives on that port and sends traces on
+    worker_env = services["worker"]["environment"]
+    assert worker_env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "http://otel-collector:4318"
+    collector = yaml.safe_load((INFRA / "otel" / "collector.yaml").read_text())
+    assert collector["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    traces = collector["service"]["pipelines"]["traces"]
+    assert traces["receivers"] == ["otlp"] and set(traces["exporters"]) <= set(collector["exporters"])
+    assert set(traces["processors"]) <= set(collector["processors"])
+    # Prometheus scrapes the worker's metrics port; Grafana reads that Prometheus and loads the dashboard
+    prom = yaml.safe_load((INFRA / "prometheus" / "prometheus.yml").read_text())
+    assert "worker:9464" in prom["scrape_configs"][0]["static_configs"][0]["targets"]
+    (ds,) = yaml.safe_load((INFRA / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())[
+        "datasources"]
+    assert ds["type"] == "prometheus" and ds["url"] == "http://prometheus:9090"
+    (provider,) = yaml.safe_load((INFRA / "grafana" / "provisioning" / "dashboards" / "lightbox.yml").read_text())[
+        "providers"]
+    mounted = [v.split(":")[1] for v in services["grafana"]["volumes"] if "lightbox-dashboard.json" in v]
+    assert mounted and Path(mounted[0]).parent == Path(provider["options"]["path"])
+    # UIs are published on the loopback interface only
+    for name in ("prometheus", "grafana"):
+        assert all(str(p).startswith("127.0.0.1:") for p in services[name]["ports"])

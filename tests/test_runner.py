@@ -503,6 +503,10 @@ class RecordingObserver:
     def batch_done(self, lane: str, size: int, seconds: float) -> None:
         self.calls.append(("batch_done", lane))
 
+    def sending(self, out: OutRecord) -> OutRecord:
+        self.calls.append(("sending", out.source.offset))
+        return out
+
     def output_acked(self, out: OutRecord) -> None:
         self.calls.append(("output_acked", out.source.offset))
 
@@ -524,6 +528,8 @@ def test_the_observer_hears_every_input_batch_and_acknowledged_output() -> None:
         names = [name for name, _ in obs.calls]
         assert sorted(v for n, v in obs.calls if n == "received") == [0, 1, 2]
         assert sorted(v for n, v in obs.calls if n == "output_acked") == [0, 1, 2]
+        assert sorted(v for n, v in obs.calls if n == "sending") == [0, 1, 2]  # each before its ack
+        assert names.index("sending") < names.index("output_acked")
         assert {v for n, v in obs.calls if n == "batch_done"} == {"decode", "device", "output"}
         assert {v for n, v in obs.calls if n == "lane_progress"} == {"decode", "device", "output"}
         assert names.index("received") < names.index("output_acked")

@@ -9,7 +9,8 @@ Two implementations of :class:`gpu_kernels.backends.Segmenter`, each on CPU (Num
 - :class:`ClassicalSegmenter`: border-colour model + morphology, for near-uniform backgrounds;
   the fallback when no model is configured.
 
-Pick one with :func:`make_segmenter`, once, at worker start-up.
+Pick one with :func:`make_segmenter`, once, at worker start-up. The model's runtime (ONNX
+Runtime fp32, OpenVINO, INT8, FP16) is chosen behind a fidelity gate (``segment.runtime``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from gpu_kernels.segment.model import (
 )
 from gpu_kernels.segment.onnx_runner import OnnxSegmenter, batch_buckets
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
+from gpu_kernels.segment.runtime import RuntimeChoice, make_model_segmenter
 from schemas.errors import ProcessingFailed
 
 __all__ = [
@@ -43,10 +45,12 @@ __all__ = [
     "ModelFiles",
     "ModelSpec",
     "OnnxSegmenter",
+    "RuntimeChoice",
     "alpha_from_probability",
     "batch_buckets",
     "ensure_u2netp",
     "load_model_config",
+    "make_model_segmenter",
     "make_segmenter",
     "model_cache_dir",
 ]
@@ -57,6 +61,7 @@ def make_segmenter(
     device: str = "cpu",
     model_path: Path | str | None = None,
     spec: ModelSpec | None = None,
+    runtime: str = "fp32",
     **options: Any,
 ) -> Segmenter:
     """A segmenter for ``device`` ("cpu" or "gpu").
@@ -64,6 +69,8 @@ def make_segmenter(
     ``kind="model"``: ``model_path`` (with ``spec``, default U2NETP), or, when None, the
     cached u2netp with a symbolic batch (fetched on first use; may raise FetchFailed).
     ``kind="classical"``: the border-colour segmenter; ``model_path``/``spec`` must be None.
+    ``runtime``: the model's runtime ("fp32", "auto", "openvino", "int8", "fp16"; see
+    ``gpu_kernels.segment.runtime``); anything but fp32 goes through :func:`make_model_segmenter`.
     ``options`` go to the constructor (``max_batch``, ``threads``, ``post``, ``config``, ...).
     """
     if kind == "classical":
@@ -73,5 +80,8 @@ def make_segmenter(
     if kind == "model":
         if model_path is None:
             model_path = ensure_u2netp().batched
-        return OnnxSegmenter(model_path, spec or U2NETP, device=device, **options)
+        if runtime == "fp32" and not options.get("cuda_graphs"):
+            return OnnxSegmenter(model_path, spec or U2NETP, device=device, **options)
+        seg, _ = make_model_segmenter(Path(model_path), spec or U2NETP, device=device, runtime=runtime, **options)
+        return seg
     raise ProcessingFailed(f"unknown segmenter kind {kind!r}; use 'model' or 'classical'", stage="segment")

@@ -41,6 +41,7 @@ __all__ = [
     "U2NETP_SIZE",
     "ModelFiles",
     "ensure_u2netp",
+    "make_batch_static",
     "make_batch_symbolic",
     "model_cache_dir",
     "sha256_file",
@@ -160,6 +161,22 @@ def make_batch_symbolic(src: Path, dst: Path, dim_name: str = "batch") -> None:
 
     Needs the ``onnx`` package; raises FetchFailed naming it when it is missing.
     """
+    _set_batch_dim(src, dst, dim_name)
+
+
+def make_batch_static(src: Path, dst: Path, batch: int) -> None:
+    """Copy an ONNX model with dim 0 of every graph input/output fixed to ``batch``.
+
+    With every shape known, ONNX Runtime folds the shape arithmetic (Shape, Gather, Concat
+    feeding Resize) into constants, so the whole graph can run on one device and be captured
+    as a CUDA graph. Outputs equal the symbolic model's at that batch.
+    """
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    _set_batch_dim(src, dst, batch)
+
+
+def _set_batch_dim(src: Path, dst: Path, value: str | int) -> None:
     try:
         import onnx
     except ImportError as exc:
@@ -171,12 +188,15 @@ def make_batch_symbolic(src: Path, dst: Path, dim_name: str = "batch") -> None:
 
     model = onnx.load(str(src))
     initializers = {t.name for t in model.graph.initializer}
-    for value in [*model.graph.input, *model.graph.output]:
-        if value.name in initializers:
+    for io in [*model.graph.input, *model.graph.output]:
+        if io.name in initializers:
             continue
-        dims = value.type.tensor_type.shape.dim
-        if len(dims) > 0:
-            dims[0].dim_param = dim_name  # a oneof with dim_value: setting it clears the value
+        dims = io.type.tensor_type.shape.dim
+        if len(dims) > 0:  # a oneof: setting one clears the other
+            if isinstance(value, int):
+                dims[0].dim_value = value
+            else:
+                dims[0].dim_param = value
     del model.graph.value_info[:]
     _write_atomic(dst, model.SerializeToString())
 

@@ -1,0 +1,100 @@
+"""A worker process's observability, wired to Faust: metrics server, health, traces, lag.
+
+:class:`Observability` builds the parts once per process from settings and the standard
+``OTEL_*`` variables (:mod:`agents.telemetry`, :mod:`agents.tracing`), then :meth:`attach`
+hooks them to the Faust app: readiness follows the partition assignment, consumer lag
+(log end offset minus the consumer's position) and device memory are refreshed every
+``REFRESH_S`` seconds, and revoked partitions' open spans are ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+import faust
+
+from agents.telemetry import Health, Metrics, MetricsServer, Telemetry, device_memory_bytes
+from agents.tracing import Tracing, tracing_from_env
+from streams.settings import Settings
+
+__all__ = ["REFRESH_S", "Observability"]
+
+log = logging.getLogger(__name__)
+
+REFRESH_S = 5.0
+
+
+class Observability:
+    """Metrics, health and traces of one worker; ``telemetry`` is the runner's observer.
+    The HTTP server starts here (a port in use fails now, before the worker joins its group)."""
+
+    def __init__(self, settings: Settings, *, tracing: Tracing | None = None) -> None:
+        self.settings = settings
+        self.metrics = Metrics()
+        self.health = Health(stall_after_s=settings.health_stall_s)
+        self.tracing = tracing if tracing is not None else tracing_from_env(
+            group=settings.group_id, worker_id=settings.worker_id, item_stages=settings.trace_item_stages)
+        self.telemetry = Telemetry(self.metrics, self.health, self.tracing)
+        self.server = None
+        if settings.metrics_port:
+            try:
+                self.server = MetricsServer(self.metrics, self.health, port=settings.metrics_port).start()
+            except OSError as exc:
+                raise OSError(exc.errno, f"metrics port {settings.metrics_port}: {exc.strerror} (set "
+                                         "LIGHTBOX_METRICS_PORT to a free port, one per worker on a host, or 0 "
+                                         "for none)") from exc
+        self._device = "cpu"
+
+    def attach(self, app: faust.App, *, device: str, model: str, version: str) -> None:
+        """Hook to ``app`` (before it starts): the processor is built, so the model is loaded."""
+        self._device = device
+        self.metrics.set_info(version=version, model=model, device=device)
+        self.health.model_loaded = True
+        if device != "gpu":
+            self.metrics.registry.unregister(self.metrics.device_memory)  # GPU only
+
+        @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+        def on_assigned(sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
+            assignment = app.consumer.assignment()
+            self.health.assigned = bool(assignment)
+            log.info("partitions assigned: %s", _describe(assignment))
+
+        @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+        def on_revoked(sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
+            revoked: set[Any] = args[0] if args else kwargs.get("revoked", set())
+            self.telemetry.revoked((tp.topic, tp.partition) for tp in revoked)
+            for tp in revoked:
+                with contextlib.suppress(KeyError):
+                    self.metrics.consumer_lag.remove(tp.topic, str(tp.partition))
+            log.info("partitions revoked: %s", _describe(revoked))
+
+        @app.timer(REFRESH_S)  # type: ignore[untyped-decorator]
+        async def refresh() -> None:
+            await self.refresh(app)
+
+    async def refresh(self, app: faust.App) -> None:
+        """Consumer lag per assigned partition, and the device memory pool in use."""
+        consumer = app.consumer
+        for tp in consumer.assignment():
+            try:
+                end = consumer.highwater(tp)
+                pos = await consumer.position(tp)
+            except Exception:  # a partition moving away meanwhile; next round
+                continue
+            if end is not None and pos is not None:
+                self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, end - pos))
+        if self._device == "gpu" and (used := device_memory_bytes()) is not None:
+            self.metrics.device_memory.set(used)
+
+    def close(self) -> None:
+        """Flush spans and stop serving."""
+        if self.tracing is not None:
+            self.tracing.close()
+        if self.server is not None:
+            self.server.stop()
+
+
+def _describe(tps: Any) -> str:
+    return ", ".join(sorted(f"{tp.topic}:{tp.partition}" for tp in tps)) or "none"

@@ -1,0 +1,217 @@
+"""Model throughput by batch on the GPU: fp32 / fp16, CUDA graphs off / on, TensorRT when present.
+
+For each precision (fp32; fp16 = the ``make_fp16`` copy) and each mode (plain IO binding,
+CUDA graphs: one captured graph per bucket), ``OnnxSegmenter._infer`` on a prepared
+``(B, 3, 320, 320)`` CuPy batch, B = 1, 2, 4, ..., 64: median ms per batch and images/s
+(CUDA-synchronised). With TensorRT in onnxruntime, a TensorRT row too. Then the FP16 fidelity
+gate on this GPU: fp16 masks vs fp32 masks on the gate images (``--gate-images`` DIR of PNGs
+written here by ``--export-gate-images DIR``, as scikit-image is not on the GPU machine).
+
+    python3 bench/gpu_model_grid.py MODEL.onnx [--gate-images DIR] [--out FILE]
+    python3 bench/gpu_model_grid.py MODEL.onnx --dry-run-cpu     # the code paths on the CPU
+
+Without CuPy and a CUDA device (and without ``--dry-run-cpu``) it writes
+``{"status": "skipped", "reason": ...}`` and exits 0. ``--dry-run-cpu`` runs fp32 and fp16 on
+ONNX Runtime's CPU provider at batch 1 and 2; CUDA graphs and TensorRT are reported skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def gpu_count() -> tuple[int, str]:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount()), ""
+    except Exception as exc:  # no CuPy, no driver, no device
+        return 0, f"{type(exc).__name__}: {exc}"
+
+
+def median_s(fn: Callable[[], object], sync: Callable[[], None], budget_s: float, max_iters: int = 40) -> float:
+    for _ in range(2):
+        fn()
+    sync()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < max_iters and (time.perf_counter() - start < budget_s or len(times) < 3):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def export_gate_images(folder: Path) -> None:
+    """Here (scikit-image needed): the gate set as PNGs."""
+    from gpu_kernels.segment.runtime import gate_images
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for k, img in enumerate(gate_images()):
+        cv2.imwrite(str(folder / f"gate-{k:02d}.png"), np.ascontiguousarray(img[..., ::-1]))
+
+
+def load_gate_images(folder: Path | None) -> list[np.ndarray]:
+    if folder is None:
+        try:
+            from gpu_kernels.segment.runtime import gate_images
+
+            return gate_images()
+        except ImportError:
+            return []
+    out = []
+    for f in sorted(folder.glob("gate-*.png")):
+        img = cv2.imread(str(f))
+        if img is not None:
+            out.append(np.ascontiguousarray(img[..., ::-1]))
+    return out
+
+
+def grid(model: Path, fp16: Path, gpu: bool, batches: tuple[int, ...], budget_s: float) -> list[dict[str, Any]]:
+    from gpu_kernels.segment import OnnxSegmenter
+
+    rows: list[dict[str, Any]] = []
+    if gpu:
+        import cupy
+
+        xp: Any = cupy
+
+        def sync() -> None:
+            cupy.cuda.Device().synchronize()
+    else:
+        xp = np
+
+        def sync() -> None:
+            return None
+
+    modes = [("plain", {"cuda_graphs": False, "use_tensorrt": False})]
+    if gpu:
+        modes.append(("cuda_graphs", {"cuda_graphs": True, "use_tensorrt": False}))
+        import onnxruntime as ort
+
+        if "TensorrtExecutionProvider" in ort.get_available_providers():
+            modes.append(("tensorrt", {"cuda_graphs": False, "use_tensorrt": True}))
+    for precision, path in (("fp32", model), ("fp16", fp16)):
+        for mode, opts in modes:
+            if mode == "tensorrt" and precision == "fp16":
+                continue  # TensorRT builds its own fp16 engine from the fp32 model
+            t0 = time.perf_counter()
+            try:
+                seg = OnnxSegmenter(path, device="gpu" if gpu else "cpu", max_batch=max(batches), **opts) \
+                    if gpu else OnnxSegmenter(path, max_batch=max(batches), threads=2)
+            except Exception as exc:
+                rows.append({"precision": precision, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:400]})
+                continue
+            setup = time.perf_counter() - t0
+            for b in batches:
+                x = xp.asarray(np.random.default_rng(b).random((b, 3, 320, 320), dtype=np.float32))
+                row: dict[str, Any] = {"precision": precision, "mode": mode, "batch": b}
+                try:
+                    s = median_s(lambda x=x, seg=seg: seg._infer(x), sync, budget_s)
+                    row |= {"ms_per_batch": round(s * 1000, 3), "img_per_s": round(b / s, 1)}
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            extra = {"precision": precision, "mode": mode, "setup_s": round(setup, 2), "providers": seg.providers}
+            if mode == "cuda_graphs":
+                extra |= {"graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors}
+            rows.append(extra)
+            seg.close()
+    return rows
+
+
+def fp16_gate(model: Path, fp16: Path, gpu: bool, images: list[np.ndarray]) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    from gpu_kernels.segment import OnnxSegmenter
+    from gpu_kernels.segment.runtime import run_gate
+
+    if not images:
+        return {"status": "skipped", "reason": "no gate images (pass --gate-images DIR)"}
+    if gpu:
+        import cupy
+
+        imgs: list[Any] = [cupy.asarray(i) for i in images]
+        ref = OnnxSegmenter(model, device="gpu", max_batch=1, use_tensorrt=False)
+        cand = OnnxSegmenter(fp16, device="gpu", max_batch=1, use_tensorrt=False)
+    else:
+        imgs = list(images[:3])
+        ref, cand = OnnxSegmenter(model, threads=2), OnnxSegmenter(fp16, threads=2)
+    result = asdict(run_gate("fp16", cand, ref, imgs))
+    result["device"] = "gpu" if gpu else "cpu (dry run, 3 images)"
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("model", type=Path, nargs="?", help="u2netp with a symbolic batch dimension")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "gpu_model_grid.json")
+    ap.add_argument("--gate-images", type=Path, default=None)
+    ap.add_argument("--export-gate-images", type=Path, default=None, help="write the gate PNGs here and exit")
+    ap.add_argument("--budget", type=float, default=0.6, help="timed seconds per configuration")
+    ap.add_argument("--dry-run-cpu", action="store_true")
+    args = ap.parse_args(argv)
+    if args.export_gate_images:
+        export_gate_images(args.export_gate_images)
+        print(f"wrote the gate images to {args.export_gate_images}")
+        return 0
+    if args.model is None:
+        ap.error("MODEL is required")
+    n, why = gpu_count()
+    gpu = n > 0 and not args.dry_run_cpu
+    result: dict[str, Any] = {"status": "ok", "device": "gpu" if gpu else "cpu", "errors": {}}
+    if not gpu and not args.dry_run_cpu:
+        result |= {"status": "skipped", "reason": f"no CUDA device ({why or '0 devices'})"}
+        _write(args.out, result)
+        print(result["reason"])
+        return 0
+    if not gpu:
+        result["skipped"] = "CPU dry run: CUDA graphs and TensorRT need a GPU; batches 1 and 2 only"
+    from gpu_kernels.segment.variants import derived_path, make_fp16
+
+    fp16 = derived_path(args.model, "fp16", Path(tempfile.gettempdir()) / "lightbox-variants")
+    if not fp16.is_file():
+        make_fp16(args.model, fp16)
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("grid", lambda: grid(args.model, fp16, gpu, BATCHES if gpu else (1, 2), args.budget if gpu else 0.05)),
+        ("fp16_gate", lambda: fp16_gate(args.model, fp16, gpu, load_gate_images(args.gate_images))),
+    ]
+    for name, step in steps:
+        try:
+            result[name] = step()
+        except Exception:
+            result["errors"][name] = traceback.format_exc(limit=6)
+            print(f"[{name}] FAILED\n{result['errors'][name]}", flush=True)
+        _write(args.out, result)
+    if result["errors"]:
+        result["status"] = "partial"
+    _write(args.out, result)
+    print(f"status {result['status']}; wrote {args.out}")
+    return 0 if result["status"] == "ok" else 1
+
+
+def _write(path: Path, result: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,103 @@
+"""What every model-backed segmenter shares, whatever runs the model (ONNX Runtime, OpenVINO).
+
+A :class:`BucketedSegmenter` cuts a batch into chunks of at most the largest bucket, pads each
+chunk up to its bucket, runs the model (``_infer``, the one method a runtime implements), turns
+the output into probabilities (``ModelSpec``) and each probability map into an alpha mask at
+the image's own size (``MaskPostprocess``). RGBA images that already carry transparency skip
+the model: their alpha is the mask.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from gpu_kernels.segment.inputs import precut_alpha, validate_image
+from gpu_kernels.segment.model import ModelSpec, output_to_probability, preprocess
+from gpu_kernels.segment.ops import ArrayOps
+from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
+from schemas.errors import LightboxError, per_item
+
+__all__ = ["BucketedSegmenter", "batch_buckets", "plan_chunks"]
+
+Array = Any
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """Powers of two below ``max_batch``, then ``max_batch``: 6 -> (1, 2, 4, 6)."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    out.append(max_batch)
+    return tuple(out)
+
+
+def plan_chunks(n: int, buckets: Sequence[int]) -> list[tuple[int, int, int]]:
+    """``(start, stop, bucket)`` per chunk: chunks of at most the largest bucket, each padded up."""
+    largest, plan, start = max(buckets), [], 0
+    while start < n:
+        stop = min(start + largest, n)
+        plan.append((start, stop, min(b for b in buckets if b >= stop - start)))
+        start = stop
+    return plan
+
+
+class BucketedSegmenter:
+    """Base of the model segmenters (see the module docstring). Subclasses set ``device``,
+    ``spec``, ``post``, ``_ops``, ``buckets`` and ``version``, and implement ``_infer``."""
+
+    device: str
+    spec: ModelSpec
+    post: MaskPostprocess
+    buckets: tuple[int, ...]
+    version: str
+    _ops: ArrayOps
+
+    def _infer(self, x: Array) -> Array:
+        """The model's output ``spec.output_index`` for a prepared, padded batch ``x``."""
+        raise NotImplementedError
+
+    def warm_up(self) -> None:
+        """Run every bucket once so each shape is planned now rather than on the first event."""
+        xp = self._ops.xp
+        h, w = self.spec.input_size
+        for b in self.buckets:
+            self._infer(xp.zeros((b, 3, h, w) if self.spec.layout == "NCHW" else (b, h, w, 3), xp.float32))
+
+    def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:
+        """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image;
+        an image of the wrong shape or dtype gets its ``ProcessingFailed`` in its place, and a
+        chunk the model fails on gets that error for each of its images (the next chunk runs)."""
+        ops, xp = self._ops, self._ops.xp
+
+        def checked(item: tuple[int, Array]) -> Array | None:
+            validate_image(*item)
+            return precut_alpha(item[1], xp)
+
+        masks: list[Array | LightboxError | None] = per_item(checked, enumerate(images))
+        todo = [i for i, m in enumerate(masks) if m is None]
+        for start, stop, bucket in plan_chunks(len(todo), self.buckets):
+            idx = todo[start:stop]
+            try:
+                raw = self._infer(preprocess([images[i] for i in idx], self.spec, bucket, ops))
+            except LightboxError as exc:
+                for i in idx:
+                    masks[i] = exc
+                continue
+            probs = output_to_probability(raw[: len(idx)], self.spec, xp)
+            for i, prob in zip(idx, probs, strict=True):
+                h, w = images[i].shape[:2]
+                masks[i] = alpha_from_probability(ops.resize_map(prob, h, w), self.post, ops, images[i])
+        return [m for m in masks if m is not None]
+
+    def close(self) -> None:
+        """Release the runtime; the segmenter cannot be used afterwards."""
+
+    def __enter__(self) -> BucketedSegmenter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

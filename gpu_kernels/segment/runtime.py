@@ -1,0 +1,337 @@
+"""Which runtime runs the segmentation model: chosen once at start-up, behind a fidelity gate.
+
+A faster runtime only replaces ONNX Runtime fp32 when its masks match fp32's on the gate set
+(real photographs from scikit-image and composites of them, :func:`gate_images`): mean IoU of
+the alpha masks (alpha >= 128) at least :data:`GATE_MEAN_IOU` and every image at least
+:data:`GATE_WORST_IOU`. The runtimes:
+
+- ``fp32``: ONNX Runtime, float32 (CPU or GPU; the reference).
+- ``openvino``: OpenVINO on the CPU, bf16 inference where the CPU has it (gated), else f32.
+- ``int8``: ONNX Runtime on a static QDQ INT8 copy calibrated on :func:`calibration_images`
+  (a set disjoint from the gate set).
+- ``openvino-bf16``, ``openvino-f32``: that OpenVINO precision, ungated (for measurements).
+- ``fp16``: GPU only, a float16 copy on the CUDA/TensorRT provider (gated on the GPU).
+- ``auto``: on the CPU, the fastest of openvino-bf16, openvino-f32 and int8 that passes the
+  gate and is at least :data:`MIN_SPEEDUP` faster than fp32 in the same interleaved run, else
+  fp32; on the GPU, fp32.
+
+A runtime asked for by name is used as asked, except bf16 under ``openvino``, which falls back
+to f32 when it fails the gate. Gate verdicts are cached (``model_cache_dir()/gate.json``) per
+model sha256, runtime, library versions, CPU and thread count, so the gate runs once per machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gpu_kernels.backends import Segmenter
+from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
+from gpu_kernels.segment.model import U2NETP, ModelSpec
+from gpu_kernels.segment.onnx_runner import OnnxSegmenter, usable_cores
+from gpu_kernels.segment.variants import derived_path, make_fp16, make_int8
+from schemas.errors import ProcessingFailed
+
+__all__ = [
+    "GATE_MEAN_IOU",
+    "GATE_WORST_IOU",
+    "MIN_SPEEDUP",
+    "RUNTIMES",
+    "GateResult",
+    "RuntimeChoice",
+    "calibration_images",
+    "gate_images",
+    "make_model_segmenter",
+    "mask_iou",
+    "run_gate",
+]
+
+log = logging.getLogger(__name__)
+
+GATE_MEAN_IOU = 0.97
+GATE_WORST_IOU = 0.90
+MIN_SPEEDUP = 1.10
+GATE_VERSION = 2  # bump when the gate set, the rule or the mask post-processing changes (stale verdicts)
+RUNTIMES = ("auto", "fp32", "openvino", "openvino-bf16", "openvino-f32", "int8", "fp16")
+GATE_PHOTOS = ("coffee", "chelsea", "astronaut", "rocket", "camera", "coins", "clock", "immunohistochemistry")
+
+
+def _rgb(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(np.dstack([a] * 3) if a.ndim == 2 else a[..., :3])
+
+
+def gate_images() -> list[np.ndarray]:
+    """The gate set: 8 scikit-image photographs (colour and grey) and 8 composites of them."""
+    import skimage.data
+
+    from gpu_kernels.segment.samples import BACKGROUNDS, OBJECTS, SHAPES, make_composite
+
+    photos = [_rgb(getattr(skimage.data, name)()) for name in GATE_PHOTOS]
+    comps = [make_composite(OBJECTS[k % 4], SHAPES[(k + 2) % 4], BACKGROUNDS[(3 - k) % 4],
+                            offset=(0, 40 * (k // 4))).image for k in range(8)]
+    return photos + comps
+
+
+def calibration_images() -> list[np.ndarray]:
+    """INT8 calibration set, disjoint from the gate set: composites in other shapes, sizes,
+    backgrounds and places, and crops of the photographs."""
+    import skimage.data
+
+    from gpu_kernels.segment.samples import BACKGROUNDS, OBJECTS, SHAPES, make_composite
+
+    out = [make_composite(o, s, b, size=(480, 640), frac=0.7, offset=(-20, 30)).image
+           for o in OBJECTS for s, b in zip(SHAPES, BACKGROUNDS, strict=True)]
+    for name in GATE_PHOTOS[:4]:
+        img = _rgb(getattr(skimage.data, name)())
+        h, w = img.shape[:2]
+        out.append(np.ascontiguousarray(img[h // 8:, w // 10: w - w // 10]))
+    return out
+
+
+def mask_iou(a: Any, b: Any) -> float:
+    """IoU of two alpha masks at alpha >= 128 (1.0 when both are empty)."""
+    fa, fb = np.asarray(a) >= 128, np.asarray(b) >= 128
+    union = int((fa | fb).sum())
+    return 1.0 if union == 0 else float((fa & fb).sum()) / union
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    runtime: str
+    mean_iou: float
+    worst_iou: float
+    n: int
+    ms_per_image: float
+    reference_ms_per_image: float
+    passed: bool
+
+    @property
+    def speedup(self) -> float:
+        return self.reference_ms_per_image / self.ms_per_image if self.ms_per_image else 0.0
+
+
+def run_gate(runtime: str, candidate: Segmenter, reference: Segmenter, images: Sequence[Any], *,
+             mean_min: float = GATE_MEAN_IOU, worst_min: float = GATE_WORST_IOU) -> GateResult:
+    """Masks of ``candidate`` against ``reference`` on ``images``, one image at a time, the two
+    interleaved. Times are this process's CPU seconds (all threads), which a machine shared with
+    other work disturbs far less than wall time; one warm-up call each is not timed."""
+    if not images:
+        raise ValueError("the gate needs at least one image")
+    candidate.segment_batch([images[0]])
+    reference.segment_batch([images[0]])
+    ious, t_ref, t_cand = [], 0.0, 0.0
+    for img in images:
+        t0 = time.process_time()
+        ref = reference.segment_batch([img])[0]
+        t1 = time.process_time()
+        got = candidate.segment_batch([img])[0]
+        t2 = time.process_time()
+        t_ref, t_cand = t_ref + t1 - t0, t_cand + t2 - t1
+        ious.append(mask_iou(_host(got), _host(ref)))
+    mean, worst = float(np.mean(ious)), float(np.min(ious))
+    n = len(images)
+    return GateResult(runtime, round(mean, 4), round(worst, 4), n, round(t_cand / n * 1000, 1),
+                      round(t_ref / n * 1000, 1), mean >= mean_min and worst >= worst_min)
+
+
+def _host(a: Any) -> np.ndarray:
+    return a.get() if hasattr(a, "get") and not isinstance(a, np.ndarray) else np.asarray(a)
+
+
+@dataclass(slots=True)
+class RuntimeChoice:
+    """What :func:`make_model_segmenter` picked, and why (gate results of every candidate)."""
+
+    runtime: str
+    reason: str
+    gates: list[GateResult] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "reason": self.reason, "gates": [asdict(g) for g in self.gates]}
+
+
+class _GateCache:
+    """Verdicts in a JSON file, keyed by everything that could change them."""
+
+    def __init__(self, path: Path | None, gate: tuple[float, float]) -> None:
+        self.path, self.gate = path, gate
+        self.data: dict[str, Any] = {}
+        if path is not None and path.is_file():
+            with contextlib.suppress(OSError, ValueError):
+                self.data = json.loads(path.read_text())
+
+    @staticmethod
+    def key(model_sha: str, runtime: str, threads: int) -> str:
+        import onnxruntime
+
+        versions = [onnxruntime.__version__]
+        with contextlib.suppress(ImportError):
+            import openvino
+
+            versions.append(openvino.__version__)
+        cpu = platform.processor() or platform.machine()
+        with contextlib.suppress(OSError):
+            cpu = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), cpu)
+        raw = json.dumps([GATE_VERSION, model_sha, runtime, threads, versions, cpu])
+        return f"{runtime}:{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
+
+    def get(self, key: str) -> GateResult | None:
+        with contextlib.suppress(TypeError, KeyError):
+            if key in self.data:
+                r = GateResult(**self.data[key])
+                return replace(r, passed=r.mean_iou >= self.gate[0] and r.worst_iou >= self.gate[1])
+        return None
+
+    def put(self, key: str, result: GateResult) -> None:
+        self.data[key] = asdict(result)
+        if self.path is None:
+            return
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
+            tmp.replace(self.path)
+
+
+Factory = Callable[[], Segmenter]
+
+
+def _cpu_candidates(model_path: Path, spec: ModelSpec, threads: int, max_batch: int | None,
+                    variants_dir: Path) -> dict[str, Factory]:
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter, openvino_available, supports_bf16
+
+    out: dict[str, Factory] = {}
+    if openvino_available():
+        if supports_bf16():
+            out["openvino-bf16"] = lambda: OpenVinoSegmenter(model_path, spec, precision="bf16", threads=threads,
+                                                             max_batch=max_batch)
+        out["openvino-f32"] = lambda: OpenVinoSegmenter(model_path, spec, precision="f32", threads=threads,
+                                                        max_batch=max_batch)
+
+    def int8() -> Segmenter:
+        path = derived_path(model_path, "int8", variants_dir)
+        if not path.is_file():
+            make_int8(model_path, path, spec, calibration_images())
+        return OnnxSegmenter(path, spec, threads=threads, max_batch=max_batch)
+
+    out["int8"] = int8
+    return out
+
+
+def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: str = "cpu",
+                         runtime: str = "auto", threads: int | None = None, max_batch: int | None = None,
+                         cuda_graphs: bool = False, cache_dir: Path | None = None,
+                         images: Callable[[], Sequence[np.ndarray]] = gate_images,
+                         gate: tuple[float, float] = (GATE_MEAN_IOU, GATE_WORST_IOU),
+                         **gpu_options: Any) -> tuple[Segmenter, RuntimeChoice]:
+    """The model segmenter for ``device`` with the runtime chosen as the module docstring says.
+
+    ``cache_dir``: where derived models and gate verdicts live (default ``model_cache_dir()``).
+    ``images``: the gate set (tests pass a smaller one). ``gate``: (mean, worst) IoU minimums;
+    cached verdicts keep the IoUs, so a changed gate re-judges them without running the model.
+    ``gpu_options`` go to OnnxSegmenter.
+    """
+    if runtime not in RUNTIMES:
+        raise ProcessingFailed(f"unknown segment runtime {runtime!r}; known: {RUNTIMES}", stage="segment")
+    cache_root = cache_dir or model_cache_dir()
+    gates = _GateCache(cache_root / "gate.json", gate)
+    model_path = Path(model_path)
+    if device in ("gpu", "cuda"):
+        return _gpu_segmenter(model_path, spec, runtime, max_batch, cuda_graphs, cache_root, gates, images,
+                              gpu_options)
+    if runtime == "fp16":
+        raise ProcessingFailed("the fp16 runtime is for the GPU; on the CPU use auto, fp32, openvino or int8",
+                               stage="segment")
+    threads = threads or usable_cores()
+
+    def fp32() -> Segmenter:
+        return OnnxSegmenter(model_path, spec, threads=threads, max_batch=max_batch)
+
+    if runtime == "fp32":
+        return fp32(), RuntimeChoice("fp32", "asked for")
+    variants_dir = cache_root / "variants"
+    candidates = _cpu_candidates(model_path, spec, threads, max_batch, variants_dir)
+    if runtime in ("int8", "openvino-bf16", "openvino-f32"):
+        if runtime not in candidates:
+            raise ProcessingFailed(f"segment runtime {runtime} is not available on this machine", stage="segment")
+        return candidates[runtime](), RuntimeChoice(runtime, "asked for (not gated)")
+    if runtime == "openvino":
+        if "openvino-f32" not in candidates:
+            raise ProcessingFailed("the openvino runtime needs the 'openvino' package", stage="segment")
+        candidates = {k: v for k, v in candidates.items() if k.startswith("openvino")}
+    sha = sha256_file(model_path)
+    reference: Segmenter | None = None
+    results: list[GateResult] = []
+    gate_set: Sequence[np.ndarray] | None = None
+    for name, factory in candidates.items():
+        key = _GateCache.key(sha, name, threads)
+        result = gates.get(key)
+        if result is None:
+            try:
+                seg = factory()
+            except ProcessingFailed as exc:
+                log.warning("segment runtime %s unavailable: %s", name, exc)
+                continue
+            reference = reference or fp32()
+            gate_set = gate_set if gate_set is not None else images()
+            result = run_gate(name, seg, reference, gate_set, mean_min=gate[0], worst_min=gate[1])
+            seg.close()
+            gates.put(key, result)
+        results.append(result)
+    if reference is not None:
+        reference.close()
+    if runtime == "openvino":
+        bf16 = next((r for r in results if r.runtime == "openvino-bf16" and r.passed), None)
+        chosen = "openvino-bf16" if bf16 else "openvino-f32"
+        return candidates[chosen](), RuntimeChoice(chosen, "asked for openvino; bf16 " +
+                                                   ("passed the gate" if bf16 else "failed the gate or is absent"),
+                                                   results)
+    good = sorted((r for r in results if r.passed and r.speedup >= MIN_SPEEDUP), key=lambda r: r.ms_per_image)
+    if not good:
+        return fp32(), RuntimeChoice("fp32", "no faster runtime passed the gate", results)
+    best = good[0]
+    return candidates[best.runtime](), RuntimeChoice(best.runtime, f"passed the gate, {best.speedup:.2f}x fp32",
+                                                     results)
+
+
+def _gpu_segmenter(model_path: Path, spec: ModelSpec, runtime: str, max_batch: int | None, cuda_graphs: bool,
+                   cache_root: Path, gates: _GateCache, images: Callable[[], Sequence[np.ndarray]],
+                   options: dict[str, Any]) -> tuple[Segmenter, RuntimeChoice]:
+    """GPU: fp32 (auto), or the FP16 copy when it passes the gate against fp32 on this GPU."""
+    if runtime not in ("auto", "fp32", "fp16"):
+        raise ProcessingFailed(f"segment runtime {runtime!r} is CPU-only; on the GPU use auto, fp32 or fp16",
+                               stage="segment")
+
+    def make(path: Path) -> OnnxSegmenter:
+        return OnnxSegmenter(path, spec, device="gpu", max_batch=max_batch, cuda_graphs=cuda_graphs, **options)
+
+    if runtime != "fp16":
+        return make(model_path), RuntimeChoice("fp32", "asked for" if runtime == "fp32" else "GPU default")
+    fp16_path = derived_path(model_path, "fp16", cache_root / "variants")
+    if not fp16_path.is_file():
+        make_fp16(model_path, fp16_path)
+    key = _GateCache.key(sha256_file(model_path), "fp16-gpu", 0)
+    result = gates.get(key)
+    candidate = make(fp16_path)
+    if result is None:
+        import cupy
+
+        reference = make(model_path)
+        result = run_gate("fp16", candidate, reference, [cupy.asarray(im) for im in images()],
+                          mean_min=gates.gate[0], worst_min=gates.gate[1])
+        reference.close()
+        gates.put(key, result)
+    if result.passed:
+        return candidate, RuntimeChoice("fp16", "passed the gate", [result])
+    candidate.close()
+    return make(model_path), RuntimeChoice("fp32", "fp16 failed the gate", [result])

@@ -1,0 +1,187 @@
+"""Model runtimes behind the fidelity gate: OpenVINO, INT8, FP16, static-batch copies (CPU twins)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+from gpu_kernels.segment import ClassicalSegmenter, OnnxSegmenter
+from gpu_kernels.segment.fetch_model import ModelFiles, make_batch_static
+from gpu_kernels.segment.model import U2NETP, preprocess
+from gpu_kernels.segment.onnx_runner import cpu_session_options
+from gpu_kernels.segment.ops import CpuOps
+from gpu_kernels.segment.runtime import (
+    GateResult,
+    calibration_images,
+    gate_images,
+    make_model_segmenter,
+    mask_iou,
+    run_gate,
+)
+from gpu_kernels.segment.samples import make_composite
+from gpu_kernels.segment.variants import derived_path, make_fp16
+from schemas.errors import ProcessingFailed
+
+openvino = pytest.importorskip("openvino")
+
+
+def small_gate() -> list[np.ndarray]:
+    return [make_composite("coffee", "bottle", "plain").image, make_composite("rocket", "ellipse", "gradient").image]
+
+
+def test_mask_iou() -> None:
+    a = np.zeros((4, 4), np.uint8)
+    b = a.copy()
+    assert mask_iou(a, b) == 1.0  # both empty
+    a[:2] = 255
+    b[:1] = 200
+    assert mask_iou(a, b) == pytest.approx(0.5)
+    b[:] = 127  # below the threshold counts as background
+    assert mask_iou(a, b) == 0.0
+
+
+def test_gate_and_calibration_sets_are_real_photos_and_disjoint() -> None:
+    gate, calib = gate_images(), calibration_images()
+    assert len(gate) == 16 and len(calib) >= 16
+    assert all(g.ndim == 3 and g.shape[2] == 3 and g.dtype == np.uint8 for g in gate + calib)
+    gate_keys = {hashlib.sha256(g.tobytes()).digest() for g in gate}
+    assert not any(hashlib.sha256(c.tobytes()).digest() in gate_keys for c in calib)
+
+
+def test_gate_passes_a_segmenter_against_itself_and_fails_a_different_one(u2netp: ModelFiles) -> None:
+    images = small_gate()
+    with OnnxSegmenter(u2netp.batched, threads=2) as ref, OnnxSegmenter(u2netp.batched, threads=2) as same:
+        ok = run_gate("same", same, ref, images)
+        assert ok.passed and ok.mean_iou == 1.0 and ok.worst_iou == 1.0 and ok.n == 2
+        assert ok.ms_per_image > 0 and ok.reference_ms_per_image > 0
+
+        class Inverted:
+            device = "cpu"
+
+            def segment_batch(self, imgs: Any) -> list[Any]:
+                return [255 - m for m in ref.segment_batch(imgs)]
+
+            def close(self) -> None: ...
+
+        bad = run_gate("inverted", Inverted(), ref, images)
+        assert not bad.passed and bad.worst_iou < 0.5
+        strict = run_gate("same", same, ref, images, mean_min=1.01)
+        assert not strict.passed
+
+
+def test_openvino_f32_masks_match_onnxruntime(u2netp: ModelFiles) -> None:
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
+
+    images = small_gate()
+    with OnnxSegmenter(u2netp.batched, threads=2) as ref, \
+            OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, max_batch=2) as ov:
+        got = ov.segment_batch(images)  # one padded bucket of 2
+        want = ref.segment_batch(images)
+    for g, w, im in zip(got, want, images, strict=True):
+        assert g.shape == im.shape[:2] and g.dtype == np.uint8
+        assert mask_iou(g, w) > 0.99
+
+
+def test_openvino_refuses_a_batch_the_model_cannot_take(u2netp: ModelFiles) -> None:
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
+
+    with pytest.raises(ProcessingFailed, match="fixed batch of 1"):
+        OpenVinoSegmenter(u2netp.original, max_batch=4)
+
+
+def test_static_batch_copy_folds_shapes_and_matches(u2netp: ModelFiles, tmp_path: Path) -> None:
+    """The copy CUDA graphs are captured from: same outputs, no shape arithmetic left after
+    ONNX Runtime's optimisation (so no node has to fall back to the CPU on a GPU)."""
+    static = tmp_path / "b2.onnx"
+    make_batch_static(u2netp.batched, static, 2)
+    dims = onnx.load(str(static)).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_value == 2
+    opts = cpu_session_options(2)
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    s_static = ort.InferenceSession(str(static), opts, providers=["CPUExecutionProvider"])
+    s_sym = ort.InferenceSession(str(u2netp.batched), cpu_session_options(2), providers=["CPUExecutionProvider"])
+    x = preprocess(small_gate(), U2NETP, 2, CpuOps())
+    name = s_sym.get_inputs()[0].name
+    np.testing.assert_allclose(s_static.run(None, {name: x})[0], s_sym.run(None, {name: x})[0], atol=1e-5)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert "Shape" not in ops and "Gather" not in ops, ops
+    with pytest.raises(ValueError):
+        make_batch_static(u2netp.batched, static, 0)
+
+
+def test_fp16_copy_keeps_float32_io_and_its_masks_close(u2netp: ModelFiles, tmp_path: Path) -> None:
+    """The GPU's FP16 variant, run here by ONNX Runtime's CPU provider: float32 in and out,
+    masks near fp32 (the real gate runs on the GPU)."""
+    path = make_fp16(u2netp.batched, derived_path(u2netp.batched, "fp16", tmp_path))
+    assert path.name.endswith(".fp16.onnx") and path.parent == tmp_path
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert s.get_inputs()[0].type == "tensor(float)" and s.get_outputs()[0].type == "tensor(float)"
+    with OnnxSegmenter(u2netp.batched, threads=2) as ref, OnnxSegmenter(path, threads=2) as half:
+        result = run_gate("fp16-cpu", half, ref, small_gate())
+    assert result.mean_iou > 0.9
+
+
+def test_fp32_is_used_as_asked_and_fp16_is_refused_on_cpu(u2netp: ModelFiles, tmp_path: Path) -> None:
+    seg, choice = make_model_segmenter(u2netp.batched, runtime="fp32", cache_dir=tmp_path)
+    assert isinstance(seg, OnnxSegmenter) and choice.runtime == "fp32" and not choice.gates
+    assert seg.buckets == (1,)
+    with pytest.raises(ProcessingFailed, match="fp16 runtime is for the GPU"):
+        make_model_segmenter(u2netp.batched, runtime="fp16", cache_dir=tmp_path)
+    with pytest.raises(ProcessingFailed, match="unknown segment runtime"):
+        make_model_segmenter(u2netp.batched, runtime="tensorrt", cache_dir=tmp_path)
+
+
+def test_openvino_runtime_falls_back_to_f32_when_bf16_fails_the_gate(u2netp: ModelFiles, tmp_path: Path) -> None:
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
+
+    calls: list[int] = []
+
+    def images() -> list[np.ndarray]:
+        calls.append(1)
+        return small_gate()
+
+    seg, choice = make_model_segmenter(u2netp.batched, runtime="openvino", cache_dir=tmp_path, images=images,
+                                       gate=(1.01, 1.01), threads=2)  # a gate nothing can pass
+    assert isinstance(seg, OpenVinoSegmenter)
+    assert choice.runtime == "openvino-f32" and seg.precision == "f32"
+    assert all(not g.passed for g in choice.gates) and calls == [1]
+    cached = json.loads((tmp_path / "gate.json").read_text())
+    assert {v["runtime"] for v in cached.values()} == {g.runtime for g in choice.gates}
+    # a second start reads the verdicts: no gate run
+    _, again = make_model_segmenter(u2netp.batched, runtime="openvino", cache_dir=tmp_path, images=images,
+                                    gate=(1.01, 1.01), threads=2)
+    assert calls == [1] and again.gates == choice.gates
+
+
+@pytest.mark.slow
+def test_auto_picks_only_what_passes_and_is_faster(u2netp: ModelFiles, tmp_path: Path) -> None:
+    """auto on the CPU: every candidate gated (INT8 built and calibrated here); with an
+    impossible gate it keeps fp32, and with no gate at all it takes the fastest candidate."""
+    seg, choice = make_model_segmenter(u2netp.batched, runtime="auto", cache_dir=tmp_path, images=small_gate,
+                                       gate=(1.01, 1.01), threads=2)
+    assert isinstance(seg, OnnxSegmenter) and choice.runtime == "fp32"
+    assert "int8" in {g.runtime for g in choice.gates}
+    assert list((tmp_path / "variants").glob("*.int8.onnx"))
+    seg2, loose = make_model_segmenter(u2netp.batched, runtime="auto", cache_dir=tmp_path / "loose",
+                                       images=small_gate, gate=(0.0, 0.0), threads=2)
+    fast = [g for g in loose.gates if g.speedup >= 1.10]
+    if fast:  # timing on a shared machine: only assert the rule, not which runtime wins
+        assert loose.runtime == min(fast, key=lambda g: g.ms_per_image).runtime
+    else:
+        assert loose.runtime == "fp32"
+    seg.close()
+    seg2.close()
+
+
+def test_the_gate_takes_any_segmenter() -> None:
+    images = small_gate()
+    a, b = ClassicalSegmenter(), ClassicalSegmenter()
+    result = run_gate("classical", a, b, images)
+    assert isinstance(result, GateResult) and result.passed
