@@ -235,7 +235,9 @@ async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> Run
            "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
            "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(b.workdir / "data" / tag),
            "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "none", "LIGHTBOX_PRESETS_FILE": str(PRESETS_FILE),
-           "LIGHTBOX_WORKER_ID": f"overhead-{tag}", **b.worker_env}
+           "LIGHTBOX_WORKER_ID": f"overhead-{tag}",
+           "LIGHTBOX_METRICS_PORT": "0",  # no HTTP server: the machine is shared (the observer still runs)
+           **b.worker_env}
     if b.cprofile is not None:
         b.cprofile.mkdir(parents=True, exist_ok=True)
     cmd, cwd = _command(b, variant, env)
@@ -418,7 +420,16 @@ def null_worker() -> int:
     asyncio.run(ensure_topics(settings))
     code_root = os.environ.get("LIGHTBOX_BENCH_CODE", str(ROOT))
     assert code_root in str(sys.modules[build_worker.__module__].__file__), "the worker must run the code asked for"
-    retouch = build_worker(settings, processor=NullLanes())  # type: ignore[arg-type]
+    try:  # as `lightbox worker` builds it: with the telemetry observer (trees that have one)
+        from agents.observe import Observability
+    except ImportError:
+        obs = None
+    else:
+        obs = Observability(settings)
+    retouch = build_worker(settings, processor=NullLanes(),  # type: ignore[arg-type]
+                           observer=None if obs is None else obs.telemetry)
+    if obs is not None:
+        obs.attach(retouch.app, device="cpu", model="none", version="bench")
     code: Any = 0
     try:
         Worker(retouch.app, loglevel="WARNING", quiet=True).execute_from_commandline()
