@@ -3,12 +3,17 @@
 No asyncio, no device, no Kafka: the driver (the Faust agent, a simulation, a test) passes
 ``now`` — seconds on one monotonic clock — into every call and acts on the batches returned.
 
-- ``add(item, shape_class, now, nbytes)`` puts an item in its shape class's bucket (buckets
-  never mix) and returns every batch that closes at ``now``.
+- ``add(item, shape_class, now, nbytes, priority)`` puts an item in its shape class's bucket
+  (buckets never mix) and returns every batch that closes at ``now``.
 - ``next_deadline()`` is when the driver must call ``poll`` next (None: nothing pending).
 - ``poll(now)`` closes buckets that are full or whose deadline has passed.
 - ``flush()`` closes everything (shutdown, partition revoked).
 - ``record_service(batch_size, seconds)`` reports how long a batch took on the device.
+
+Priority: a bucket's priority is the highest ``priority`` of its items (the event's field); the
+batches one call returns are ordered by priority, highest first, then by opening time — so when
+several buckets close at once, the most urgent goes to the device first. Priority never mixes
+shape classes and never delays a bucket.
 
 A bucket closes ``"full"`` when it holds the allowed size or the next item would take it over
 the memory budget, and ``"deadline"`` at::
@@ -39,7 +44,7 @@ a bucket filling in a blink from the backlog doubles them per batch up to the kn
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
@@ -147,6 +152,7 @@ class Batch(Generic[T]):
     opened_at: float
     reason: CloseReason
     nbytes: int = 0
+    priority: int = 0
 
     def __len__(self) -> int:
         return len(self.items)
@@ -159,9 +165,15 @@ class _Bucket(Generic[T]):
     last_at: float
     items: list[T] = field(default_factory=list)
     nbytes: int = 0
+    priority: int | None = None
 
     def close(self, reason: CloseReason) -> Batch[T]:
-        return Batch(tuple(self.items), self.shape_class, self.opened_at, reason, self.nbytes)
+        return Batch(tuple(self.items), self.shape_class, self.opened_at, reason, self.nbytes, self.priority or 0)
+
+
+def _by_priority(batches: list[Batch[T]]) -> list[Batch[T]]:
+    """Highest priority first; the same priority keeps its order (oldest first)."""
+    return sorted(batches, key=lambda b: -b.priority)
 
 
 class MicroBatcher(Generic[T]):
@@ -182,9 +194,10 @@ class MicroBatcher(Generic[T]):
         """Items added and not yet returned in a batch."""
         return sum(len(b.items) for b in self._buckets.values())
 
-    def add(self, item: T, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[T]]:
-        """Add ``item`` (``nbytes``: its memory estimate on the device); return the batches
-        that close at ``now``, oldest first — it is also a clock tick, like :meth:`poll`."""
+    def add(self, item: T, shape_class: Hashable, now: float, nbytes: int = 0, priority: int = 0) -> list[Batch[T]]:
+        """Add ``item`` (``nbytes``: its memory estimate on the device; ``priority``: higher goes
+        first); return the batches that close at ``now``, highest priority first, then oldest
+        first — it is also a clock tick, like :meth:`poll`."""
         if nbytes < 0:
             raise ValueError(f"MicroBatcher.add: nbytes must be >= 0; got {nbytes!r}")
         now = self._tick(now)
@@ -199,7 +212,8 @@ class MicroBatcher(Generic[T]):
         bucket.items.append(item)
         bucket.nbytes += nbytes
         bucket.last_at = now
-        return closed + self.poll(now)
+        bucket.priority = priority if bucket.priority is None else max(bucket.priority, priority)
+        return _by_priority(closed + self.poll(now))
 
     def poll(self, now: float) -> list[Batch[T]]:
         """Close buckets that are full at the current allowed size or past their deadline."""
@@ -212,17 +226,17 @@ class MicroBatcher(Generic[T]):
                 closed.append(self._close(key, CloseReason.FULL, allowed))
             elif self._deadline(bucket) <= now:
                 closed.append(self._close(key, CloseReason.DEADLINE, allowed))
-        return closed
+        return _by_priority(closed)
 
     def next_deadline(self) -> float | None:
         """Earliest deadline of a pending bucket, or None when nothing is pending."""
         return min((self._deadline(b) for b in self._buckets.values()), default=None)
 
     def flush(self) -> list[Batch[T]]:
-        """Close every bucket now, oldest first."""
+        """Close every bucket now, highest priority first, then oldest first."""
         closed = [b.close(CloseReason.FLUSH) for b in self._buckets.values()]
         self._buckets.clear()
-        return closed
+        return _by_priority(closed)
 
     def record_service(self, batch_size: int, seconds: float) -> None:
         """Report that a batch of ``batch_size`` items took ``seconds`` on the device."""
@@ -236,6 +250,10 @@ class MicroBatcher(Generic[T]):
             self._model, max_size=self.config.max_batch, budget_s=self.config.service_budget_s
         )
         self._knee = knee_size(self._plan, self.config.knee_tolerance)
+
+    def device_done(self, items: Sequence[T]) -> None:
+        """The driver's notice that a batch left the device lane; a single batcher needs none
+        (:class:`agents.lanes.LaneBatcher` does)."""
 
     def allowed_size(self, now: float) -> int:
         """Batch size a bucket closes at, given the arrival rate measured up to ``now``."""

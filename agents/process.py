@@ -42,6 +42,7 @@ from schemas.errors import (
     ProcessingFailed,
 )
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
+from schemas.headers import attempts_of
 
 __all__ = ["BatchProcessor", "BatchState", "InRecord", "OutRecord", "Prepared", "VariantStore",
            "record_size", "resolution_bin"]
@@ -382,7 +383,7 @@ class BatchProcessor:
                 "headers": [{"key": k, "value": v} for k, v in (rec.headers or [])],
             },
             "error_code": str(exc.code), "message": exc.message, "stage": exc.stage or "unknown",
-            "attempts": 1, "worker_id": self.worker_id, "failed_at": self.wall_ms(),
+            "attempts": attempts_of(rec.headers), "worker_id": self.worker_id, "failed_at": self.wall_ms(),
         }
         headers = [*self._headers(rec), ("lightbox-error", str(exc.code).encode())]
         return OutRecord("dead_letter", rec.key, self.codecs.dead_letter.encode(record), headers, rec,

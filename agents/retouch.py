@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -30,10 +31,12 @@ from typing import Any
 
 import faust
 
+from agents.backfill import BackfillConsumer, BackfillEvent
 from agents.batching import MicroBatcher
+from agents.lanes import LaneBatcher
 from agents.process import BatchProcessor
-from agents.runner import BatchRunner, RunnerFailed, RunnerObserver
-from agents.wiring import batching_config, build_processor, runner_config
+from agents.runner import BatchRunner, Pair, RunnerFailed, RunnerObserver
+from agents.wiring import backfill_batching, batching_config, build_processor, runner_config
 from streams.app import create_app, input_topic
 from streams.settings import Settings
 from streams.sink import KafkaSink
@@ -53,6 +56,8 @@ class RetouchWorker:
         self.app = app
         self.failure: BaseException | None = None
         self.runner: BatchRunner | None = None
+        self.lanes: LaneBatcher[Pair] | None = None
+        self.backfill: BackfillConsumer | None = None
 
     @property
     def exit_code(self) -> int:
@@ -79,37 +84,96 @@ def _exit_after(seconds: float, code: Callable[[], int]) -> None:
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None,
                  observer: RunnerObserver | None = None) -> RetouchWorker:
-    """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now."""
+    """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
+
+    One runner, two lanes: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
+    :class:`~agents.backfill.BackfillConsumer` on the backfill topic that gets only spare capacity
+    (:mod:`agents.lanes`: a backfill batch goes to the device only when no live item waits; the
+    backfill partitions are paused while live work is queued or the live lag is over
+    ``backfill_max_live_lag``)."""
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
     batching = batching_config(settings, device)
     config = runner_config(settings, batching)
     proc = processor or build_processor(settings, device)
+    lanes: LaneBatcher[Pair] = LaneBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
+                                           lane_of=lambda pair: pair[0].lane, priority_of=_priority)
+    worker.lanes = lanes
+    last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
+    backfill = BackfillConsumer(settings, lanes, lambda: worker.runner, lambda: _live_lag(app, settings, last_live))
+    worker.backfill = backfill
 
     @app.agent(input_topic(app, settings), name="lightbox.retouch")
     async def retouch(stream: faust.StreamT[bytes]) -> None:
         manual = stream.noack()  # type: ignore[attr-defined]  # on Stream, not in StreamT
-        runner = worker.runner = BatchRunner(proc, KafkaSink(settings), MicroBatcher(batching), ack=manual.ack,
-                                             config=config, observer=observer, on_fatal=worker.fail)
+
+        async def ack(event: Any) -> None:
+            if isinstance(event, BackfillEvent):
+                backfill.ack(event)
+            else:
+                await manual.ack(event)
+
+        runner = worker.runner = BatchRunner(proc, KafkaSink(settings), lanes, ack=ack, config=config,
+                                             observer=observer, on_fatal=worker.fail)
+        pulling: asyncio.Task[None] | None = None
         try:
             await runner.start()
+            if settings.backfill_enabled:
+                pulling = asyncio.create_task(backfill.run(), name="lightbox-backfill")
+                pulling.add_done_callback(functools.partial(_backfill_ended, worker))
             async for event in manual.events():
+                last_live[event.message.tp] = event.message.offset
                 await runner.submit(event)
         except RunnerFailed:
             pass  # logged by the runner; worker.fail is under way
         except Exception as exc:  # start-up included: never an agent that died while the worker stays up
             worker.fail(exc)
         finally:
+            if pulling is not None:
+                pulling.cancel()
             await asyncio.shield(_finish(worker, runner, settings))
+            await asyncio.shield(backfill.close())
 
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]  # after Faust waited for the acks it handed out
     def on_revoked(sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
         revoked: set[Any] = args[0] if args else kwargs.get("revoked", set())
         if worker.runner is not None:
             worker.runner.revoke((tp.topic, tp.partition) for tp in revoked)
+        for tp in revoked:
+            last_live.pop(tp, None)
 
     return worker
+
+
+def _priority(pair: Pair) -> int:
+    event = getattr(pair[1], "event", None)
+    return int(event.get("priority", 0) or 0) if isinstance(event, dict) else 0
+
+
+def _live_lag(app: faust.App, settings: Settings, last_live: dict[Any, int]) -> int:
+    """Live records in the brokers past the last one handed to the runner (from the last fetch's high water)."""
+    consumer = app.consumer
+    try:
+        assigned = consumer.assignment()
+    except Exception:  # not started or rebalancing: nothing known
+        return 0
+    lag = 0
+    for tp in assigned:
+        if tp.topic != settings.input_topic:
+            continue
+        try:
+            high = consumer.highwater(tp)
+        except Exception:  # AssertionError: not assigned any more
+            continue
+        if high is not None:
+            lag += max(0, high - last_live.get(tp, -1) - 1)
+    return lag
+
+
+def _backfill_ended(worker: RetouchWorker, task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        worker.fail(task.exception())  # type: ignore[arg-type]
 
 
 async def _finish(worker: RetouchWorker, runner: BatchRunner, settings: Settings) -> None:

@@ -58,7 +58,7 @@ import functools
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -75,6 +75,7 @@ __all__ = ["BatchRunner", "Lanes", "NullObserver", "OutputSink", "RunnerConfig",
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+T_contra = TypeVar("T_contra", contravariant=True)
 Ack = Callable[[Any], Awaitable[Any]]
 
 
@@ -152,7 +153,8 @@ class RunnerConfig:
     watchdog_interval_s: float = 1.0
     retry_backoff_s: float = 0.5
     max_send_batch: int = 256
-    max_prepare_batch: int = 64  # inputs one prepare call takes (a backlog is split over prepare_threads)
+    backfill_in_flight: int = 16  # backfill-lane inputs held at once, apart from the live lane's max_in_flight
+    max_prepare_batch: int = 64  # inputs one prepare call takes
     prepare_linger_s: float = 0.002  # how long a short group waits for more inputs before it goes
 
 
@@ -185,11 +187,24 @@ class _Item:
     event: Any
     record: InRecord
     ticket: Ticket[_Item] | None = None
+    lane: str = "live"  # or "backfill" (agents.lanes)
     parsed: dict[str, Any] | None = None  # the decoded input event, once prepare read it
 
 
 Pair = tuple[_Item, Any]  # an input and its Prepared job
 Sent = tuple[_Item, OutRecord]
+
+
+class Batcher(Protocol[T_contra]):
+    """What the runner drives: :class:`~agents.batching.MicroBatcher`, or :class:`~agents.lanes.LaneBatcher`
+    for live and backfill lanes. ``device_done(items)``: a batch left the device lane (done or failed)."""
+
+    def add(self, item: Any, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[Any]]: ...
+    def poll(self, now: float) -> list[Batch[Any]]: ...
+    def next_deadline(self) -> float | None: ...
+    def flush(self) -> list[Batch[Any]]: ...
+    def record_service(self, batch_size: int, seconds: float) -> None: ...
+    def device_done(self, items: Sequence[T_contra]) -> None: ...
 
 
 class BatchRunner:
@@ -198,7 +213,7 @@ class BatchRunner:
 
     _LANES = ("prepare", "decode", "device", "output")
 
-    def __init__(self, processor: Lanes, sink: OutputSink, batcher: MicroBatcher[Pair], *, ack: Ack,
+    def __init__(self, processor: Lanes, sink: OutputSink, batcher: Batcher[Pair] | MicroBatcher[Pair], *, ack: Ack,
                  config: RunnerConfig | None = None, clock: Callable[[], float] = time.monotonic,
                  observer: RunnerObserver | None = None,
                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
@@ -211,6 +226,10 @@ class BatchRunner:
         self._ack, self._on_fatal = ack, on_fatal
         self._wm: Watermarks[_Item] = Watermarks()
         self._slots = asyncio.Semaphore(self.config.max_in_flight)
+        self._lane_slots = {"live": self._slots, "backfill": asyncio.Semaphore(self.config.backfill_in_flight)}
+        self._preparing: dict[str, int] = {"live": 0, "backfill": 0}
+        self._limits = {"live": self.config.max_in_flight, "backfill": self.config.backfill_in_flight}
+        self._held: dict[str, int] = {"live": 0, "backfill": 0}
         depth = self.config.queue_depth
         self._decode_q: asyncio.Queue[Batch[Pair]] = asyncio.Queue(depth)
         self._device_q: asyncio.Queue[tuple[list[Pair], Any, float]] = asyncio.Queue(depth)
@@ -223,7 +242,6 @@ class BatchRunner:
         self._inbox: deque[_Item] = deque()  # submitted, waiting for a prepare call
         self._inbox_ready = asyncio.Event()
         self._prep_slots = asyncio.Semaphore(self.config.prepare_threads)
-        self._preparing = 0  # inputs in a prepare call now
         self._calls: dict[str, int] = dict.fromkeys(self._LANES, 0)  # lane calls handed to threads, not yet back
         self._pools = {
             "prepare": ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="lightbox-prepare"),
@@ -242,6 +260,18 @@ class BatchRunner:
         """Inputs handed and not yet released (acknowledged) or revoked."""
         return self._wm.pending
 
+    def wake(self) -> None:
+        """Make the batch timer look at the batcher now (its release conditions changed)."""
+        self._wake.set()
+
+    def free_slots(self, lane: str = "live") -> int:
+        """How many more inputs of ``lane`` :meth:`submit` takes without waiting."""
+        return self._limits[lane] - self._held[lane]
+
+    def preparing(self, lane: str = "live") -> int:
+        """Inputs of ``lane`` not yet in the batcher: in the prepare lane (fetch), or staged."""
+        return self._preparing[lane] + sum(1 for item, _ in self._staged if item.lane == lane)
+
     def committable(self) -> dict[Any, int]:
         """Per (topic, partition): the offset the acknowledged prefix allows committing."""
         return self._wm.committable()
@@ -257,14 +287,16 @@ class BatchRunner:
             task.add_done_callback(functools.partial(self._lane_ended, name))
             self._lanes.append(task)
 
-    async def submit(self, event: Any, record: InRecord | None = None) -> None:
-        """Take one consumed input; returns once it is on its way (waits while the worker is full).
-        Raises :class:`RunnerFailed` after a fail-stop."""
+    async def submit(self, event: Any, record: InRecord | None = None, *, lane: str = "live") -> None:
+        """Take one consumed input; returns once it is on its way (waits while its lane is full:
+        ``max_in_flight`` live, ``backfill_in_flight`` backfill inputs). Raises :class:`RunnerFailed`
+        after a fail-stop."""
         self._check()
-        await self._slots.acquire()
+        await self._lane_slots[lane].acquire()
+        self._held[lane] += 1
         self._check()
         rec = record or record_of(event)
-        item = _Item(event, rec)
+        item = _Item(event, rec, lane=lane)
         key = (rec.topic, rec.partition)
         try:
             item.ticket = self._wm.submit(key, rec.offset, item)
@@ -275,6 +307,7 @@ class BatchRunner:
             item.ticket = self._wm.submit(key, rec.offset, item)
         self.observer.received(rec)
         self.observer.in_flight(self._wm.pending)
+        self._preparing[lane] += 1
         self._inbox.append(item)
         self._inbox_ready.set()
         if self._slots.locked():
@@ -328,7 +361,6 @@ class BatchRunner:
             while self._inbox:
                 await self._prep_slots.acquire()
                 n = min(len(self._inbox), cfg.max_prepare_batch)
-                self._preparing += n
                 self._spawn(self._prepare([self._inbox.popleft() for _ in range(n)]))
 
     async def _prepare(self, items: list[_Item]) -> None:
@@ -336,7 +368,8 @@ class BatchRunner:
             results = await self._call("prepare", len(items), self._prepare_all, [i.record for i in items])
         finally:
             self._prep_slots.release()
-            self._preparing -= len(items)
+            for item in items:
+                self._preparing[item.lane] -= 1
         dead: list[Sent] = []
         for item, res in zip(items, results, strict=True):
             if isinstance(res, Exception):  # prepare never raises by contract; this is the last line of defence
@@ -377,20 +410,20 @@ class BatchRunner:
         return closed
 
     def _window_full(self) -> bool:
-        """Every in-flight slot is taken, every taken input reached the batcher (or left it), and
-        decode and device are idle: no batch-mate can arrive before something completes, and
-        waiting for the deadline would only leave the device idle. (While they are busy, the
+        """Every live in-flight slot is taken, every taken input reached the batcher (or left
+        it), and decode and device are idle: no batch-mate can arrive before something completes,
+        and waiting for the deadline would only leave the device idle. (While they are busy, the
         bucket keeps filling as slots free up: under a backlog batches still grow.)"""
-        return (self._slots.locked() and not self._inbox and not self._preparing and not self._staged
+        return (self._slots.locked() and not self._inbox and not any(self._preparing.values()) and not self._staged
                 and self._decode_q.empty() and self._device_q.empty()
                 and not self._calls["decode"] and not self._calls["device"])
 
     async def _timer_loop(self) -> None:
         """Feeds the batcher and closes batches at their deadlines, or at once when the
-        in-flight window is full (a deadline would then only add latency: nothing can join)."""
+        in-flight window is full and the device idle (a deadline would then only add latency)."""
         while True:
             closed = self._stage_into_batcher() + self.batcher.poll(self.clock())
-            if not closed and self.batcher.pending and self._window_full() and not self._decode_q.full():
+            if not closed and self._window_full() and not self._decode_q.full():
                 closed = self.batcher.flush()
             for batch in closed:
                 await self._decode_q.put(batch)
@@ -414,6 +447,7 @@ class BatchRunner:
             except FatalError:
                 raise
             except Exception as exc:
+                self._left_device(pairs)
                 self.observer.batch_done("decode", len(pairs), self.clock() - t0)
                 self._batch_failed("decode", pairs, exc)
                 continue
@@ -431,6 +465,7 @@ class BatchRunner:
             except FatalError:
                 raise
             except Exception as exc:
+                self._left_device(pairs)
                 self.observer.batch_done("device", len(pairs), self.clock() - t0)
                 self._batch_failed("device", pairs, exc)
                 continue
@@ -438,7 +473,7 @@ class BatchRunner:
             self.observer.batch_done("device", len(pairs), seconds)
             # the batch's service time: its decode plus its device work (they overlap other batches)
             self.batcher.record_service(len(pairs), decode_s + seconds)
-            self._wake.set()  # a new service estimate can move deadlines
+            self._left_device(pairs)  # wakes the timer: a new service estimate can move deadlines
             self.stats.batches += 1
             self.stats.batch_items += len(pairs)
             await self._output_q.put((pairs, state))
@@ -530,11 +565,11 @@ class BatchRunner:
                     self.stats.dead_letters += 1
                 assert item.ticket is not None
                 if not self._wm.is_current(item.ticket):  # its partition was revoked meanwhile
-                    self._slots.release()
+                    self._release(item)
                     continue
                 for ticket in self._wm.done(item.ticket):
                     await self._ack(ticket.token.event)
-                    self._slots.release()
+                    self._release(ticket.token)
             self.observer.in_flight(self._wm.pending)
 
     async def _watchdog_loop(self) -> None:
@@ -603,8 +638,18 @@ class BatchRunner:
             raise RunnerFailed("the runner fail-stopped") from self.failure
 
     def _release_dropped(self, dropped: list[Ticket[_Item]]) -> None:
-        for _ in dropped:  # done, waiting for a lower offset: their work is over
-            self._slots.release()
+        for ticket in dropped:  # done, waiting for a lower offset: their work is over
+            self._release(ticket.token)
+
+    def _release(self, item: _Item) -> None:
+        self._held[item.lane] -= 1
+        self._lane_slots[item.lane].release()
+
+    def _left_device(self, pairs: Sequence[Pair]) -> None:
+        """A batch left the device lane (done, or failed before or in it): the batcher may let the
+        next backfill batch go."""
+        self.batcher.device_done(pairs)
+        self._wake.set()
 
     def _batch_failed(self, lane: str, pairs: list[Pair], exc: Exception) -> None:
         """A batch-level exception: every item of the batch becomes a PROCESSING_FAILED dead letter."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from agents.batching import BatchingConfig
 from agents.process import BatchProcessor
 from agents.runner import RunnerConfig
@@ -16,7 +18,8 @@ from schemas.codec import FileSchemaStore
 from schemas.events import EventCodecs
 from streams.settings import PIPELINE_VERSION, Settings
 
-__all__ = ["batching_config", "build_fetcher", "build_pipeline", "build_processor", "runner_config"]
+__all__ = ["backfill_batching", "batching_config", "build_fetcher", "build_pipeline", "build_processor",
+           "runner_config"]
 
 
 def _retoucher(device: str) -> Retoucher:
@@ -80,6 +83,14 @@ def batching_config(settings: Settings, device: str) -> BatchingConfig:
     return BatchingConfig.for_device(device, **{k: v for k, v in overrides.items() if v is not None})
 
 
+def backfill_batching(settings: Settings, live: BatchingConfig) -> BatchingConfig:
+    """The backfill lane's batching: the live lane's, capped at ``backfill_max_batch`` (the most a
+    live batch can wait behind)."""
+    size = min(settings.backfill_max_batch or live.max_batch, live.max_batch)
+    fixed = None if live.fixed_batch is None else min(live.fixed_batch, size)
+    return replace(live, max_batch=size, fixed_batch=fixed)
+
+
 def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
     """Lane sizes and timeouts. Every batch slot of the lanes (decode and device: one running,
     ``queue_depth`` waiting; output: ``output_threads`` running, ``queue_depth`` waiting) plus a
@@ -88,6 +99,8 @@ def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
     backlog of 64×64 images and 64 in flight, batches averaged 2 items; bench/bench_overhead.py)."""
     depth = RunnerConfig().queue_depth
     slots = 2 * (1 + depth) + settings.output_threads + depth + 1
+    backfill = backfill_batching(settings, batching)
     return RunnerConfig(max_in_flight=max(settings.max_in_flight, slots * batching.max_batch + 8),
+                        backfill_in_flight=max(settings.backfill_in_flight, backfill.max_batch),
                         prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
                         delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)

@@ -120,6 +120,16 @@ class Settings(BaseSettings):
     trace_item_stages: bool = Field(True, description="traces: a span per stage under each input's span (off: per "
                                                       "batch only, about a quarter of the spans)")
 
+    # -- backfill: the backfill lane gets only spare capacity (agents/lanes.py)
+    backfill_enabled: bool = Field(True, description="consume the backfill topic too (live first)")
+    backfill_max_batch: int | None = Field(None, ge=1, description="largest backfill batch: the most a live batch "
+                                                                   "can wait behind (live max_batch if unset)")
+    backfill_in_flight: int = Field(16, ge=1, description="backfill inputs a worker holds at once (apart from "
+                                                          "max_in_flight, which is the live lane's)")
+    backfill_max_live_lag: int = Field(0, ge=0, description="pause the backfill topic's partitions while more live "
+                                                            "records than this wait in the brokers")
+    backfill_check_ms: float = Field(50.0, gt=0, description="how often the backfill partitions' pause is decided")
+
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":
             return self.device

@@ -203,6 +203,43 @@ def test_buckets_never_mix_and_close_on_their_own_clocks() -> None:
         assert {cls for cls, _ in batch.items} == {batch.shape_class}
 
 
+def test_priority_orders_buckets_that_close_together() -> None:
+    """Three buckets reach their deadline at the same tick: the most urgent leaves first, then by age."""
+    batcher: MicroBatcher[str] = MicroBatcher(BatchingConfig(fixed_batch=8, max_wait_s=0.02))
+    batcher.add("bulk", "800", 0.000, priority=0)
+    batcher.add("urgent", "2000", 0.001, priority=9)
+    batcher.add("normal", "400", 0.002, priority=0)
+    closed = batcher.poll(1.0)
+    assert [b.items for b in closed] == [("urgent",), ("bulk",), ("normal",)]
+    assert [b.priority for b in closed] == [9, 0, 0]
+
+
+def test_a_bucket_takes_its_most_urgent_items_priority() -> None:
+    batcher: MicroBatcher[str] = MicroBatcher(BatchingConfig(fixed_batch=3, max_wait_s=0.02))
+    batcher.add("a", "800", 0.0, priority=1)
+    batcher.add("x", "2000", 0.0, priority=2)
+    batcher.add("b", "800", 0.0, priority=5)  # lifts the 800 bucket above the 2000 one
+    batcher.add("c", "800", 0.0, priority=-3)  # a lower one never lowers it; the bucket is full now...
+    assert [b.priority for b in batcher.flush()] == [2]  # ...and left; the 2000 bucket remains
+    batcher.add("d", "800", 1.0, priority=-1)
+    batcher.add("e", "2000", 1.0, priority=-2)
+    batcher.add("f", "400", 1.0, priority=7)
+    assert [(b.items, b.priority) for b in batcher.flush()] == [(("f",), 7), (("d",), -1), (("e",), -2)]
+
+
+def test_a_full_bucket_and_a_deadline_close_order_by_priority() -> None:
+    batcher: MicroBatcher[int] = MicroBatcher(BatchingConfig(fixed_batch=2, max_wait_s=0.02))
+    batcher.add(1, "low", 0.0, priority=0)
+    closed = batcher.add(2, "high", 0.05, priority=3)  # "low" is past its deadline at this tick
+    assert [b.items for b in closed] == [(1,)]
+    closed = batcher.add(3, "high", 0.05, priority=3)
+    assert [(b.items, b.reason) for b in closed] == [((2, 3), "full")]
+    batcher.add(4, "low", 1.0)
+    batcher.add(5, "high", 1.0, priority=1)
+    closed = batcher.add(6, "low", 1.5)  # "low" fills at the tick "high" reaches its deadline
+    assert [(b.items, b.reason) for b in closed] == [((5,), "deadline"), ((4, 6), "full")]
+
+
 def test_the_memory_budget_caps_a_batch() -> None:
     batcher: MicroBatcher[int] = MicroBatcher(
         BatchingConfig(fixed_batch=8, memory_budget_bytes=1000)

@@ -1,7 +1,9 @@
 """Per-preset geometry: subject box, placement (crop + pad), and the resampling taps.
 
-Placement. The subject box ``[x0, x1) × [y0, y1)`` (pixels whose alpha >= ``mask_threshold``;
-the whole image without an alpha or when nothing passes) is scaled by
+Placement. The subject box ``[x0, x1) × [y0, y1)`` (pixels whose alpha >= ``mask_threshold``,
+by default 1: every pixel that shows on the canvas, the feathered rim and thin parts included, so
+nothing visible is left outside the box and cropped by the canvas' edge; the whole image without
+an alpha or when nothing passes) is scaled by
 ``k = fill * min(W / bw, H / bh)`` so that ``max(bw * k / W, bh * k / H) == fill``, and its
 centre lands on the canvas centre. Output pixel ``X`` then covers the source interval
 ``[ox + X / k, ox + (X + 1) / k)`` with ``ox = cx - (W / 2) / k`` (likewise rows). Source pixels
@@ -27,17 +29,23 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["GeometryConfig", "axis_taps", "keys_weights", "placement", "subject_box"]
+__all__ = ["VISIBLE_ALPHA", "GeometryConfig", "axis_taps", "keys_weights", "placement", "subject_box"]
 
 Array = Any
+
+# Alpha at or above which a mask pixel shows on a canvas (composited, it is no longer pure white or
+# fully transparent): the subject box and the compliance checks use this one definition.
+VISIBLE_ALPHA = 1
 
 
 @dataclass(frozen=True, slots=True)
 class GeometryConfig:
-    """``mask_threshold``: alpha at or above which a pixel belongs to the subject box;
+    """``mask_threshold``: alpha at or above which a pixel belongs to the subject box (default
+    :data:`VISIBLE_ALPHA`: every pixel that will show; a higher value leaves faint edges and thin
+    parts outside the box, where a tight fill can crop them at the canvas' edge);
     ``cubic_a``: the Keys cubic parameter used when enlarging."""
 
-    mask_threshold: int = 128
+    mask_threshold: int = VISIBLE_ALPHA
     cubic_a: float = -0.5
 
     def __post_init__(self) -> None:

@@ -4,7 +4,7 @@ A :class:`BucketedSegmenter` cuts a batch into chunks of at most the largest buc
 chunk up to its bucket, runs the model (``_infer``, the one method a runtime implements), turns
 the output into probabilities (``ModelSpec``) and each probability map into an alpha mask at
 the image's own size (``MaskPostprocess``). RGBA images that already carry transparency skip
-the model: their alpha is the mask.
+the model: their alpha is the mask (stray specks far from the subject zeroed, ``clean_cutout``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import ModelSpec, output_to_probability, preprocess
 from gpu_kernels.segment.ops import ArrayOps
-from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
+from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, per_item
 
 __all__ = ["BucketedSegmenter", "batch_buckets", "plan_chunks"]
@@ -75,7 +75,8 @@ class BucketedSegmenter:
 
         def checked(item: tuple[int, Array]) -> Array | None:
             validate_image(*item)
-            return precut_alpha(item[1], xp)
+            precut = precut_alpha(item[1], xp)
+            return None if precut is None else clean_cutout(precut, self.post, ops)
 
         masks: list[Array | LightboxError | None] = per_item(checked, enumerate(images))
         todo = [i for i, m in enumerate(masks) if m is None]

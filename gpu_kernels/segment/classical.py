@@ -30,7 +30,7 @@ import numpy as np
 
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops, disk
-from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
+from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, ProcessingFailed, per_item
 
 __all__ = ["ClassicalConfig", "ClassicalSegmenter", "background_distance", "classical_foreground"]
@@ -168,7 +168,7 @@ class ClassicalSegmenter:
             i, img = item
             validate_image(i, img)
             precut = precut_alpha(img, self._ops.xp)
-            return precut if precut is not None else self._segment_one(img)
+            return clean_cutout(precut, self.post, self._ops) if precut is not None else self._segment_one(img)
 
         return per_item(one, enumerate(images))
 

@@ -24,7 +24,8 @@ def validate_image(i: int, img: Array) -> None:
 
 
 def precut_alpha(img: Array, xp: Any) -> Array | None:
-    """The image's own alpha if it is RGBA with any transparency (already cut out), else None."""
+    """The image's own alpha if it is RGBA with any transparency (already cut out), else None.
+    The segmenters pass it through :func:`~gpu_kernels.segment.postprocess.clean_cutout`."""
     if img.shape[2] != 4:
         return None
     alpha = img[..., 3]

@@ -13,8 +13,8 @@ next bucket (1, 2, 4, 8, ... , ``max_batch``), so the runtime sees a handful of 
 plans each once (``warmup=True`` plans them all at start-up). A model whose input declares a
 fixed batch (the published u2netp.onnx: 1) limits the buckets to that size.
 
-RGBA images that already carry transparency are cut out already: their alpha is returned as
-the mask and they skip the model.
+RGBA images that already carry transparency are cut out already: their alpha (stray specks far
+from the subject zeroed, ``clean_cutout``) is returned as the mask and they skip the model.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ Measured on the rendered canvas before encode, as a marketplace's checker would 
   ``fill`` is the same quantity, so a correct render measures about ``fill``). The subject is
   every non-white pixel (alpha > 0 on RGBA), taken before a contact shadow darkened the floor;
 * ``cut_off``: the subject reaches the canvas' edge, or at least ``CUT_SHARE`` of one edge of the
-  source photo is subject in the mask (the product was cut by the photo's frame);
+  source photo is subject in the mask (the product was cut by the photo's frame). Subject in the
+  mask means alpha >= ``VISIBLE_ALPHA`` (it shows), the same definition the render's subject box
+  uses, so what the crop keeps and what is checked here are the same pixels;
 * ``min_side_ok``: both sides of the variant are at least the preset's ``min_side``.
 
 ``compliant`` checks these against the preset's rules (``pure_white``, ``min_fill``,
@@ -24,6 +26,7 @@ import numpy as np
 
 from gpu_kernels.backends import Array
 from gpu_kernels.presets import Preset
+from gpu_kernels.retouch.geometry import VISIBLE_ALPHA
 from gpu_kernels.stages.base import BatchContext, Compliance, Lane, Stage, to_host
 from gpu_kernels.stages.shadow import canvas_box
 from schemas.errors import per_item
@@ -47,8 +50,8 @@ def border_white_share(canvas: np.ndarray) -> float:
     return float(clean.mean())
 
 
-def source_cut(mask: Array | None, threshold: int = 128) -> bool:
-    """Whether at least ``CUT_SHARE`` of one edge of the source mask is subject."""
+def source_cut(mask: Array | None, threshold: int = VISIBLE_ALPHA) -> bool:
+    """Whether at least ``CUT_SHARE`` of one edge of the source mask is subject (alpha >= ``threshold``)."""
     if mask is None:
         return False
     m = to_host(mask)

@@ -1,0 +1,140 @@
+"""Live first: the backfill lane gets only the device's spare capacity. Pure (no asyncio, no Kafka).
+
+A worker consumes two topics: the input topic (live) and the backfill topic. Two things keep the
+backfill out of live traffic's way:
+
+1. :class:`LaneBatcher` — what the runner drives instead of one :class:`~agents.batching.MicroBatcher`
+   (same calls: ``add``, ``poll``, ``next_deadline``, ``flush``, ``record_service``, plus
+   ``device_done``). It holds one micro-batcher per lane. Live batches leave as soon as they close,
+   highest priority first. A closed backfill batch is held back and released only when no live
+   item is waiting anywhere before the output lane (in the live batcher, or in a live batch not yet
+   through the device) and no other backfill batch is before the output lane. So at most one
+   backfill batch is ever ahead of a live batch: a backfill batch delays a live batch by at most
+   one batch.
+2. :func:`pause_backfill` — the consumer-side rule (applied by :mod:`agents.backfill`): the
+   backfill topic's partitions are paused while live work is queued in the worker or the live lag
+   is above a threshold, so backfill records are not even fetched while live traffic needs the worker.
+
+The driver reports each batch that leaves the device lane (or fails before it) with
+``device_done(items)``; that is what frees the next backfill batch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
+from typing import Generic, Literal, TypeVar
+
+from agents.batching import Batch, MicroBatcher
+
+__all__ = ["BACKFILL", "LIVE", "LaneBatcher", "pause_backfill"]
+
+T = TypeVar("T")
+Lane = Literal["live", "backfill"]
+LIVE: Lane = "live"
+BACKFILL: Lane = "backfill"
+
+
+def pause_backfill(live_queued: int, live_lag: int, lag_threshold: int) -> bool:
+    """Whether the backfill topic's partitions should be paused now: live work is queued in the
+    worker (inputs handed and not yet through the device), or more than ``lag_threshold`` live
+    records wait in the brokers."""
+    return live_queued > 0 or live_lag > lag_threshold
+
+
+class LaneBatcher(Generic[T]):
+    """See the module docstring. ``lane_of(item)`` is ``"live"`` or ``"backfill"``;
+    ``priority_of(item)`` orders live buckets (higher first)."""
+
+    def __init__(self, live: MicroBatcher[T], backfill: MicroBatcher[T], *, lane_of: Callable[[T], str],
+                 priority_of: Callable[[T], int] | None = None) -> None:
+        self.live, self.backfill = live, backfill
+        self.lane_of, self.priority_of = lane_of, priority_of or (lambda _item: 0)
+        self._held: deque[Batch[T]] = deque()  # closed backfill batches waiting for spare capacity
+        self._in_pipe: dict[str, int] = {LIVE: 0, BACKFILL: 0}  # batches released, not yet device_done
+        self._items_in_pipe: dict[str, int] = {LIVE: 0, BACKFILL: 0}
+
+    # -- what the driver reads ---------------------------------------------------------------
+    @property
+    def pending(self) -> int:
+        """Items added and not yet returned in a batch (held backfill batches included)."""
+        return self.live.pending + self.backfill.pending + sum(len(b) for b in self._held)
+
+    @property
+    def live_queued(self) -> int:
+        """Live items before the output lane: in the live batcher or in a batch not yet through the device."""
+        return self.live.pending + self._items_in_pipe[LIVE]
+
+    @property
+    def backfill_held(self) -> int:
+        """Backfill items in closed batches waiting for spare capacity."""
+        return sum(len(b) for b in self._held)
+
+    def backfill_ready(self) -> bool:
+        """Whether a backfill batch may go to the device now."""
+        if self._in_pipe[BACKFILL]:
+            return False
+        return self._in_pipe[LIVE] == 0 and self.live.pending == 0
+
+    # -- MicroBatcher's interface --------------------------------------------------------------
+    def add(self, item: T, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[T]]:
+        if self._lane(item) == BACKFILL:
+            self._held.extend(self.backfill.add(item, shape_class, now, nbytes))
+            return self._release(self.live.poll(now))
+        return self._release(self.live.add(item, shape_class, now, nbytes, priority=self.priority_of(item)))
+
+    def poll(self, now: float) -> list[Batch[T]]:
+        self._held.extend(self.backfill.poll(now))
+        return self._release(self.live.poll(now))
+
+    def next_deadline(self) -> float | None:
+        """The live batcher's next deadline; the backfill's only while a backfill batch could go
+        (a held batch that may go now: ``-inf``). A held batch is otherwise freed by ``device_done``."""
+        live = self.live.next_deadline()
+        if not self.backfill_ready():
+            return live
+        backfill = float("-inf") if self._held else self.backfill.next_deadline()
+        times = [t for t in (live, backfill) if t is not None]
+        return min(times) if times else None
+
+    def flush(self) -> list[Batch[T]]:
+        """Everything, live first (shutdown: no spare capacity to wait for)."""
+        out = [*self.live.flush(), *self._held, *self.backfill.flush()]
+        self._held.clear()
+        for batch in out:
+            self._count(batch, +1)
+        return out
+
+    def record_service(self, batch_size: int, seconds: float) -> None:
+        """The device's service time, whichever lane the batch came from: both lanes learn it."""
+        self.live.record_service(batch_size, seconds)
+        self.backfill.record_service(batch_size, seconds)
+
+    def device_done(self, items: Sequence[T]) -> None:
+        """A batch left the device lane (done or failed): the next backfill batch may go."""
+        if items:
+            lane = self._lane(items[0])
+            self._in_pipe[lane] = max(0, self._in_pipe[lane] - 1)
+            self._items_in_pipe[lane] = max(0, self._items_in_pipe[lane] - len(items))
+
+    # -- internals ------------------------------------------------------------------------------
+    def _lane(self, item: T) -> str:
+        lane = self.lane_of(item)
+        if lane not in (LIVE, BACKFILL):
+            raise ValueError(f"LaneBatcher: lane_of returned {lane!r}; expected 'live' or 'backfill'")
+        return lane
+
+    def _count(self, batch: Batch[T], sign: int) -> None:
+        lane = self._lane(batch.items[0])
+        self._in_pipe[lane] += sign
+        self._items_in_pipe[lane] += sign * len(batch)
+
+    def _release(self, live: list[Batch[T]]) -> list[Batch[T]]:
+        for batch in live:
+            self._count(batch, +1)
+        out = list(live)
+        if self._held and self.backfill_ready():
+            batch = self._held.popleft()
+            self._count(batch, +1)
+            out.append(batch)
+        return out

@@ -1,0 +1,293 @@
+"""The backfill lane on a real broker: replay (interrupted and resumed, killed and resumed, a topic
+range), live-first workers, redrive, and audit over the backfill lane."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lightbox.replay import (
+    REPLAY_JOB_HEADER,
+    REPLAY_OF_HEADER,
+    REPLAY_SEQ_HEADER,
+    Defaults,
+    FolderSource,
+    TopicSource,
+    run_replay,
+)
+from streams.app import ensure_topics
+from streams.settings import Settings
+
+pytestmark = pytest.mark.kafka
+
+
+async def read_raw(bootstrap: str, topic: str, *, idle_s: float = 2.0) -> list[Any]:
+    """Every record of ``topic`` (no group)."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                enable_auto_commit=False, max_partition_fetch_bytes=64 << 20)
+    await consumer.start()
+    out: list[Any] = []
+    try:
+        last = time.monotonic()
+        while time.monotonic() - last < idle_s:
+            batch = await consumer.getmany(timeout_ms=300)
+            for records in batch.values():
+                out.extend(records)
+                last = time.monotonic()
+    finally:
+        await consumer.stop()
+    return out
+
+
+def seqs_of(records: list[Any], job: str) -> Counter[tuple[int, int]]:
+    found: Counter[tuple[int, int]] = Counter()
+    for r in records:
+        h = dict(r.headers)
+        if h.get(REPLAY_JOB_HEADER) == job.encode():
+            lane, _, seq = h[REPLAY_SEQ_HEADER].decode().partition(":")
+            found[(int(lane), int(seq))] += 1
+    return found
+
+
+def test_replay_interrupted_resumes_without_gaps_or_repeats(settings: Settings, catalog_dir: Path,
+                                                            tmp_path: Path) -> None:
+    asyncio.run(ensure_topics(settings))
+    folder = catalog_dir / "good"
+    ckpt = tmp_path / "ckpt.json"
+
+    def source() -> FolderSource:
+        return FolderSource(folder, Defaults(presets=("jd_main",)))
+
+    stop = asyncio.Event()
+
+    def stop_after(done: int, total: int) -> None:
+        if done >= 7:
+            stop.set()
+
+    async def go() -> tuple[Any, Any, Any]:
+        dry = await run_replay(source(), bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+                               checkpoint=ckpt, dry_run=True)
+        assert not ckpt.exists()  # a dry run writes nothing
+        first = await run_replay(source(), bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+                                 checkpoint=ckpt, stop=stop, on_progress=stop_after, max_in_flight=2)
+        second = await run_replay(source(), bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+                                  checkpoint=ckpt, rate=200.0)
+        return dry, first, second
+
+    dry, first, second = asyncio.run(go())
+    n = len(list(folder.iterdir()))
+    assert dry.dry_run and dry.total == n and dry.published == 0
+    assert not first.complete and 7 <= first.published < n
+    assert second.complete and second.published == n and second.this_run == n - first.published
+    records = asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic))
+    seen = seqs_of(records, first.job)
+    assert sorted(seen) == [(0, i) for i in range(n)] and set(seen.values()) == {1}
+    # a third run of the same command is a no-op
+    third = asyncio.run(run_replay(source(), bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+                                   checkpoint=ckpt))
+    assert third.complete and third.this_run == 0
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "from lightbox.cli import main; main()", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.slow
+def test_replay_killed_resumes_without_gaps_or_repeats(settings: Settings, catalog_dir: Path,
+                                                       tmp_path: Path) -> None:
+    """kill -9 between checkpoints: records published after the last checkpoint are found on the
+    topic and skipped by the next run of the same command."""
+    asyncio.run(ensure_topics(settings))
+    ckpt = tmp_path / "ckpt.json"
+    args = ("replay", "folder", str(catalog_dir / "good"), "--presets", "jd_main", "--topic", settings.backfill_topic,
+            "-b", settings.kafka_bootstrap, "--checkpoint", str(ckpt))
+    proc = _cli(*args, "--rate", "8")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # wait for a checkpoint with progress, then a bit more
+        if ckpt.exists() and json.loads(ckpt.read_text())["published"] >= 4:
+            break
+        time.sleep(0.05)
+    time.sleep(0.6)  # past the checkpoint: a few more get published, not checkpointed
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = json.loads(ckpt.read_text())
+    assert not killed_at["complete"]
+    second = _cli(*args)
+    out, errs = second.communicate(timeout=120)
+    assert second.returncode == 0, errs.decode()[-2000:]
+    assert "found already published" in " ".join(out.decode().split())  # the scan past the checkpoint found some
+    records = asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic))
+    seen = seqs_of(records, killed_at["job"])
+    n = len(list((catalog_dir / "good").iterdir()))
+    assert sorted(seen) == [(0, i) for i in range(n)] and set(seen.values()) == {1}
+
+
+def test_replay_a_topic_range_references_the_originals(settings: Settings, catalog: list[Path],
+                                                      tmp_path: Path) -> None:
+    from streams.producer import ImageProducer
+
+    asyncio.run(ensure_topics(settings))
+
+    async def go() -> Any:
+        async with ImageProducer(settings.kafka_bootstrap, settings.input_topic) as prod:
+            futs = [await prod.publish(prod.event_for_file(f, presets=["jd_main"], inline=False)) for f in catalog[:6]]
+            metas = await asyncio.gather(*futs)
+        src = TopicSource(settings.kafka_bootstrap, settings.input_topic, start_offset=1)
+        res = await run_replay(src, bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+                               checkpoint=tmp_path / "c.json")
+        return metas, res
+
+    metas, res = asyncio.run(go())
+    originals = asyncio.run(read_raw(settings.kafka_bootstrap, settings.input_topic))
+    replayed = asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic))
+    wanted = {(r.partition, r.offset): r for r in originals if r.offset >= 1}
+    assert res.complete and res.published == len(wanted) == len(replayed) and len(metas) == 6
+    for r in replayed:
+        h = dict(r.headers)
+        topic, p, off = h[REPLAY_OF_HEADER].decode().rsplit(":", 2)
+        orig = wanted.pop((int(p), int(off)))
+        assert topic == settings.input_topic
+        assert r.value == orig.value and r.key == orig.key  # same event, same event_id
+    assert not wanted
+
+
+def worker_env(s: Settings, roots: list[Path], **extra: str) -> dict[str, str]:
+    """A worker on the test's topics; file:// only under ``roots`` (closed by default)."""
+    return {"LIGHTBOX_FILE_ROOTS": ",".join(str(r.resolve()) for r in roots),
+            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
+            "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
+            "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
+            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+            **extra}
+
+
+@pytest.mark.slow
+def test_redrive_round_trip(settings: Settings, catalog: list[Path], tmp_path: Path) -> None:
+    """Two inputs fail (their files are missing); one file is put in place (the fix); redrive: the
+    fixed one is processed, the other fails again with attempts 2; the republished records are
+    the originals (value, key, headers) plus the attempt count."""
+    from lightbox.demo import WorkerProcess, collect_outputs
+    from lightbox.redrive import REDRIVE_OF_HEADER, RedriveFilter, run_redrive
+    from schemas.headers import ATTEMPTS_HEADER
+    from streams.producer import ImageProducer
+
+    fixed, still_missing = tmp_path / "later" / "SKU-fixed.jpg", tmp_path / "never" / "SKU-broken.jpg"
+    worker = WorkerProcess(worker_env(settings, [tmp_path]), tmp_path / "worker.log").start()
+    try:
+        async def publish() -> dict[str, str]:
+            async with ImageProducer(settings.kafka_bootstrap, settings.input_topic) as prod:
+                ids = {}
+                for f in (fixed, still_missing):
+                    ev = prod.event({"uri": f.as_uri(), "sha256": None}, sku=f.stem, image_id=f.name,
+                                    presets=["jd_main"])
+                    await (await prod.publish(ev))
+                    ids[f.stem] = ev["event_id"]
+                return ids
+
+        ids = asyncio.run(publish())
+        _, dead = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.dlq_topic], 2, 120,
+                                              worker.running))
+        assert sorted((d["error_code"], d["attempts"]) for d in dead) == [("FETCH_FAILED", 1)] * 2, worker.log_tail()
+
+        fixed.parent.mkdir()
+        fixed.write_bytes(catalog[0].read_bytes())  # the fix
+        flt = RedriveFilter(codes=frozenset({"FETCH_FAILED"}))
+        dry = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic, flt,
+                                      dry_run=True))
+        assert (dry.read, dry.redriven) == (2, 2)
+        none = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic,
+                                       RedriveFilter(codes=frozenset({"DECODE_FAILED"}))))
+        assert (none.redriven, none.left_out["code"]) == (0, 2)
+        res = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic, flt))
+        assert res.redriven == 2
+
+        processed, dead = asyncio.run(collect_outputs(
+            settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic], 4, 180, worker.running))
+        assert [p["source_event_id"] for p in processed] == [ids["SKU-fixed"]], worker.log_tail()
+        again = [d for d in dead if d["attempts"] == 2]
+        assert [(d["source_event_id"], d["error_code"]) for d in again] == [(ids["SKU-broken"], "FETCH_FAILED")]
+        assert sorted(d["attempts"] for d in dead) == [1, 1, 2]
+    finally:
+        worker.stop()
+
+    inputs = asyncio.run(read_raw(settings.kafka_bootstrap, settings.input_topic))
+    originals = [r for r in inputs if ATTEMPTS_HEADER not in dict(r.headers)]
+    redriven = [r for r in inputs if ATTEMPTS_HEADER in dict(r.headers)]
+    assert len(originals) == len(redriven) == 2
+    for r in redriven:
+        h = dict(r.headers)
+        orig = next(o for o in originals if o.value == r.value)
+        assert r.key == orig.key and h[ATTEMPTS_HEADER] == b"2" and h[REDRIVE_OF_HEADER].startswith(b"t-")
+        assert h["traceparent"] == dict(orig.headers)["traceparent"]  # the original headers travel
+
+
+@pytest.mark.slow
+def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: list[Path], tmp_path: Path) -> None:
+    """A backlog of 48 on the backfill topic is being worked through; 3 live events published then
+    come out after at most the few backfill inputs the worker already held (backfill_in_flight),
+    long before the backlog is done."""
+    from lightbox.demo import WorkerProcess, collect_outputs
+    from streams.producer import ImageProducer
+
+    held = 4
+    asyncio.run(ensure_topics(settings))
+    backlog = [catalog[i % len(catalog)] for i in range(48)]
+
+    async def publish(topic: str, files: list[Path], tag: str) -> dict[str, float]:
+        async with ImageProducer(settings.kafka_bootstrap, topic) as prod:
+            sent = {}
+            for i, f in enumerate(files):
+                ev = prod.event_for_file(f, presets=["thumb_webp"], inline=False, sku=f"{tag}-{i}")
+                await (await prod.publish(ev))
+                sent[ev["event_id"]] = time.time() * 1000
+            return sent
+
+    backfill_ids = asyncio.run(publish(settings.backfill_topic, backlog, "BF"))
+    worker = WorkerProcess(worker_env(settings, [catalog[0].parent], LIGHTBOX_BACKFILL_IN_FLIGHT=str(held),
+                                      LIGHTBOX_BACKFILL_MAX_BATCH="1", LIGHTBOX_MAX_BATCH="2"),
+                           tmp_path / "worker.log").start()
+    try:
+        first, _ = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.output_topic], 3, 180,
+                                               worker.running))
+        assert len(first) == 3 and {e["source_event_id"] for e in first} <= set(backfill_ids), worker.log_tail()
+        live_ids = asyncio.run(publish(settings.input_topic, catalog[:3], "LIVE"))
+        processed, dead = asyncio.run(collect_outputs(
+            settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic], len(backlog) + 3, 300,
+            worker.running))
+    finally:
+        worker.stop()
+    assert not dead and len(processed) == len(backlog) + 3, worker.log_tail()
+    live = [e for e in processed if e["source_event_id"] in live_ids]
+    backfill = [e for e in processed if e["source_event_id"] in backfill_ids]
+    assert len(live) == 3 and len(backfill) == len(backlog)
+    def at(e: dict[str, Any]) -> float:
+        return float(e["processed_at"].timestamp() * 1000)
+
+    published = min(live_ids.values())
+    last_live = max(at(e) for e in live)
+    between = [e for e in backfill if published <= at(e) <= last_live]
+    after = [e for e in backfill if at(e) > last_live]
+    # the live events waited only for backfill inputs already in the worker (a batch of one each)
+    assert len(between) <= held + 1, (len(between), worker.log_tail())
+    assert len(after) >= len(backlog) // 2, (len(after), len(between))
+
+    # lightbox audit covers the backfill lane: every input of both topics has exactly one output
+    from lightbox.audit import run_audit
+
+    report = asyncio.run(run_audit(settings.kafka_bootstrap, [settings.input_topic, settings.backfill_topic],
+                                   [settings.output_topic, settings.dlq_topic]))
+    assert report.ok and report.missing == [] and report.conflicts == []
+    assert (report.inputs, report.processed, report.dead_letters) == (len(backlog) + 3, len(backlog) + 3, 0)
