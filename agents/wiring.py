@@ -92,10 +92,15 @@ def backfill_batching(settings: Settings, live: BatchingConfig) -> BatchingConfi
 
 
 def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
-    """Lane sizes and timeouts; a running batch plus a filling one must fit in flight, or batches
-    never reach the allowed size."""
+    """Lane sizes and timeouts. Every batch slot of the lanes (decode and device: one running,
+    ``queue_depth`` waiting; output: ``output_threads`` running, ``queue_depth`` waiting) plus a
+    filling batch must fit in flight at the largest batch size: with fewer inputs in flight the
+    lanes hold small batches, and every batch costs thread hops and a produce request (with a
+    backlog of 64×64 images and 64 in flight, batches averaged 2 items; bench/bench_overhead.py)."""
+    depth = RunnerConfig().queue_depth
+    slots = 2 * (1 + depth) + settings.output_threads + depth + 1
     backfill = backfill_batching(settings, batching)
-    return RunnerConfig(max_in_flight=max(settings.max_in_flight, 2 * batching.max_batch + 8),
+    return RunnerConfig(max_in_flight=max(settings.max_in_flight, slots * batching.max_batch + 8),
                         backfill_in_flight=max(settings.backfill_in_flight, backfill.max_batch),
                         prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
                         delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)

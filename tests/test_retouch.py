@@ -277,6 +277,9 @@ def variants() -> list[tuple[str, np.ndarray, np.ndarray | None]]:
         ("rgba", np.dstack([image, mask]), None),
         ("gray+mask", image[..., 1].copy(), mask),
         ("odd", photo("rocket")[7:300, 3:333], None),
+        # sample stride 1: a gain row per image row, so a band of rows spans many of them
+        ("small", cv2.resize(photo("astronaut"), (64, 64), interpolation=cv2.INTER_AREA), None),
+        ("small+mask", image[::6, ::6].copy(), mask[::6, ::6].copy()),
     ]
 
 

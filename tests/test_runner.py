@@ -537,3 +537,45 @@ def test_the_observer_hears_every_input_batch_and_acknowledged_output() -> None:
         await h.runner.stop()
 
     run(go)
+
+
+# ------------------------------------------------------------------------ per-event costs
+def test_a_full_in_flight_window_closes_the_batch_without_waiting_for_its_deadline() -> None:
+    """Nothing can join a batch while every in-flight slot is taken: the runner closes it then,
+    instead of holding the worker idle until the batch's deadline (here: never, the clock stands)."""
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True), clock=FakeClock(step=0.0), max_in_flight=3,
+                    batching=BatchingConfig(slo_s=100.0, max_batch=8, max_wait_s=50.0, fixed_batch=8))
+        await h.runner.start()
+        await h.submit(rec(0, 0), rec(0, 1))
+        await asyncio.sleep(0.1)
+        assert h.acked == []  # two of three slots: the batch waits for batch-mates
+        await h.submit(rec(0, 2))
+        await until(lambda: len(h.acked) == 3, "the full window's batch went out")
+        assert h.runner.stats.batches == 1 and h.runner.stats.batch_items == 3
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_inputs_handed_together_are_prepared_in_one_thread_call() -> None:
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True))
+        calls: list[int] = []
+        prepare_all = h.runner._prepare_all
+
+        def counted(records: list[InRecord]) -> list[Any]:
+            calls.append(len(records))
+            return prepare_all(records)
+
+        h.runner._prepare_all = counted  # type: ignore[method-assign]
+        await h.runner.start()
+        await h.submit(*(rec(0, i) for i in range(10)), rec(0, 10, b"bad"), rec(0, 11, b"boom"))
+        await until(lambda: len(h.acked) == 12, "all acked")
+        assert sum(calls) == 12 and len(calls) == 1, calls
+        kinds = [o.kind for o in sorted(h.sink.acknowledged, key=lambda o: o.source.offset)]
+        assert kinds == ["processed"] * 10 + ["dead_letter"] * 2  # a raising prepare is still one item's dead letter
+        assert [r.offset for r in h.acked] == list(range(12))
+        await h.runner.stop()
+
+    run(go)

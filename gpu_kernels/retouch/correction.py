@@ -133,29 +133,19 @@ def correct_reference(
     return out
 
 
-def _gain_runs(h: int, gh: int, stride: int, band_rows: int) -> list[tuple[int, int, int, int]]:
-    """Bands ``(y_start, y_stop, j0, j1)`` of image rows that read the same two rows ``j0, j1``
-    of the gain columns (the ``y0``/``y1`` of :func:`gain_rows`, same float32 formulas), at most
-    ``band_rows`` rows each."""
-    gy = np.minimum(np.arange(h, dtype=np.float32) / np.float32(stride), np.float32(gh - 1))
-    y0 = gy.astype(np.int32)
-    y1 = np.minimum(y0 + 1, gh - 1)
-    cuts = np.flatnonzero(np.diff(y0)) + 1
-    bands = []
-    for start, stop in zip([0, *cuts.tolist()], [*cuts.tolist(), h], strict=True):
-        for a in range(start, stop, band_rows):
-            bands.append((a, min(stop, a + band_rows), int(y0[a]), int(y1[a])))
-    return bands
-
-
-def _band_gain(cols3: np.ndarray, band: tuple[int, int, int, int], stride: int) -> np.ndarray:
-    """:func:`gain_rows` for one band of :func:`_gain_runs` on the gain columns repeated per
-    channel: ``(rows, 3 * width)`` float32, the same operations on the same values."""
-    y_start, y_stop, j0, j1 = band
+def _band_gain(cols3: np.ndarray, band: tuple[int, int], stride: int) -> np.ndarray:
+    """:func:`gain_rows` for rows ``[band[0], band[1])`` on the gain columns repeated per channel:
+    ``(rows, 3 * width)`` float32, the same float32 operations on the same values, element by
+    element. Each row reads its own two gain rows, so a band may span several of them: a small
+    image (sample stride 1: a gain row per image row) still runs in ``band_rows``-row bands
+    instead of one band per row (64 numpy passes for a 64×64 image)."""
+    y_start, y_stop = band
     gh = cols3.shape[0]
     ys = np.arange(y_start, y_stop, dtype=np.float32)
     gy = np.minimum(ys / np.float32(stride), np.float32(gh - 1))
-    fy = (gy - np.float32(j0))[:, None]
+    j0 = gy.astype(np.int32)
+    j1 = np.minimum(j0 + 1, gh - 1)
+    fy = (gy - j0.astype(np.float32))[:, None]
     g: np.ndarray = cols3[j0] * (np.float32(1) - fy)
     g += cols3[j1] * fy
     return g
@@ -175,7 +165,7 @@ def _tone_pairs(plan: ColorPlan) -> np.ndarray | None:
 
 
 def _levels(src: np.ndarray, plan: ColorPlan, wb3: np.ndarray, cols3: np.ndarray | None,
-            pairs: np.ndarray | None, band: tuple[int, int, int, int]) -> np.ndarray:
+            pairs: np.ndarray | None, band: tuple[int, int]) -> np.ndarray:
     """Colour-corrected float32 levels ``(rows, 3 * width)`` of uint8 ``src`` ``(rows, width,
     1|3|4)``: the float32 operations of :func:`white_balance_stage`, :func:`illumination_stage`
     and :func:`tone_stage`, in the same order (flattened channels, no broadcast on the last axis).
@@ -241,10 +231,9 @@ def correct_fused_cpu(
     cols3 = None if plan.gain_map is None else np.repeat(
         gain_columns(np, plan.gain_map, w, plan.stride), 3, axis=1)
     pairs = _tone_pairs(plan)
-    bands = [(y, min(h, y + band_rows), 0, 0) for y in range(0, h, band_rows)] \
-        if cols3 is None else _gain_runs(h, cols3.shape[0], plan.stride, band_rows)
+    bands = [(y, min(h, y + band_rows)) for y in range(0, h, band_rows)]
     for band in bands:
-        y0, y1 = band[:2]
+        y0, y1 = band
         if not white:
             y = _levels(pixels[y0:y1], plan, wb3, cols3, pairs, band)
             if transparent:

@@ -1,0 +1,549 @@
+"""Per-event overhead of one worker on a real broker (issue 15, item 7): events/s per worker.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_overhead.py [--events 2000] [--rounds 2]
+        [--baseline main] [--no-floor] [--profile DIR] [--out bench/results]
+
+The setting: one ``lightbox worker`` process meets a backlog of ``--events`` ProductImageEvents
+(64×64 JPEGs inline, one 64×64 preset from ``bench/presets_64.toml`` through
+``LIGHTBOX_PRESETS_FILE``, ``background=KEEP``, ``LIGHTBOX_SEGMENTER=none``), published to
+fresh topics (4 partitions) before the worker starts. Throughput = (outputs - 1) / (last - first
+output's broker append time): the output and dead-letter topics are created with
+``message.timestamp.type=LogAppendTime``, so start-up (imports, group join) is not counted.
+
+Side by side in the same run, rounds alternating their order:
+
+- ``current``: this tree's worker.
+- ``baseline``: the worker of ``--baseline`` (a git ref, default ``main``), extracted with
+  ``git archive`` into a temporary folder and run from there (``PYTHONPATH``) on the same
+  virtualenv.
+- ``framework``: this tree's worker (Faust agent, runner, watermarks, sink) around lanes that do
+  no image work (:class:`NullLanes`: the output is the input's bytes) — the framework's own
+  ceiling.
+- ``framework-baseline``: the same around the baseline's runner, sink and agent.
+- ``floor``: a pure aiokafka loop in its own process — consume (``getmany``) in a group, produce
+  each input's bytes to the output topic (acks=all, idempotent, one await per batch), commit —
+  what the Kafka client alone allows on this machine.
+
+Per run it also records the worker's CPU time per event (from /proc, between the first and the
+last output: robust to other load) and the cores other processes kept busy meanwhile: the
+machine is shared, so compare variants within a round and read the ranges.
+
+``--profile DIR``: py-spy (``pip install py-spy``) samples each worker of the first round while
+it works (``DIR/<variant>.txt``: collapsed stacks, every thread) and the benchmark prints the
+threads and the event-loop functions with the most samples.
+
+A benchmark, not a test: it asserts nothing. Writes ``<out>/bench_overhead.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import io
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
+
+__all__ = ["RunResult", "main"]
+
+PARTITIONS = 4
+PRESETS_FILE = ROOT / "bench" / "presets_64.toml"
+PRESET = "tiny_64"
+ISSUE_FIGURE = (235.0, 257.0)  # events/s per worker the issue measured on the runner before its rewrite
+
+
+@dataclass
+class RunResult:
+    variant: str
+    round: int
+    events: int
+    outputs: int
+    dead_letters: int
+    events_per_s: float
+    span_s: float  # first to last output, broker append times
+    worker_cpu_ms_per_event: float
+    other_cpu_cores: float
+    startup_s: float  # worker start until its first output
+    mean_batch: float  # the decode batch each processed event ran in, averaged over events
+
+
+# ----------------------------------------------------------------------------------- inputs
+def tiny_jpegs(count: int = 8, side: int = 64) -> list[bytes]:
+    """``count`` different ``side``×``side`` JPEGs (a coloured gradient and a disc)."""
+    import numpy as np
+    from PIL import Image
+
+    out = []
+    yy, xx = np.mgrid[0:side, 0:side]
+    for k in range(count):
+        img = np.zeros((side, side, 3), np.uint8)
+        img[..., 0] = (xx * 4 + k * 30) % 256
+        img[..., 1] = (yy * 4 + k * 50) % 256
+        img[..., 2] = 200 - k * 10
+        disc = (xx - side / 2) ** 2 + (yy - side / 2) ** 2 < (side / 3) ** 2
+        img[disc] = (40 + k * 20, 90, 160)
+        buf = io.BytesIO()
+        Image.fromarray(img).save(buf, format="JPEG", quality=90)
+        out.append(buf.getvalue())
+    return out
+
+
+async def create_topics(bootstrap: str, names: dict[str, str]) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        append = {"message.timestamp.type": "LogAppendTime"}
+        await admin.create_topics([
+            NewTopic(names[k], PARTITIONS, 1, topic_configs=append if k in ("output", "dlq") else {})
+            for k in ("input", "backfill", "output", "dlq")])
+    finally:
+        await admin.close()
+
+
+async def publish_backlog(bootstrap: str, topic: str, n: int, images: list[bytes], lighting: str) -> None:
+    from streams.producer import ImageProducer
+
+    async with ImageProducer(bootstrap, topic) as prod:
+        futs = []
+        for i in range(n):
+            ev = prod.event({"data": images[i % len(images)]}, sku=f"SKU-{i}", image_id=f"tiny-{i}.jpg",
+                            presets=[PRESET], content_type="image/jpeg", background="KEEP",
+                            lighting=lighting)
+            futs.append(await prod.publish(ev))
+        await prod.flush(futs)
+
+
+async def output_count(consumer: AIOKafkaConsumer, parts: list[TopicPartition]) -> int:
+    ends = await consumer.end_offsets(parts)
+    return sum(ends.values())
+
+
+async def append_times(bootstrap: str, topics: list[str], n: int) -> tuple[list[int], Counter[str], set[int], float]:
+    """Every output's append time (ms), the count per topic, the timestamp types seen, the mean
+    decode batch size of the processed events (0 when there is none: the floor)."""
+    from schemas.codec import split_frame
+    from schemas.events import EventCodecs
+
+    codecs = EventCodecs.create()
+    processed_id = codecs.processed.writer_id
+    batches: list[int] = []
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    times: list[int] = []
+    per_topic: Counter[str] = Counter()
+    types: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while len(times) < n and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500, max_records=2000)).values():
+                for r in records:
+                    times.append(r.timestamp)
+                    if r.topic == topics[0] and split_frame(r.value)[0] == processed_id:
+                        spans = codecs.processed.decode(r.value)["spans"]
+                        batches += [s["batch_size"] for s in spans if s["stage"] == "decode"][:1]
+                    per_topic[r.topic] += 1
+                    types.add(r.timestamp_type)
+    finally:
+        await consumer.stop()
+    return sorted(times), per_topic, types, sum(batches) / max(1, len(batches))
+
+
+# ----------------------------------------------------------------------------------- CPU
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(f) for f in fields[11:15]) / _TICK
+
+
+def _busy_s() -> float:
+    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(vals[:8]) - vals[3] - vals[4]) / _TICK
+
+
+def _sample(pids: dict[str, int]) -> dict[str, float]:
+    return {"wall": time.monotonic(), "busy": _busy_s(), **{k: _proc_cpu_s(p) for k, p in pids.items()}}
+
+
+# ----------------------------------------------------------------------------------- one run
+@dataclass(frozen=True)
+class Bench:
+    bootstrap: str
+    broker_pid: int
+    events: int
+    images: list[bytes]
+    workdir: Path
+    baseline_dir: Path | None
+    worker_env: dict[str, str]
+    lighting: str
+    cprofile: Path | None = None
+
+
+def _command(b: Bench, variant: str, env: dict[str, str]) -> tuple[list[str], Path]:
+    if variant == "floor":
+        return [sys.executable, str(Path(__file__).resolve()), "--floor-worker"], ROOT
+    if variant == "framework-baseline":  # NullLanes around the baseline's runner, sink and agent
+        assert b.baseline_dir is not None
+        env["PYTHONPATH"] = env["LIGHTBOX_BENCH_CODE"] = str(b.baseline_dir)
+        return [sys.executable, str(Path(__file__).resolve()), "--null-worker"], b.baseline_dir
+    if variant == "framework":
+        env["PYTHONPATH"] = str(ROOT)
+        prof = [] if b.cprofile is None else ["-m", "cProfile", "-o", str(b.cprofile / "framework.prof")]
+        return [sys.executable, *prof, str(Path(__file__).resolve()), "--null-worker"], ROOT
+    if variant == "baseline":
+        assert b.baseline_dir is not None
+        env["PYTHONPATH"] = str(b.baseline_dir)
+        return [sys.executable, "-m", "lightbox.cli", "worker"], b.baseline_dir
+    env["PYTHONPATH"] = str(ROOT)
+    if b.cprofile is not None:  # the event-loop thread only: the framework's own share
+        return [sys.executable, "-m", "cProfile", "-o", str(b.cprofile / "current.prof"),
+                "-m", "lightbox.cli", "worker"], ROOT
+    return [sys.executable, "-m", "lightbox.cli", "worker"], ROOT
+
+
+async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> RunResult:
+    tag = f"{variant}-{rnd}-{uuid.uuid4().hex[:6]}"
+    topics = {k: f"overhead.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
+    await create_topics(b.bootstrap, topics)
+    await publish_backlog(b.bootstrap, topics["input"], b.events, b.images, b.lighting)
+    env = {**os.environ, "LIGHTBOX_KAFKA_BOOTSTRAP": b.bootstrap, "LIGHTBOX_GROUP_ID": f"overhead-{tag}",
+           "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
+           "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
+           "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(b.workdir / "data" / tag),
+           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "none", "LIGHTBOX_PRESETS_FILE": str(PRESETS_FILE),
+           "LIGHTBOX_WORKER_ID": f"overhead-{tag}",
+           "LIGHTBOX_METRICS_PORT": "0",  # no HTTP server: the machine is shared (the observer still runs)
+           **b.worker_env}
+    if b.cprofile is not None:
+        b.cprofile.mkdir(parents=True, exist_ok=True)
+    cmd, cwd = _command(b, variant, env)
+    log_path = b.workdir / "logs" / f"{tag}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    watcher = AIOKafkaConsumer(bootstrap_servers=b.bootstrap, group_id=None)
+    await watcher.start()
+    parts = [TopicPartition(topics[k], p) for k in ("output", "dlq") for p in range(PARTITIONS)]
+    spy: subprocess.Popen[bytes] | None = None
+    with log_path.open("ab") as log:
+        t_start = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        pids = {"worker": proc.pid, "broker": b.broker_pid, "bench": os.getpid()}
+        first: dict[str, float] | None = None
+        startup_s = float("nan")
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{tag}: the worker exited with {proc.returncode}; see {log_path}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{tag}: outputs did not arrive in time; see {log_path}")
+            count = await output_count(watcher, parts)
+            if count and first is None:
+                first = _sample(pids)
+                startup_s = first["wall"] - t_start
+                if profile is not None:
+                    spy = _start_profiler(proc.pid, profile / f"{variant}.txt")
+            if count >= b.events:
+                break
+            await asyncio.sleep(0.1)
+        assert first is not None
+        end = _sample(pids)
+    finally:
+        if spy is not None:
+            _stop_profiler(spy, profile / f"{variant}.txt" if profile else None)
+        await watcher.stop()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    times, per_topic, types, mean_batch = await append_times(b.bootstrap, [topics["output"], topics["dlq"]], b.events)
+    if types != {1}:
+        print(f"  ! {tag}: timestamp types {sorted(types)} (1 = LogAppendTime expected)", flush=True)
+    span = (times[-1] - times[0]) / 1000 if len(times) > 1 else float("nan")
+    d = {k: end[k] - first[k] for k in end}
+    others = d["busy"] - d["worker"] - d["broker"] - d["bench"]
+    return RunResult(variant=variant, round=rnd, events=b.events, outputs=per_topic[topics["output"]],
+                     dead_letters=per_topic[topics["dlq"]], events_per_s=(len(times) - 1) / span if span else 0.0,
+                     span_s=span, worker_cpu_ms_per_event=1000 * d["worker"] / max(1, len(times)),
+                     other_cpu_cores=max(0.0, others) / max(1e-3, d["wall"]), startup_s=startup_s,
+                     mean_batch=mean_batch)
+
+
+# ----------------------------------------------------------------------------------- profiling
+def _start_profiler(pid: int, raw: Path) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        print("  ! py-spy is not installed (pip install py-spy); no profile", flush=True)
+        return None
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", "250", "--threads", "--format", "raw",
+                             "--output", str(raw), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _stop_profiler(spy: subprocess.Popen[bytes], raw: Path | None) -> None:
+    spy.send_signal(signal.SIGINT)
+    try:
+        spy.wait(30)
+    except subprocess.TimeoutExpired:
+        spy.kill()
+        return
+    if raw is not None and raw.exists():
+        print(summarize_profile(raw), flush=True)
+
+
+def summarize_profile(raw: Path, top: int = 25) -> str:
+    """Threads by samples, and the functions with the most samples (inclusive and self) of the
+    event-loop thread, from py-spy's collapsed stacks."""
+    inclusive: Counter[str] = Counter()
+    self_: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack or not n.isdigit():
+            continue
+        frames = stack.split(";")
+        threads[frames[0]] += int(n)
+        if "MainThread" not in frames[0] and "process " not in frames[0]:
+            continue
+        total += int(n)
+        names = [f.split(" (", 1)[0] + " " + f.rsplit("/", 1)[-1].split(":", 1)[0].rstrip(")") for f in frames[1:]]
+        for name in set(names):
+            inclusive[name] += int(n)
+        if names:
+            self_[names[-1]] += int(n)
+    lines = [f"py-spy: {raw} ({total} main-thread samples)", "  threads: " + ", ".join(
+        f"{t} {c}" for t, c in threads.most_common(8))]
+    lines.append("  inclusive:")
+    lines += [f"    {100 * c / max(1, total):5.1f} %  {name}" for name, c in inclusive.most_common(top)]
+    lines.append("  self:")
+    lines += [f"    {100 * c / max(1, total):5.1f} %  {name}" for name, c in self_.most_common(top)]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------- floor
+async def floor_worker() -> None:
+    """Consume → produce the same bytes → commit, in batches; stops on SIGTERM."""
+    from streams.settings import Settings
+
+    s = Settings()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    consumer = AIOKafkaConsumer(s.input_topic, bootstrap_servers=s.kafka_bootstrap, group_id=s.group_id,
+                                enable_auto_commit=False, auto_offset_reset="earliest")
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all", enable_idempotence=True,
+                                linger_ms=5)
+    await consumer.start()
+    await producer.start()
+    try:
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200, max_records=500)
+            futs = [await producer.send(s.output_topic, r.value, key=r.key, headers=list(r.headers))
+                    for records in batch.values() for r in records]
+            await asyncio.gather(*futs)
+            if batch:
+                await consumer.commit()
+    finally:
+        await producer.stop()
+        await consumer.stop()
+
+
+# ----------------------------------------------------------------------------------- framework
+class NullLanes:
+    """The runner's lanes without image work: prepare reads nothing, the output is the input's
+    bytes as a processed record. Measures Faust, the runner, the watermarks and the sink alone."""
+
+    @dataclass
+    class Job:
+        record: Any
+        event: None = None
+        shape_class: int = 0
+        nbytes: int = 0
+
+    def prepare(self, rec: Any) -> Any:
+        return NullLanes.Job(rec)
+
+    def decode(self, batch: Any) -> Any:
+        return list(batch)
+
+    def device(self, state: Any) -> Any:
+        return state
+
+    def output(self, state: Any, *, max_record_bytes: int | None = None) -> list[Any]:
+        from agents.process import OutRecord
+
+        return [OutRecord("processed", j.record.key, j.record.value or b"", [("lightbox-source", b"x")], j.record)
+                for j in state]
+
+    def dead_letter(self, rec: Any, exc: Any, event: Any = None) -> Any:
+        raise RuntimeError("NullLanes makes no dead letters")
+
+    def close(self) -> None:
+        pass
+
+
+def null_worker() -> int:
+    """``lightbox worker`` with :class:`NullLanes` (same Faust app, runner and sink)."""
+    from faust import Worker
+
+    from agents.retouch import build_worker
+    from streams.app import ensure_topics
+    from streams.settings import Settings
+
+    settings = Settings()
+    asyncio.run(ensure_topics(settings))
+    code_root = os.environ.get("LIGHTBOX_BENCH_CODE", str(ROOT))
+    assert code_root in str(sys.modules[build_worker.__module__].__file__), "the worker must run the code asked for"
+    try:  # as `lightbox worker` builds it: with the telemetry observer (trees that have one)
+        from agents.observe import Observability
+    except ImportError:
+        obs = None
+    else:
+        obs = Observability(settings)
+    retouch = build_worker(settings, processor=NullLanes(),  # type: ignore[arg-type]
+                           observer=None if obs is None else obs.telemetry)
+    if obs is not None:
+        obs.attach(retouch.app, device="cpu", model="none", version="bench")
+    code: Any = 0
+    try:
+        Worker(retouch.app, loglevel="WARNING", quiet=True).execute_from_commandline()
+    except SystemExit as exc:
+        code = exc.code
+    return retouch.exit_code or (code if isinstance(code, int) else 1)
+
+
+# ----------------------------------------------------------------------------------- main
+def extract(ref: str, into: Path) -> Path:
+    """``git archive ref`` unpacked into ``into``."""
+    data = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--events", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--lighting", default="AUTO", choices=["AUTO", "OFF"],
+                    help="the events' retouch.lighting (AUTO: the issue's setting; OFF: no exposure/illumination work)")
+    ap.add_argument("--baseline", default="main", help="git ref of the baseline worker ('' for none)")
+    ap.add_argument("--no-floor", action="store_true", help="skip the pure-aiokafka floor")
+    ap.add_argument("--only", default="",
+                    help="comma-separated variants: current, baseline, framework, framework-baseline, floor")
+    ap.add_argument("--profile", type=Path, default=None, help="py-spy every worker of round 1 into DIR")
+    ap.add_argument("--cprofile", type=Path, default=None,
+                    help="run the current worker under cProfile (event-loop thread) into DIR/current.prof")
+    ap.add_argument("--worker-env", action="append", default=[], help="K=V for every worker (repeatable)")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--floor-worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--null-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    def interrupted(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt  # SIGTERM: stop the worker and the broker on the way out
+
+    signal.signal(signal.SIGTERM, interrupted)
+    if args.floor_worker:
+        asyncio.run(floor_worker())
+        return 0
+    if args.null_worker:
+        if os.environ.get("LIGHTBOX_BENCH_CODE"):  # the baseline's agents, streams, schemas
+            sys.path.insert(0, os.environ["LIGHTBOX_BENCH_CODE"])
+        return null_worker()
+
+    variants = ["current"] + (["baseline"] if args.baseline else [])
+    if not args.no_floor:
+        variants += ["framework"] + (["framework-baseline"] if args.baseline else []) + ["floor"]
+    if args.only:
+        variants = [v for v in variants if v in args.only.split(",")]
+    workdir = Path(tempfile.mkdtemp(prefix="lightbox-overhead-"))
+    kafka = None
+    try:
+        baseline_dir = None
+        if "baseline" in variants or "framework-baseline" in variants:
+            baseline_dir = extract(args.baseline, workdir / "baseline")
+            print(f"baseline: {args.baseline} = {git('rev-parse', '--short', args.baseline)}", flush=True)
+        bootstrap = os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP")
+        broker_pid = 0
+        if not bootstrap:
+            from lightbox.kafka_local import LocalKafka
+
+            kafka = LocalKafka.start(partitions=PARTITIONS)
+            bootstrap, broker_pid = kafka.bootstrap, kafka.pid
+        b = Bench(bootstrap=bootstrap, broker_pid=broker_pid, events=args.events, images=tiny_jpegs(),
+                  workdir=workdir, baseline_dir=baseline_dir,
+                  worker_env=dict(kv.split("=", 1) for kv in args.worker_env), lighting=args.lighting,
+                  cprofile=args.cprofile)
+        runs: list[RunResult] = []
+        for rnd in range(1, args.rounds + 1):
+            order = variants[(rnd - 1) % len(variants):] + variants[:(rnd - 1) % len(variants)]
+            for variant in order:
+                prof = args.profile if (args.profile and rnd == 1) else None
+                r = asyncio.run(one_run(b, variant, rnd, prof))
+                runs.append(r)
+                print(f"round {rnd} {variant:9s} {r.events_per_s:8.0f} events/s  "
+                      f"cpu {r.worker_cpu_ms_per_event:5.2f} ms/event  other cores {r.other_cpu_cores:4.2f}  "
+                      f"outputs {r.outputs} dead {r.dead_letters}  span {r.span_s:.2f} s  "
+                      f"start {r.startup_s:.1f} s  batch {r.mean_batch:.1f}", flush=True)
+    finally:
+        if kafka is not None:
+            kafka.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    summary: dict[str, Any] = {}
+    for v in variants:
+        rates = sorted(r.events_per_s for r in runs if r.variant == v)
+        cpu = sorted(r.worker_cpu_ms_per_event for r in runs if r.variant == v)
+        summary[v] = {"events_per_s": {"min": rates[0], "max": rates[-1], "median": rates[len(rates) // 2]},
+                      "worker_cpu_ms_per_event": {"min": cpu[0], "max": cpu[-1]}}
+    for new, old in (("current", "baseline"), ("framework", "framework-baseline")):
+        if new in summary and old in summary:
+            summary[f"{new}_vs_{old}"] = (summary[new]["events_per_s"]["median"]
+                                          / summary[old]["events_per_s"]["median"])
+    if "current" in summary:
+        summary["current_vs_issue_figure"] = summary["current"]["events_per_s"]["median"] / (sum(ISSUE_FIGURE) / 2)
+        summary["goal_2000_per_s_met"] = summary["current"]["events_per_s"]["median"] >= 2000
+    print(json.dumps(summary, indent=1), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bench_overhead.json").write_text(json.dumps({
+        "command": " ".join(sys.argv), "commit": git("rev-parse", "HEAD"), "baseline": args.baseline,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                    "load_average_1min": os.getloadavg()[0]},
+        "runs": [asdict(r) for r in runs], "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())
