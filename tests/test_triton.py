@@ -21,7 +21,7 @@ from schemas.errors import ProcessingFailed
 
 pytest.importorskip("tritonclient.http", reason="tritonclient is not installed (pip install 'lightbox[triton]')")
 
-from gpu_kernels.segment.triton_runner import TritonSegmenter, TritonServer, find_triton_python  # noqa: E402
+from gpu_kernels.segment.triton_runner import TritonSegmenter, TritonServer, find_triton_python
 
 pytestmark = pytest.mark.slow
 
