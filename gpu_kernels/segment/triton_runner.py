@@ -114,7 +114,8 @@ class TritonSegmenter(BucketedSegmenter):
     ``image``, output ``mask``). ``spec``: the model's pre/post-processing, as for the other
     runners. ``max_batch``: the most images in one request (default 16: the server's dynamic
     batcher caps what it runs at once). ``timeout_s``: connection and network timeout. One
-    client per segmenter (not shared between threads: give each thread its own segmenter).
+    client per segmenter, tied to the thread that made it (tritonclient's HTTP client runs on gevent):
+    give each thread its own segmenter.
     """
 
     def __init__(self, url: str, model_name: str = "u2netp", spec: ModelSpec = U2NETP, *, max_batch: int = 16,
