@@ -178,3 +178,12 @@ def test_compose_runs_prometheus_grafana_and_a_collector_wired_to_the_worker() -
     # UIs are published on the loopback interface only
     for name in ("prometheus", "grafana"):
         assert all(str(p).startswith("127.0.0.1:") for p in services[name]["ports"])
+
+
+def test_compose_starts_the_worker_after_healthy_kafka_and_s3() -> None:
+    yaml = pytest.importorskip("yaml")
+    compose = yaml.safe_load((INFRA / "docker-compose.yml").read_text())
+    services = compose["services"]
+    needs = services["worker"]["depends_on"]
+    assert needs["kafka"]["condition"] == "service_healthy" and needs["s3"]["condition"] == "service_healthy"
+    assert "healthcheck" in services["kafka"] and "healthcheck" in services["s3"]
