@@ -43,9 +43,10 @@ from schemas.errors import (
 )
 from schemas.events import EventCodecs, dead_letter_id, processed_event_id
 from schemas.headers import attempts_of
+from streams.records import payload_size
 
 __all__ = ["BatchProcessor", "BatchState", "InRecord", "OutRecord", "Prepared", "VariantStore",
-           "record_size", "resolution_bin"]
+           "resolution_bin"]
 
 Headers = list[tuple[str, bytes | None]]
 PASS_HEADERS = ("traceparent", "tracestate")
@@ -124,12 +125,6 @@ def _created_ms(event: dict[str, Any] | None) -> int | None:
 def _describe(exc: BaseException) -> str:
     """Type and text of an unexpected exception, bounded (never a payload dump)."""
     return f"{type(exc).__name__}: {exc}"[:300]
-
-
-def record_size(value: bytes, key: bytes | None, headers: Headers) -> int:
-    """Bytes a record takes against a topic's ``max.message.bytes``, less Kafka's own framing
-    (a record batch header of about 70 bytes and a few varints: the caller's headroom)."""
-    return len(value) + len(key or b"") + sum(len(k.encode()) + len(v or b"") for k, v in headers)
 
 
 class VariantStore(Protocol):
@@ -326,8 +321,8 @@ class BatchProcessor:
         }
         key, headers = p.record.key, self._headers(p.record)
         value = self._seal(record, spans, start)
-        if max_record_bytes is not None and record_size(value, key, headers) > max_record_bytes:
-            first = record_size(value, key, headers)
+        if max_record_bytes is not None and payload_size(value, key, headers) > max_record_bytes:
+            first = payload_size(value, key, headers)
             if self.store is None:
                 sizes = ", ".join(f"{v.preset} {v.size} B" for v in res.variants)
                 raise OutputTooLarge(f"processed event of {first} bytes exceeds the output limit of {max_record_bytes} "
@@ -339,10 +334,10 @@ class BatchProcessor:
                     continue
                 self._offload(ev, variants[k], res.variants[k])
                 value = self._seal(record, spans, start)
-                if record_size(value, key, headers) <= max_record_bytes:
+                if payload_size(value, key, headers) <= max_record_bytes:
                     break
-            if record_size(value, key, headers) > max_record_bytes:
-                raise OutputTooLarge(f"processed event of {record_size(value, key, headers)} bytes (variants out of "
+            if payload_size(value, key, headers) > max_record_bytes:
+                raise OutputTooLarge(f"processed event of {payload_size(value, key, headers)} bytes (variants out of "
                                      f"line; {first} bytes inline) still exceeds the output limit of "
                                      f"{max_record_bytes} bytes", stage="produce")
         return OutRecord("processed", key, value, headers, p.record, spans=tuple(record["spans"]),

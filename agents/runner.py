@@ -67,7 +67,7 @@ from agents.batching import Batch, MicroBatcher
 from agents.process import InRecord, OutRecord
 from agents.watermark import OffsetRewound, Ticket, Watermarks
 from schemas.errors import FatalError, LightboxError, OutputTooLarge, ProcessingFailed, SchemaInvalid
-from streams.sink import RECORD_OVERHEAD, record_size
+from streams.records import RECORD_OVERHEAD, record_size
 
 __all__ = ["BatchRunner", "Lanes", "NullObserver", "OutputSink", "RunnerConfig", "RunnerFailed",
            "RunnerObserver", "RunnerStats", "record_of"]

@@ -10,41 +10,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from streams.app import max_message_bytes
+from streams.records import Outgoing
 from streams.security import aiokafka_kwargs, preflight
 from streams.settings import Settings
 
-__all__ = ["RECORD_OVERHEAD", "KafkaSink", "Outgoing", "record_size"]
-
-#: Bytes a record costs beyond its key, value and headers: the record batch header (61), the
-#: record's own varints and attributes, and a varint pair per header — rounded up generously.
-RECORD_OVERHEAD = 256
-
-
-class Outgoing(Protocol):
-    """What the sink needs of an output record."""
-
-    @property
-    def kind(self) -> str: ...
-    @property
-    def key(self) -> bytes | None: ...
-    @property
-    def value(self) -> bytes: ...
-    @property
-    def headers(self) -> Sequence[tuple[str, bytes | None]]: ...
-
-
-def record_size(out: Outgoing) -> int:
-    """An upper bound of the bytes the record takes on the wire, alone in its batch, uncompressed:
-    :func:`agents.process.record_size` (key, value, headers) plus :data:`RECORD_OVERHEAD`."""
-    headers = sum(len(k.encode()) + len(v or b"") for k, v in out.headers)
-    return len(out.value) + len(out.key or b"") + headers + RECORD_OVERHEAD
-
+__all__ = ["KafkaSink"]
 
 class KafkaSink:
     """Outputs and dead letters through one idempotent producer with acks=all."""

@@ -255,9 +255,9 @@ def test_prepare_never_raises_on_garbage(tmp_path_factory: pytest.TempPathFactor
 
 # -- output size ---------------------------------------------------------------------------------
 def _sizes(outs: list[OutRecord]) -> int:
-    from agents.process import record_size
+    from streams.records import payload_size
 
-    return record_size(outs[0].value, outs[0].key, outs[0].headers)
+    return payload_size(outs[0].value, outs[0].key, outs[0].headers)
 
 
 def test_an_event_over_the_limit_without_a_store_is_output_too_large(
