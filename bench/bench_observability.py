@@ -35,7 +35,6 @@ import logging
 import os
 import platform
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -53,21 +52,16 @@ import numpy as np
 from plot_stage_breakdown import draw, query_breakdown
 
 from lightbox.kafka_local import LocalKafka
+from lightbox.launch import free_port
 from lightbox.prometheus_local import LocalPrometheus
 from lightbox.samples import make_catalog
 from tests.otlp_receiver import OtlpReceiver
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def bench(args: argparse.Namespace) -> dict[str, Any]:
     for k in [k for k in os.environ if k.startswith("OTEL_")]:
         del os.environ[k]  # "off" must really be off
-    port = _free_port()
+    port = free_port()
     receiver = OtlpReceiver()
     batch = {"LIGHTBOX_FIXED_BATCH": str(args.fixed_batch)} if args.fixed_batch else {}
     bb.CONFIGS["off"] = {"LIGHTBOX_METRICS_PORT": "0", **batch}

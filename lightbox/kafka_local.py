@@ -29,7 +29,7 @@ from importlib import resources
 from pathlib import Path
 
 from lightbox.kafka_secure import client_env, secure_setup
-from lightbox.launch import cache_root, find_java, free_port, maven_jars, pid_alive
+from lightbox.launch import cache_root, find_java, free_port, maven_jars, pid_alive, terminate, wait_gone
 
 __all__ = [
     "KAFKA_VERSION",
@@ -64,9 +64,6 @@ def ensure_jars(target: Path | None = None, *, quiet: bool = True) -> Path:
 
 def _java() -> str:
     return find_java("Kafka 4.x", KafkaLaunchError)
-
-
-_free_port = free_port
 
 
 def _port_free(port: int) -> bool:
@@ -163,9 +160,9 @@ class LocalKafka:
         ddir.mkdir(parents=True, exist_ok=True)
         # a data dir used before keeps its address when the ports are still free
         was_port, was_controller = _previous_ports(ddir / "server.properties")
-        port = port or (was_port if was_port and _port_free(was_port) else _free_port())
+        port = port or (was_port if was_port and _port_free(was_port) else free_port())
         controller_port = controller_port or (
-            was_controller if was_controller and _port_free(was_controller) else _free_port())
+            was_controller if was_controller and _port_free(was_controller) else free_port())
         props = ddir / "server.properties"
         secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
         props.touch(mode=0o600)
@@ -215,14 +212,14 @@ class LocalKafka:
         """SIGKILL the broker, as a crash would; the data dir is kept for :meth:`restart`."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
-        self._wait_gone(10.0)
+        wait_gone(self.pid, 10.0)
 
     def restart(self, *, heap: str = "512m", timeout_s: float = 90.0) -> LocalKafka:
         """Start this broker again on its data dir, ports and properties (after :meth:`kill`,
         or a stop of a broker whose data dir was kept); stops it first if it still runs.
         Updates this object in place (new pid) and returns it."""
-        if _pid_exists(self.pid):
-            self._signal_and_wait()
+        if pid_alive(self.pid):
+            terminate(self.pid, 30.0)
         props = Path(self.data_dir) / "server.properties"
         if not props.exists():
             raise KafkaLaunchError(f"nothing to restart: {props} is missing")
@@ -253,30 +250,9 @@ class LocalKafka:
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL after ``timeout_s``."""
-        self._signal_and_wait(timeout_s)
+        terminate(self.pid, timeout_s)
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def _signal_and_wait(self, timeout_s: float = 30.0) -> None:
-        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                break
-            if self._wait_gone(wait):
-                break
-
-    def _wait_gone(self, timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            try:
-                if os.waitpid(self.pid, os.WNOHANG)[0]:
-                    return True
-            except ChildProcessError:  # not our child (started by another process)
-                if not _pid_exists(self.pid):
-                    return True
-            time.sleep(0.1)
-        return False
 
     # The CLI keeps the broker it started in a small state file, so `down` and `status`
     # from another shell find it.
@@ -308,9 +284,6 @@ def cluster_id(data_dir: Path) -> str:
     cid = found or str(uuid.uuid4()).replace("-", "")[:22]
     kept.write_text(cid + "\n")
     return cid
-
-
-_pid_exists = pid_alive
 
 
 def _state_file() -> Path:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 
-__all__ = ["cache_root", "find_java", "free_port", "maven_jars", "pid_alive"]
+__all__ = ["cache_root", "find_java", "free_port", "maven_jars", "pid_alive", "terminate", "wait_gone"]
 
 
 def cache_root() -> Path:
@@ -63,3 +65,28 @@ def pid_alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    """Whether ``pid`` exited within ``timeout_s`` (reaped when it is our child)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                return True
+        except ChildProcessError:  # not our child (started by another shell's `up`)
+            if not pid_alive(pid):
+                return True
+        time.sleep(0.1)
+    return False
+
+
+def terminate(pid: int, timeout_s: float) -> None:
+    """SIGTERM, then SIGKILL after ``timeout_s``; returns once ``pid`` is gone (or 5 s after the kill)."""
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        if wait_gone(pid, wait):
+            return

@@ -36,9 +36,6 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus") or next((p for p in ("/usr/bin/prometheus",) if Path(p).exists()), None)
 
 
-_free_port = free_port
-
-
 def config_text(targets: Sequence[str], scrape_interval_s: float, job: str = "lightbox") -> str:
     """A minimal scrape configuration (YAML is a superset of JSON)."""
     interval = f"{int(scrape_interval_s * 1000)}ms"
@@ -67,7 +64,7 @@ class LocalPrometheus:
             folder = Path(owned.name)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "prometheus.yml").write_text(config_text(targets, scrape_interval_s))
-        port = _free_port()
+        port = free_port()
         log = (folder / "prometheus.log").open("wb")
         proc = subprocess.Popen(
             [binary, f"--config.file={folder / 'prometheus.yml'}", f"--storage.tsdb.path={folder / 'data'}",

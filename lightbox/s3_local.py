@@ -14,7 +14,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -23,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from lightbox.launch import cache_root, find_java, free_port, maven_jars, pid_alive
+from lightbox.launch import cache_root, find_java, free_port, maven_jars, pid_alive, terminate
 
 __all__ = [
     "S3PROXY_VERSION",
@@ -78,9 +77,6 @@ def _java() -> str:
     return find_java("s3proxy", S3LaunchError)
 
 
-_free_port = free_port
-
-
 def _answers_http(port: int) -> bool:
     """True once the server answers an HTTP request (any status: an unsigned request gets 403)."""
     try:
@@ -89,9 +85,6 @@ def _answers_http(port: int) -> bool:
             return s.recv(12).startswith(b"HTTP/1.")
     except OSError:
         return False
-
-
-_pid_alive = pid_alive
 
 
 @dataclass
@@ -140,7 +133,7 @@ class LocalS3:
         lib = ensure_jars()
         owns = data_dir is None
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-s3-"))
-        port = port or _free_port()
+        port = port or free_port()
         s3 = cls(pid=0, port=port, data_dir=str(ddir), owns_data_dir=owns,
                  access_key=access_key or f"lightbox-{secrets.token_hex(4)}",
                  secret_key=secret_key or secrets.token_urlsafe(24))
@@ -176,31 +169,13 @@ class LocalS3:
             return "(no log)"
 
     def alive(self) -> bool:
-        return _pid_alive(self.pid) and _answers_http(self.port)
+        return pid_alive(self.pid) and _answers_http(self.port)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout_s``; removes a temporary data folder."""
-        for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 5.0)):
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                break
-            if self._wait_gone(wait):
-                break
+        terminate(self.pid, timeout_s)
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def _wait_gone(self, timeout_s: float) -> bool:
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            try:
-                if os.waitpid(self.pid, os.WNOHANG)[0]:
-                    return True
-            except ChildProcessError:  # not our child (`lightbox s3 down` from another shell)
-                if not _pid_alive(self.pid):
-                    return True
-            time.sleep(0.1)
-        return False
 
     def save_state(self) -> Path:
         """The CLI keeps the server it started in a state file (mode 600: it holds the secret)."""
