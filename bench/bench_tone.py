@@ -34,21 +34,15 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import skimage.data
 from skimage.color import deltaE_ciede2000, rgb2lab
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.retouch import CpuRetoucher
+from tests.test_tone import PRODUCTS, lstar_error, mean_lstar, photo, product_scene
 
-PRODUCTS = {
-    "red": (150, 30, 40),
-    "navy": (25, 35, 90),
-    "black": (20, 20, 22),
-    "white": (245, 245, 245),
-    "orange": (240, 120, 20),
-}
+SIZE = {"h": 480, "w": 640}  # the bench's product shots: twice the test's
 PHOTOS = ("astronaut", "coffee", "chelsea")
 
 RUN = """
@@ -66,20 +60,6 @@ np.savez(sys.argv[2], **out)
 """
 
 
-def product_scene(rgb: tuple[int, int, int], h: int = 480, w: int = 640) -> tuple[np.ndarray, np.ndarray]:
-    """A flat product (an ellipse, +-2 levels of noise) on a white backdrop, and its mask."""
-    yy, xx = np.mgrid[:h, :w]
-    inside = ((yy - h / 2) / (0.32 * h)) ** 2 + ((xx - w / 2) / (0.28 * w)) ** 2 <= 1.0
-    noise = np.random.default_rng(7).integers(-2, 3, (h, w, 3))
-    image = np.full((h, w, 3), 255, np.int16)
-    image[inside] = np.clip(np.array(rgb) + noise[inside], 0, 255)
-    return image.astype(np.uint8), np.where(inside, 255, 0).astype(np.uint8)
-
-
-def photo(name: str) -> np.ndarray:
-    return np.ascontiguousarray(getattr(skimage.data, name)()[..., :3])
-
-
 def photo_variants(name: str) -> dict[str, np.ndarray]:
     base = photo(name).astype(np.float64)
     return {
@@ -92,9 +72,9 @@ def photo_variants(name: str) -> dict[str, np.ndarray]:
 def tone_scenes() -> dict[str, tuple[np.ndarray, np.ndarray | None]]:
     items: dict[str, tuple[np.ndarray, np.ndarray | None]] = {}
     for name, rgb in PRODUCTS.items():
-        items[f"product_{name}"] = product_scene(rgb)
+        items[f"product_{name}"] = product_scene(rgb, **SIZE)
     for name, rgb in PRODUCTS.items():
-        image, mask = product_scene(rgb)
+        image, mask = product_scene(rgb, **SIZE)
         items[f"product_{name}_dark45"] = ((image * 0.45).astype(np.uint8), mask)
     for name in PHOTOS:
         items[f"photo_{name}_original"] = (photo(name), None)
@@ -132,14 +112,6 @@ def product_measures(
     return float(np.median(de)), float(np.percentile(de, 95)), float(newly), str(tuple(med.tolist()))
 
 
-def mean_lstar(image: np.ndarray) -> float:
-    return float(rgb2lab(image)[..., 0].mean())
-
-
-def lstar_error(reference: np.ndarray, image: np.ndarray) -> float:
-    return float(np.abs(rgb2lab(reference)[..., 0] - rgb2lab(image)[..., 0]).mean())
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=Path, help="a checkout of the code to compare with")
@@ -154,7 +126,7 @@ def main() -> None:
     for key, (image, mask) in items.items():
         if mask is None:
             continue
-        reference = product_scene(PRODUCTS[key.split("_")[1]])[0]  # the well-exposed shot
+        reference = product_scene(PRODUCTS[key.split("_")[1]], **SIZE)[0]  # the well-exposed shot
         cells = []
         for n in names:
             d50, d95, clip, med = product_measures(reference, mask, runs[n][key], image)
