@@ -23,22 +23,31 @@ the memory budget, and ``"deadline"`` at::
 i.e. its oldest item still leaves in time to finish within the SLO, and never waits more than
 ``max_wait_s``.
 
-The allowed size (``allowed_size(now)``) is ``min(knee, max(for_rate, backlog))``:
+The allowed size (``allowed_size(now)``) has two regimes.
 
-- ``knee`` (:mod:`agents.controller`): past it, per-item service time no longer improves
-  enough; it also keeps the predicted service time within ``slo_s - max_wait_s``, so a jump in
-  service time shrinks it at once.
-- ``for_rate``: the smallest size whose throughput carries the measured arrival rate at
-  ``target_utilization`` — 1 at light load, so an item leaves on arrival.
-- ``backlog``: a bucket that reached the allowed size (>= 2) within ``backlog_fraction`` of its
-  predicted service time was filled from a backlog, not by live arrivals: allow twice its size.
-  Every other close of a bucket of 2+ items, and every deadline close, halves it.
+Light load (the default): ``for_rate`` (:mod:`agents.controller`), the smallest size whose
+predicted device throughput carries the measured arrival rate at ``target_utilization``, capped
+at the ``knee`` of the device model — 1 at light load, so an item leaves on arrival.
 
-The backlog signal is what lets batches grow under overload with the recommended driving loop
-(double buffering): pull events and ``add`` them only while no closed batch is waiting for the
-device; while one waits, events stay in the consumer. The arrival rate the batcher sees is then
-capped by the device's throughput at the current size, so the rate alone grows batches slowly;
-a bucket filling in a blink from the backlog doubles them per batch up to the knee.
+Saturation: a bucket that reached the allowed size (>= 2) within ``backlog_fraction`` of its
+batch's time (the device model's, or the worker's measured time at saturation when longer) was
+filled from a backlog, not by live arrivals. From then on a
+:class:`~agents.controller.SaturationClimber` sets the size from the *measured* interval between
+batches closed from the backlog — the whole worker's time per batch, per-batch costs outside the
+device lane included, which the device model does not see — climbing by doubling while a
+doubling pays more than ``knee_tolerance``, within the SLO cap (the largest size whose predicted
+service time fits ``slo_s - max_wait_s``). A deadline close, or a bucket that did not fill from
+the backlog, halves the size; at 0 the light-load rule is back.
+
+A batch of 1 closes on arrival, so it cannot show a backlog: after ``probe_after`` arrivals in a
+row each within ``max_wait_s`` of the previous one, one bucket is allowed 2 items (a probe). Under
+a backlog it fills at once and saturation begins; at light load it closes at its deadline or with
+the next arrival, which came within ``max_wait_s`` anyway. Sparser arrivals are never probed.
+
+The saturation signal needs the recommended driving loop (double buffering): pull events and
+``add`` them only while no closed batch is waiting for the device; while one waits, events stay
+in the consumer. The arrival rate the batcher sees is then capped by the worker's throughput at
+the current size, so the rate alone would not grow batches past what the device model asks for.
 """
 
 from __future__ import annotations
@@ -51,10 +60,12 @@ from typing import Any, Generic, TypeVar
 
 from agents.controller import (
     ArrivalRate,
+    SaturationClimber,
     ServiceModel,
     knee_size,
     plan_throughput,
     size_for_rate,
+    slo_cap,
 )
 
 __all__ = ["Batch", "BatchingConfig", "CloseReason", "MicroBatcher"]
@@ -75,7 +86,11 @@ class BatchingConfig:
     ``jump_ratio`` > 1: a service time this many times off its estimate rescales the model.
     ``rate_window_s``: time constant of the arrival-rate estimate.
     ``backlog_fraction`` [0..1): a batch that filled to the allowed size within this share of
-    its predicted service time was filled from a backlog (see the module docstring).
+    its batch's time was filled from a backlog (see the module docstring).
+    ``climb_settle``, ``climb_dwell``, ``climb_refresh``: the saturation climber's batches let pass
+    after a size change, intervals averaged per decision, and decisions a measurement stays
+    recent (:class:`~agents.controller.SaturationClimber`). ``probe_after``: arrivals in a row
+    within ``max_wait_s`` before a bucket of 2 probes for a backlog.
     """
 
     slo_s: float = 0.25
@@ -89,6 +104,10 @@ class BatchingConfig:
     jump_ratio: float = 2.0
     rate_window_s: float = 0.25
     backlog_fraction: float = 0.1
+    climb_settle: int = 4
+    climb_dwell: int = 4
+    climb_refresh: int = 8
+    probe_after: int = 8
 
     def __post_init__(self) -> None:
         checks = {
@@ -103,6 +122,10 @@ class BatchingConfig:
             "jump_ratio": self.jump_ratio > 1,
             "rate_window_s": self.rate_window_s > 0,
             "backlog_fraction": 0 <= self.backlog_fraction < 1,
+            "climb_settle": self.climb_settle >= 0,
+            "climb_dwell": self.climb_dwell >= 1,
+            "climb_refresh": self.climb_refresh >= 1,
+            "probe_after": self.probe_after >= 1,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
@@ -187,7 +210,13 @@ class MicroBatcher(Generic[T]):
         self._now = -math.inf
         self._plan: list[float] = [1.0]
         self._knee = 1
-        self._boost = 0  # size earned by buckets that filled from a backlog (module docstring)
+        self._cap = self.config.max_batch  # the SLO's largest size
+        cfg = self.config
+        self._climb = SaturationClimber(tolerance=cfg.knee_tolerance, settle=cfg.climb_settle, dwell=cfg.climb_dwell,
+                                        refresh=cfg.climb_refresh)
+        self._last_add = -math.inf
+        self._last_close = -math.inf
+        self._short_gaps = 0  # arrivals in a row within max_wait_s of the previous one
 
     @property
     def pending(self) -> int:
@@ -202,6 +231,8 @@ class MicroBatcher(Generic[T]):
             raise ValueError(f"MicroBatcher.add: nbytes must be >= 0; got {nbytes!r}")
         now = self._tick(now)
         self._arrivals.observe(now)
+        self._short_gaps = self._short_gaps + 1 if now - self._last_add <= self.config.max_wait_s else 0
+        self._last_add = now
         closed: list[Batch[T]] = []
         bucket = self._buckets.get(shape_class)
         if bucket is not None and bucket.nbytes + nbytes > self.config.memory_budget_bytes:
@@ -236,6 +267,8 @@ class MicroBatcher(Generic[T]):
         """Close every bucket now, highest priority first, then oldest first."""
         closed = [b.close(CloseReason.FLUSH) for b in self._buckets.values()]
         self._buckets.clear()
+        if closed:
+            self._last_close = -math.inf  # the next interval would not be a batch's time
         return _by_priority(closed)
 
     def record_service(self, batch_size: int, seconds: float) -> None:
@@ -250,6 +283,7 @@ class MicroBatcher(Generic[T]):
             self._model, max_size=self.config.max_batch, budget_s=self.config.service_budget_s
         )
         self._knee = knee_size(self._plan, self.config.knee_tolerance)
+        self._cap = slo_cap(self._model, max_size=self.config.max_batch, budget_s=self.config.service_budget_s)
 
     def device_done(self, items: Sequence[T]) -> None:
         """The driver's notice that a batch left the device lane; a single batcher needs none
@@ -260,8 +294,17 @@ class MicroBatcher(Generic[T]):
         if self.config.fixed_batch is not None:
             return self.config.fixed_batch
         rate = self._arrivals.rate(max(now, self._now))
-        for_rate = size_for_rate(self._plan, self._knee, rate, self.config.target_utilization)
-        return min(self._knee, max(for_rate, self._boost))
+        size = size_for_rate(self._plan, self._knee, rate, self.config.target_utilization)
+        if self._climb.size:
+            return min(max(size, self._climb.size), self._cap)
+        if size == 1 and self._short_gaps >= self.config.probe_after:
+            return min(2, self._cap)
+        return size
+
+    @property
+    def saturated_size(self) -> int:
+        """The saturation climber's size (0: light load; see the module docstring)."""
+        return self._climb.size
 
     def predicted_service_s(self, batch_size: int) -> float:
         """The model's service time in seconds for ``batch_size`` items (0.0 before data)."""
@@ -271,12 +314,25 @@ class MicroBatcher(Generic[T]):
         """Close a bucket, and learn from how it filled whether a backlog is waiting."""
         bucket = self._buckets.pop(key)
         size = len(bucket.items)
-        if reason is CloseReason.DEADLINE:
-            self._boost //= 2
-        elif reason is CloseReason.FULL and size >= max(2, allowed):
-            fill_s = bucket.last_at - bucket.opened_at
-            from_backlog = fill_s <= self.config.backlog_fraction * self._model.predict(size)
-            self._boost = 2 * size if from_backlog else self._boost // 2
+        interval, self._last_close = self._now - self._last_close, self._now
+        if size >= 2 or reason is CloseReason.DEADLINE:
+            self._short_gaps = 0  # a probe, or a batch that needed none, is over
+        if reason is CloseReason.FULL and size >= allowed:
+            if size >= 2:
+                measured = self._climb.per_item_s(size)
+                batch_s = max(self._model.predict(size), 0.0 if measured is None else measured * size)
+                backlog = bucket.last_at - bucket.opened_at <= self.config.backlog_fraction * batch_s
+            elif self._climb.size == 1:  # a batch of 1 closes on arrival: it came as fast as the worker works
+                measured = self._climb.per_item_s(1)
+                backlog = interval <= (self.config.max_wait_s if measured is None else 2 * measured)
+            else:  # light load; a probe of 2 tells a backlog
+                return bucket.close(reason)
+            if backlog:
+                self._climb.backlog_close(size, interval, self._cap)
+            elif self._climb.size:
+                self._climb.relax()
+        elif reason is CloseReason.DEADLINE and self._climb.size:
+            self._climb.relax()
         return bucket.close(reason)
 
     def _deadline(self, bucket: _Bucket[T]) -> float:

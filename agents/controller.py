@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["ArrivalRate", "ServiceModel", "knee_size", "plan_throughput", "size_for_rate"]
+__all__ = ["ArrivalRate", "SaturationClimber", "ServiceModel", "knee_size", "plan_throughput", "size_for_rate",
+           "slo_cap"]
 
 _TINY_S = 1e-9  # service times are clamped to [_TINY_S, _HUGE_S], so ratios stay finite
 _HUGE_S = 1e9
@@ -165,3 +166,111 @@ def size_for_rate(plan: list[float], knee: int, rate: float, utilization: float)
     """Smallest size ``<= knee`` whose throughput covers ``rate / utilization``; else ``knee``."""
     needed = rate / utilization
     return next((i + 1 for i in range(knee) if plan[i] >= needed), knee)
+
+
+class SaturationClimber:
+    """The batch size at saturation, found on the measured throughput of the whole worker.
+
+    Under a backlog, what limits throughput is often not the device lane the
+    :class:`ServiceModel` sees but per-batch costs elsewhere (thread hops, Avro, produce, acks):
+    with tiny images a batch of 1 can be cheap on the device and still cap the worker at a few
+    hundred events/s. The driver then feeds the batcher only as fast as the slowest lane takes
+    batches, so the interval between two batches that closed from a backlog is that lane's time
+    per batch: ``interval / size`` is the whole worker's time per item at that size, whatever the
+    bottleneck is.
+
+    The climber holds the current size (``size``; 0 when not saturated) and, per size, the
+    measured time per item and when it was measured (a count of decisions). At each size it lets
+    ``settle`` batches pass (the lanes still hold batches of the previous size), averages the next
+    ``dwell`` intervals, then decides (while twice the size was never measured, it climbs faster:
+    one batch passes and one interval decides — the lag makes that figure optimistic, which only
+    speeds the climb; later dwells at full length correct it):
+
+    - ``target``: the smallest size measured in the last ``refresh`` decisions whose time per item
+      is within ``tolerance`` of the best one so measured (past it, larger batches only add latency);
+    - at the target, it explores one neighbour not measured recently — twice the size first
+      (within ``cap``), else half — so an early, noisy or outdated figure never locks a size in;
+    - elsewhere it moves to the target.
+
+    So it climbs by doubling while each doubling pays more than ``tolerance``, and stays within
+    ``tolerance`` of the best size it measured, re-measuring the neighbours every ``refresh``
+    decisions. Sizes are powers of two, plus ``cap`` itself.
+    """
+
+    def __init__(self, *, tolerance: float = 0.05, settle: int = 4, dwell: int = 4, refresh: int = 8) -> None:
+        self.size = 0
+        self._tolerance, self._settle, self._dwell, self._refresh = tolerance, settle, dwell, refresh
+        self._per_item: dict[int, tuple[float, int]] = {}  # size -> (seconds per item, decision stamp)
+        self._decisions = 0
+        self._closes = 0
+        self._sum_s = 0.0
+        self._sum_items = 0
+        self._samples = 0
+
+    def per_item_s(self, size: int) -> float | None:
+        """The measured seconds per item at ``size``, recent or not; None if never measured."""
+        seen = self._per_item.get(size)
+        return None if seen is None else seen[0]
+
+    def backlog_close(self, size: int, interval_s: float, cap: int) -> None:
+        """A batch of ``size`` closed from a backlog ``interval_s`` after the previous batch
+        closed (``inf`` when there was none); ``cap`` is the largest size allowed now."""
+        if self.size == 0:
+            self._move(max(1, min(size, cap)))
+            return
+        climbing = self.size < cap and min(2 * self.size, cap) not in self._per_item  # up: never measured
+        settle, dwell = (1, 1) if climbing else (self._settle, self._dwell)
+        self._closes += 1
+        if self._closes > settle and math.isfinite(interval_s) and size == self.size:
+            self._sum_s += interval_s
+            self._sum_items += size
+            self._samples += 1
+        if self._samples >= dwell:
+            self._decide(cap)
+        elif self.size > cap:
+            self._move(_grid_floor(cap))
+
+    def relax(self) -> None:
+        """A batch did not fill from a backlog: halve the size (0 = not saturated any more);
+        the measurements are kept."""
+        self._move(self.size // 2)
+
+    def _decide(self, cap: int) -> None:
+        measured = self._sum_s / self._sum_items
+        old = self._per_item.get(self.size)
+        if old is not None and self._decisions - old[1] <= self._refresh:
+            measured = (old[0] + measured) / 2
+        self._decisions += 1
+        self._per_item[self.size] = (measured, self._decisions)
+        fresh = {b: s for b, (s, stamp) in self._per_item.items()
+                 if b <= cap and self._decisions - stamp <= self._refresh}
+        if not fresh:  # the cap fell below every size measured recently
+            self._move(_grid_floor(cap))
+            return
+        best = min(fresh.values())
+        target = min(b for b, s in fresh.items() if s <= best * (1 + self._tolerance))
+        if target != self.size:
+            self._move(target)
+            return
+        up = min(2 * self.size, cap) if self.size < cap else None
+        down = _grid_floor(self.size - 1) if self.size > 1 else None
+        explore = next((b for b in (up, down) if b is not None and b not in fresh), None)
+        self._move(self.size if explore is None else explore)
+
+    def _move(self, size: int) -> None:
+        self.size = size
+        self._closes = 0
+        self._sum_s = 0.0
+        self._sum_items = 0
+        self._samples = 0
+
+
+def _grid_floor(size: int) -> int:
+    """The largest power of two <= ``size`` (``size`` >= 1)."""
+    return 1 << (max(size, 1).bit_length() - 1)
+
+
+def slo_cap(model: ServiceModel, *, max_size: int, budget_s: float) -> int:
+    """The largest size ``<= max_size`` whose predicted service time is within ``budget_s``
+    (at least 1; every size before any data)."""
+    return next((b for b in range(max_size, 1, -1) if model.predict(b) <= budget_s), 1)

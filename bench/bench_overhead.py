@@ -28,6 +28,13 @@ Per run it also records the worker's CPU time per event (from /proc, between the
 last output: robust to other load) and the cores other processes kept busy meanwhile: the
 machine is shared, so compare variants within a round and read the ranges.
 
+``--batching``: instead of the variants above, this tree's worker at saturation with the adaptive
+batcher (``adaptive``) and with fixed batch sizes (``fixed-1``, ``fixed-4``, ``fixed-16``, ``fixed-64``;
+``--fixed`` picks others), and the adaptive batcher of ``--baseline`` (``adaptive-baseline``; ``''``
+for none), all with ``LIGHTBOX_MAX_BATCH`` = ``--max-batch`` (default 64) so the adaptive one may
+reach every fixed size. The summary gives ``adaptive_vs_best_fixed``: the adaptive
+median over the best fixed median, and the same ratio per round (issue 15's goal: >= 0.9).
+
 ``--profile DIR``: py-spy (``pip install py-spy``) samples each worker of the first round while
 it works (``DIR/<variant>.txt``: collapsed stacks, every thread) and the benchmark prints the
 threads and the event-loop functions with the most samples.
@@ -214,7 +221,12 @@ def _command(b: Bench, variant: str, env: dict[str, str]) -> tuple[list[str], Pa
         env["PYTHONPATH"] = str(ROOT)
         prof = [] if b.cprofile is None else ["-m", "cProfile", "-o", str(b.cprofile / "framework.prof")]
         return [sys.executable, *prof, str(Path(__file__).resolve()), "--null-worker"], ROOT
-    if variant == "baseline":
+    if variant == "adaptive" or variant.startswith("fixed-"):  # --batching: this tree's worker
+        env["PYTHONPATH"] = str(ROOT)
+        if variant.startswith("fixed-"):
+            env["LIGHTBOX_FIXED_BATCH"] = variant.removeprefix("fixed-")
+        return [sys.executable, "-m", "lightbox.cli", "worker"], ROOT
+    if variant in ("baseline", "adaptive-baseline"):
         assert b.baseline_dir is not None
         env["PYTHONPATH"] = str(b.baseline_dir)
         return [sys.executable, "-m", "lightbox.cli", "worker"], b.baseline_dir
@@ -461,6 +473,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-floor", action="store_true", help="skip the pure-aiokafka floor")
     ap.add_argument("--only", default="",
                     help="comma-separated variants: current, baseline, framework, framework-baseline, floor")
+    ap.add_argument("--batching", action="store_true",
+                    help="adaptive vs fixed batch sizes at saturation, side by side (see the module docstring)")
+    ap.add_argument("--fixed", default="1,4,16,64", help="--batching: the fixed batch sizes to compare")
+    ap.add_argument("--max-batch", type=int, default=64, help="--batching: LIGHTBOX_MAX_BATCH of every variant")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy every worker of round 1 into DIR")
     ap.add_argument("--cprofile", type=Path, default=None,
                     help="run the current worker under cProfile (event-loop thread) into DIR/current.prof")
@@ -485,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
     variants = ["current"] + (["baseline"] if args.baseline else [])
     if not args.no_floor:
         variants += ["framework"] + (["framework-baseline"] if args.baseline else []) + ["floor"]
+    if args.batching:
+        variants = (["adaptive"] + (["adaptive-baseline"] if args.baseline else [])
+                    + [f"fixed-{int(n)}" for n in args.fixed.split(",")])
+        args.worker_env.append(f"LIGHTBOX_MAX_BATCH={args.max_batch}")
     if args.only:
         variants = [v for v in variants if v in args.only.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="lightbox-overhead-"))
@@ -527,10 +547,23 @@ def main(argv: list[str] | None = None) -> int:
         cpu = sorted(r.worker_cpu_ms_per_event for r in runs if r.variant == v)
         summary[v] = {"events_per_s": {"min": rates[0], "max": rates[-1], "median": rates[len(rates) // 2]},
                       "worker_cpu_ms_per_event": {"min": cpu[0], "max": cpu[-1]}}
-    for new, old in (("current", "baseline"), ("framework", "framework-baseline")):
+    for new, old in (("current", "baseline"), ("framework", "framework-baseline"), ("adaptive", "adaptive-baseline")):
         if new in summary and old in summary:
             summary[f"{new}_vs_{old}"] = (summary[new]["events_per_s"]["median"]
                                           / summary[old]["events_per_s"]["median"])
+    fixed = [v for v in variants if v.startswith("fixed-")]
+    if "adaptive" in summary and fixed:
+        best = max(fixed, key=lambda v: summary[v]["events_per_s"]["median"])
+        summary["best_fixed"] = best
+        summary["adaptive_vs_best_fixed"] = (summary["adaptive"]["events_per_s"]["median"]
+                                             / summary[best]["events_per_s"]["median"])
+        by_round = {rnd: {r.variant: r.events_per_s for r in runs if r.round == rnd}
+                    for rnd in range(1, args.rounds + 1)}
+        summary["adaptive_vs_best_fixed_per_round"] = [
+            rates["adaptive"] / max(rates[v] for v in fixed) for rates in by_round.values()
+            if "adaptive" in rates and all(v in rates for v in fixed)]
+        summary["mean_batch"] = {v: sum(r.mean_batch for r in runs if r.variant == v)
+                                 / max(1, sum(1 for r in runs if r.variant == v)) for v in variants}
     if "current" in summary:
         summary["current_vs_issue_figure"] = summary["current"]["events_per_s"]["median"] / (sum(ISSUE_FIGURE) / 2)
         summary["goal_2000_per_s_met"] = summary["current"]["events_per_s"]["median"] >= 2000
