@@ -323,9 +323,9 @@ class MicroBatcher(Generic[T]):
                 measured = self._climb.per_item_s(size)
                 batch_s = max(self._model.predict(size), 0.0 if measured is None else measured * size)
                 backlog = bucket.last_at - bucket.opened_at <= self.config.backlog_fraction * batch_s
-            elif self._climb.size == 1:  # a batch of 1 closes on arrival: it came as fast as the worker works
-                measured = self._climb.per_item_s(1)
-                backlog = interval <= (self.config.max_wait_s if measured is None else 2 * measured)
+            elif self._climb.size == 1:  # walked down to 1: arrivals as fast as the worker works at 1 or 2
+                ref = self._climb.per_item_s(1) or self._climb.per_item_s(2)
+                backlog = ref is not None and interval <= 3 * ref
             else:  # light load; a probe of 2 tells a backlog
                 return bucket.close(reason)
             if backlog:

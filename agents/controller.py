@@ -46,6 +46,7 @@ class ServiceModel:
         self._alpha = alpha
         self._jump_ratio = jump_ratio
         self._ewma: dict[int, float] = {}
+        self._seen: dict[int, int] = {}  # observations per size
         self._a = 0.0  # fitted intercept, seconds
         self._c = 0.0  # fitted slope, seconds per item
 
@@ -61,17 +62,28 @@ class ServiceModel:
 
     def observe(self, size: int, seconds: float) -> bool:
         """Fold in one batch's service time (clamped to [1 ns, 1e9 s]). Returns True when it
-        was a jump, i.e. the whole model was rescaled."""
+        was a jump, i.e. the whole model was rescaled.
+
+        The first batch of a new size often pays one-time costs (allocations, kernels compiled
+        for the shape): its time is capped at ``jump_ratio`` times what the other sizes predict,
+        and a later jump off a size seen only once replaces that one estimate instead of
+        rescaling every size by a warm-up's ratio."""
         seconds = _clamp(seconds)
         old = self._ewma.get(size)
         jumped = old is not None and not 1 / self._jump_ratio <= seconds / old <= self._jump_ratio
         if old is None:
+            if self._ewma:
+                seconds = min(seconds, self._jump_ratio * self.predict(size))
             self._ewma[size] = seconds
+        elif jumped and self._seen.get(size, 0) < 2:
+            self._ewma[size] = seconds
+            jumped = False
         elif jumped:
             self._ewma = {b: _clamp(t * seconds / old) for b, t in self._ewma.items()}
             self._ewma[size] = seconds
         else:
             self._ewma[size] = old + self._alpha * (seconds - old)
+        self._seen[size] = self._seen.get(size, 0) + 1
         self._refit()
         return jumped
 
@@ -233,9 +245,9 @@ class SaturationClimber:
             self._move(_grid_floor(cap))
 
     def relax(self) -> None:
-        """A batch did not fill from a backlog: halve the size (0 = not saturated any more);
-        the measurements are kept."""
-        self._move(self.size // 2)
+        """A batch did not fill from a backlog: halve the size, or leave saturation (0) from 2
+        or 1 (a batch of 1 cannot show a backlog); the measurements are kept."""
+        self._move(self.size // 2 if self.size > 2 else 0)
 
     def _decide(self, cap: int) -> None:
         measured = self._sum_s / self._sum_items

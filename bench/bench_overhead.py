@@ -37,6 +37,11 @@ median over the best fixed median, and the same ratio per round (issue 15's goal
 ``adaptive_vs_best_fixed_cpu``: the same on the worker's CPU time per event (best fixed over
 adaptive), which other load on a shared machine disturbs much less.
 
+``--batching --light RATE``: the same variants at light load: ``--events`` published at RATE
+events/s (open loop) while the worker runs; per run the mean batch and the latency p50/p99 (input
+create time to output append time, both broker-side). The adaptive batcher should keep batches
+near 1 and batch-1 latency there.
+
 ``--profile DIR``: py-spy (``pip install py-spy``) samples each worker of the first round while
 it works (``DIR/<variant>.txt``: collapsed stacks, every thread) and the benchmark prints the
 threads and the event-loop functions with the most samples.
@@ -77,6 +82,7 @@ __all__ = ["RunResult", "main"]
 PARTITIONS = 4
 PRESETS_FILE = ROOT / "bench" / "presets_64.toml"
 PRESET = "tiny_64"
+LIGHT_WARMUP = 1  # --light: events published before the worker starts (start-up is not measured)
 ISSUE_FIGURE = (235.0, 257.0)  # events/s per worker the issue measured on the runner before its rewrite
 
 
@@ -93,6 +99,8 @@ class RunResult:
     other_cpu_cores: float
     startup_s: float  # worker start until its first output
     mean_batch: float  # the decode batch each processed event ran in, averaged over events
+    latency_p50_ms: float = float("nan")  # --light: input create time to output append time
+    latency_p99_ms: float = float("nan")
 
 
 # ----------------------------------------------------------------------------------- inputs
@@ -139,6 +147,45 @@ async def publish_backlog(bootstrap: str, topic: str, n: int, images: list[bytes
                             lighting=lighting)
             futs.append(await prod.publish(ev))
         await prod.flush(futs)
+
+
+async def publish_paced(bootstrap: str, topic: str, n: int, images: list[bytes], lighting: str, rate: float,
+                        first: int = 0) -> None:
+    """``n`` events at ``rate`` per second (open loop: the schedule does not wait for the worker)."""
+    from streams.producer import ImageProducer
+
+    async with ImageProducer(bootstrap, topic) as prod:
+        futs = []
+        start = time.monotonic()
+        for i in range(first, first + n):
+            await asyncio.sleep(max(0.0, start + (i - first) / rate - time.monotonic()))
+            ev = prod.event({"data": images[i % len(images)]}, sku=f"SKU-{i}", image_id=f"tiny-{i}.jpg",
+                            presets=[PRESET], content_type="image/jpeg", background="KEEP", lighting=lighting)
+            futs.append(await prod.publish(ev))
+        await prod.flush(futs)
+
+
+async def latencies_ms(bootstrap: str, inputs: str, outputs: list[str], skip: int) -> list[float]:
+    """Per event (by key), the output's append time less the input's create time; the first
+    ``skip`` inputs (warm-up) left out."""
+    async def read(topics: list[str]) -> dict[bytes, int]:
+        consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None,
+                                    enable_auto_commit=False, auto_offset_reset="earliest")
+        await consumer.start()
+        try:
+            parts = [TopicPartition(t, p) for t in topics for p in range(PARTITIONS)]
+            ends = await consumer.end_offsets(parts)
+            seen: dict[bytes, int] = {}
+            while sum(ends.values()) > sum([await consumer.position(tp) for tp in parts]):
+                for records in (await consumer.getmany(timeout_ms=500, max_records=2000)).values():
+                    seen.update({r.key: r.timestamp for r in records if r.key is not None})
+            return seen
+        finally:
+            await consumer.stop()
+
+    sent, done = await read([inputs]), await read(outputs)
+    warm = {f"SKU-{i}".encode() for i in range(skip)}
+    return sorted(float(done[k] - t) for k, t in sent.items() if k in done and k not in warm)
 
 
 async def output_count(consumer: AIOKafkaConsumer, parts: list[TopicPartition]) -> int:
@@ -210,6 +257,7 @@ class Bench:
     worker_env: dict[str, str]
     lighting: str
     cprofile: Path | None = None
+    light_rate: float | None = None  # --light: events/s published while the worker runs
 
 
 def _command(b: Bench, variant: str, env: dict[str, str]) -> tuple[list[str], Path]:
@@ -243,7 +291,10 @@ async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> Run
     tag = f"{variant}-{rnd}-{uuid.uuid4().hex[:6]}"
     topics = {k: f"overhead.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
     await create_topics(b.bootstrap, topics)
-    await publish_backlog(b.bootstrap, topics["input"], b.events, b.images, b.lighting)
+    if b.light_rate is None:
+        await publish_backlog(b.bootstrap, topics["input"], b.events, b.images, b.lighting)
+    else:  # --light: one warm-up event now, the rest paced once the worker has answered it
+        await publish_backlog(b.bootstrap, topics["input"], LIGHT_WARMUP, b.images, b.lighting)
     env = {**os.environ, "LIGHTBOX_KAFKA_BOOTSTRAP": b.bootstrap, "LIGHTBOX_GROUP_ID": f"overhead-{tag}",
            "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
            "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
@@ -267,6 +318,7 @@ async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> Run
     try:
         pids = {"worker": proc.pid, "broker": b.broker_pid, "bench": os.getpid()}
         first: dict[str, float] | None = None
+        paced: asyncio.Task[None] | None = None
         startup_s = float("nan")
         deadline = time.monotonic() + 600
         while True:
@@ -275,17 +327,23 @@ async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> Run
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{tag}: outputs did not arrive in time; see {log_path}")
             count = await output_count(watcher, parts)
+            if count and b.light_rate is not None and paced is None:
+                paced = asyncio.create_task(publish_paced(b.bootstrap, topics["input"], b.events, b.images,
+                                                          b.lighting, b.light_rate, first=LIGHT_WARMUP))
             if count and first is None:
                 first = _sample(pids)
                 startup_s = first["wall"] - t_start
                 if profile is not None:
                     spy = _start_profiler(proc.pid, profile / f"{variant}.txt")
-            if count >= b.events:
+            if count >= b.events + (0 if b.light_rate is None else LIGHT_WARMUP):
                 break
             await asyncio.sleep(0.1)
         assert first is not None
         end = _sample(pids)
     finally:
+        if paced is not None:
+            paced.cancel()
+            await asyncio.gather(paced, return_exceptions=True)
         if spy is not None:
             _stop_profiler(spy, profile / f"{variant}.txt" if profile else None)
         await watcher.stop()
@@ -295,7 +353,10 @@ async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> Run
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    times, per_topic, types, mean_batch = await append_times(b.bootstrap, [topics["output"], topics["dlq"]], b.events)
+    total = b.events + (0 if b.light_rate is None else LIGHT_WARMUP)
+    times, per_topic, types, mean_batch = await append_times(b.bootstrap, [topics["output"], topics["dlq"]], total)
+    lat = ([] if b.light_rate is None else
+           await latencies_ms(b.bootstrap, topics["input"], [topics["output"], topics["dlq"]], LIGHT_WARMUP))
     if types != {1}:
         print(f"  ! {tag}: timestamp types {sorted(types)} (1 = LogAppendTime expected)", flush=True)
     span = (times[-1] - times[0]) / 1000 if len(times) > 1 else float("nan")
@@ -305,7 +366,9 @@ async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> Run
                      dead_letters=per_topic[topics["dlq"]], events_per_s=(len(times) - 1) / span if span else 0.0,
                      span_s=span, worker_cpu_ms_per_event=1000 * d["worker"] / max(1, len(times)),
                      other_cpu_cores=max(0.0, others) / max(1e-3, d["wall"]), startup_s=startup_s,
-                     mean_batch=mean_batch)
+                     mean_batch=mean_batch,
+                     latency_p50_ms=lat[len(lat) // 2] if lat else float("nan"),
+                     latency_p99_ms=lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else float("nan"))
 
 
 # ----------------------------------------------------------------------------------- profiling
@@ -479,6 +542,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="adaptive vs fixed batch sizes at saturation, side by side (see the module docstring)")
     ap.add_argument("--fixed", default="1,4,16,64", help="--batching: the fixed batch sizes to compare")
     ap.add_argument("--max-batch", type=int, default=64, help="--batching: LIGHTBOX_MAX_BATCH of every variant")
+    ap.add_argument("--light", type=float, default=None, metavar="RATE",
+                    help="--batching at light load: publish --events at RATE events/s while the worker runs "
+                         "(open loop) and report latency p50/p99 and the mean batch instead of saturation")
     ap.add_argument("--profile", type=Path, default=None, help="py-spy every worker of round 1 into DIR")
     ap.add_argument("--cprofile", type=Path, default=None,
                     help="run the current worker under cProfile (event-loop thread) into DIR/current.prof")
@@ -526,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         b = Bench(bootstrap=bootstrap, broker_pid=broker_pid, events=args.events, images=tiny_jpegs(),
                   workdir=workdir, baseline_dir=baseline_dir,
                   worker_env=dict(kv.split("=", 1) for kv in args.worker_env), lighting=args.lighting,
-                  cprofile=args.cprofile)
+                  cprofile=args.cprofile, light_rate=args.light)
         runs: list[RunResult] = []
         for rnd in range(1, args.rounds + 1):
             order = variants[(rnd - 1) % len(variants):] + variants[:(rnd - 1) % len(variants)]
@@ -537,7 +603,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {rnd} {variant:9s} {r.events_per_s:8.0f} events/s  "
                       f"cpu {r.worker_cpu_ms_per_event:5.2f} ms/event  other cores {r.other_cpu_cores:4.2f}  "
                       f"outputs {r.outputs} dead {r.dead_letters}  span {r.span_s:.2f} s  "
-                      f"start {r.startup_s:.1f} s  batch {r.mean_batch:.1f}", flush=True)
+                      f"start {r.startup_s:.1f} s  batch {r.mean_batch:.1f}"
+                      + (f"  p50 {r.latency_p50_ms:.0f} ms  p99 {r.latency_p99_ms:.0f} ms" if args.light else ""),
+                      flush=True)
     finally:
         if kafka is not None:
             kafka.stop()
@@ -547,7 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     for v in variants:
         rates = sorted(r.events_per_s for r in runs if r.variant == v)
         cpu = sorted(r.worker_cpu_ms_per_event for r in runs if r.variant == v)
-        summary[v] = {"events_per_s": {"min": rates[0], "max": rates[-1], "median": rates[len(rates) // 2]},
+        p50 = sorted(r.latency_p50_ms for r in runs if r.variant == v)
+        p99 = sorted(r.latency_p99_ms for r in runs if r.variant == v)
+        summary[v] = {"latency_ms": {"p50_median": p50[len(p50) // 2], "p99_median": p99[len(p99) // 2]},
+                      "events_per_s": {"min": rates[0], "max": rates[-1], "median": rates[len(rates) // 2]},
                       "worker_cpu_ms_per_event": {"min": cpu[0], "max": cpu[-1], "median": cpu[len(cpu) // 2]}}
     for new, old in (("current", "baseline"), ("framework", "framework-baseline"), ("adaptive", "adaptive-baseline")):
         if new in summary and old in summary:

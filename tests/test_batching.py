@@ -90,10 +90,25 @@ def test_service_model_fits_a_line_and_rescales_on_a_jump() -> None:
     model.observe(4, 0.018)
     assert model.fit == pytest.approx((0.010, 0.002))
     assert model.predict(16) == pytest.approx(0.042)
-    assert model.observe(4, 0.072) is True  # 4x its estimate: every size scales with it
+    model.observe(4, 0.018)
+    assert model.observe(4, 0.072) is True  # 4x a confirmed estimate: every size scales with it
     assert model.predict(1) == pytest.approx(0.048)
     assert model.observe(4, 0.080) is False
     assert model.predict(4) == pytest.approx(0.076)
+
+
+def test_service_model_does_not_learn_a_warm_up_as_a_regime() -> None:
+    """The first batch of a new size pays a one-time cost (1.5 s instead of 20 ms): its estimate
+    is capped, and the next batch of that size replaces it without rescaling the other sizes."""
+    model = ServiceModel(alpha=0.5, jump_ratio=2.0)
+    for _ in range(3):
+        model.observe(1, 0.012)
+        model.observe(2, 0.014)
+    assert model.observe(8, 1.5) is False
+    assert model.predict(8) == pytest.approx(2.0 * (0.010 + 0.002 * 8))  # capped at 2x the fit
+    assert model.observe(8, 0.026) is False  # a jump off a size seen once: only its own estimate
+    assert model.predict(8) == pytest.approx(0.026)
+    assert model.predict(1) == pytest.approx(0.012)
 
 
 def test_arrival_rate_converges_and_decays() -> None:
@@ -128,7 +143,8 @@ def test_the_deadline_leaves_room_for_the_predicted_service_time() -> None:
     config = BatchingConfig(slo_s=0.25, max_wait_s=0.2, fixed_batch=8)
     batcher: MicroBatcher[int] = MicroBatcher(config)
     batcher.record_service(1, 0.01)
-    batcher.record_service(2, 0.2)
+    for _ in range(2):  # the first batch of a size may be a warm-up: seen twice, it is believed
+        batcher.record_service(2, 0.2)
     batcher.add(1, "800", 0.0)
     assert batcher.next_deadline() == pytest.approx(0.2)  # bounded by max_wait
     batcher.add(2, "800", 0.01)
