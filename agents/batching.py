@@ -42,8 +42,9 @@ the backlog, halves the size; at 0 the light-load rule is back.
 
 A batch of 1 closes on arrival, so it cannot show a backlog: after ``probe_after`` arrivals in a
 row each within ``max_wait_s`` of the previous one, one bucket is allowed 2 items (a probe). Under
-a backlog it fills at once and saturation begins; at light load it closes at its deadline or with
-the next arrival, which came within ``max_wait_s`` anyway. Sparser arrivals are never probed.
+a backlog it fills at once and saturation begins; otherwise its deadline comes after
+``backlog_fraction`` of the predicted service time of 2 — all a backlog would need to fill it — so
+at light load a probe costs its one item next to nothing. Sparser arrivals are never probed.
 
 The saturation signal needs the recommended driving loop (double buffering): pull events and
 ``add`` them only while no closed batch is waiting for the device; while one waits, events stay
@@ -190,6 +191,7 @@ class _Bucket(Generic[T]):
     items: list[T] = field(default_factory=list)
     nbytes: int = 0
     priority: int | None = None
+    probe: bool = False  # opened as a probe for a backlog (module docstring)
 
     def close(self, reason: CloseReason) -> Batch[T]:
         return Batch(tuple(self.items), self.shape_class, self.opened_at, reason, self.nbytes, self.priority or 0)
@@ -240,7 +242,8 @@ class MicroBatcher(Generic[T]):
             closed.append(self._close(shape_class, CloseReason.FULL, self.allowed_size(now)))
             bucket = None
         if bucket is None:
-            bucket = self._buckets[shape_class] = _Bucket(shape_class, now, now)
+            bucket = self._buckets[shape_class] = _Bucket(shape_class, now, now,
+                                                          probe=self.config.fixed_batch is None and self._sized(now)[1])
         bucket.items.append(item)
         bucket.nbytes += nbytes
         bucket.last_at = now
@@ -294,13 +297,18 @@ class MicroBatcher(Generic[T]):
         """Batch size a bucket closes at, given the arrival rate measured up to ``now``."""
         if self.config.fixed_batch is not None:
             return self.config.fixed_batch
+        size, _ = self._sized(now)
+        return size
+
+    def _sized(self, now: float) -> tuple[int, bool]:
+        """The allowed size (not fixed), and whether it is 2 only to probe for a backlog."""
         rate = self._arrivals.rate(max(now, self._now))
         size = size_for_rate(self._plan, self._knee, rate, self.config.target_utilization)
         if self._climb.size:
-            return min(max(size, self._climb.size), self._cap)
-        if size == 1 and self._short_gaps >= self.config.probe_after:
-            return min(2, self._cap)
-        return size
+            return min(max(size, self._climb.size), self._cap), False
+        if size == 1 and self._cap >= 2 and self._short_gaps >= self.config.probe_after:
+            return 2, True
+        return size, False
 
     @property
     def saturated_size(self) -> int:
@@ -338,7 +346,10 @@ class MicroBatcher(Generic[T]):
 
     def _deadline(self, bucket: _Bucket[T]) -> float:
         slack = self.config.slo_s - self._model.predict(len(bucket.items))
-        return bucket.opened_at + min(self.config.max_wait_s, max(slack, 0.0))
+        wait = min(self.config.max_wait_s, max(slack, 0.0))
+        if bucket.probe:  # a backlog fills it at once; waiting longer would only add latency
+            wait = min(wait, self.config.backlog_fraction * self._model.predict(2))
+        return bucket.opened_at + wait
 
     def _tick(self, now: float) -> float:
         """Advance the clock; an earlier ``now`` than already seen counts as the latest one."""
