@@ -24,8 +24,14 @@ How the allowed size is chosen (model-based, with doubling exploration):
 So at light load the allowed size is 1 (no waiting for batch-mates); as the arrival rate rises it
 grows, at most doubling beyond the data per step, while the model says per-item time improves;
 it shrinks as soon as the predicted service time of the allowed size would break the SLO budget
-(e.g. after a jump in service time). :class:`~agents.batching.MicroBatcher` adds one more input,
-a backlog signal, for a driver that stops pulling while the device is busy.
+(e.g. after a jump in service time).
+
+Under a backlog the device model is not enough: per-batch costs outside the device lane (thread
+hops, Avro, produce, acks) can cap the worker while the device idles, and the model, seeing a
+fast device, would keep batches of 1. :class:`SaturationClimber` then picks the size from the
+worker's *measured* time per item at each size (the interval between batches closed from the
+backlog), and :class:`~agents.batching.MicroBatcher` uses the larger of the two, within
+:func:`slo_cap`.
 """
 
 from __future__ import annotations
@@ -232,7 +238,7 @@ class SaturationClimber:
             return
         self._closes += 1
         if self.size < cap and min(2 * self.size, cap) not in self._per_item:
-            if self._closes > 1:  # twice the size was never measured: go there (module docstring)
+            if self._closes > 1:  # twice the size was never measured: go there (class docstring)
                 self._move(min(2 * self.size, cap))
             return
         if self._closes > self._settle and math.isfinite(interval_s) and size == self.size:
