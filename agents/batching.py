@@ -34,10 +34,11 @@ batch's time (the device model's, or the worker's measured time at saturation wh
 filled from a backlog, not by live arrivals. From then on a
 :class:`~agents.controller.SaturationClimber` sets the size from the *measured* interval between
 batches closed from the backlog — the whole worker's time per batch, per-batch costs outside the
-device lane included, which the device model does not see: it doubles up to the SLO cap (the
-largest size whose predicted service time fits ``slo_s - max_wait_s``), then keeps to the smallest
-size whose measured time per item is within ``knee_tolerance`` of the best, re-measuring the
-neighbouring sizes now and then (never below the light-load size). A deadline close, or a bucket that did not fill from
+device lane included, which the device model does not see: it doubles while a doubling pays more
+than ``knee_tolerance``, up to the SLO cap (the largest size whose predicted service time fits
+``slo_s - max_wait_s``), keeps to the smallest size whose measured time per item is within
+``knee_tolerance`` of the best, and re-measures the neighbouring sizes now and then (never below
+the light-load size). A deadline close, or a bucket that did not fill from
 the backlog, halves the size; at 0 the light-load rule is back.
 
 A batch of 1 closes on arrival, so it cannot show a backlog: after ``probe_after`` arrivals in a

@@ -198,11 +198,10 @@ class SaturationClimber:
     bottleneck is.
 
     The climber holds the current size (``size``; 0 when not saturated) and, per size, the
-    measured time per item and when it was measured (a count of decisions). While twice the
-    current size was never measured, it doubles after each batch up to ``cap`` (the SLO's limit):
-    right after a change the lanes still hold batches of the previous size, so a quick figure
-    would only flatter the larger size. From then on, at each size it lets ``settle`` batches pass,
-    averages the next ``dwell`` intervals, and decides:
+    measured time per item and when it was measured (a count of decisions). At each size it lets
+    ``settle`` batches pass (the lanes still hold batches of the previous size), averages the next
+    ``dwell`` intervals (half as many while twice the size was never measured: the first climb
+    is quick), and decides:
 
     - ``target``: the smallest size measured in the last ``refresh`` decisions whose time per item
       is within ``tolerance`` of the best one so measured (past it, larger batches only add latency);
@@ -210,9 +209,9 @@ class SaturationClimber:
       (within ``cap``), else half — so an early, noisy or outdated figure never locks a size in;
     - elsewhere it moves to the target.
 
-    So it walks down from the cap while halving costs at most ``tolerance``, and stays within
-    ``tolerance`` of the best size it measured, re-measuring the neighbours every ``refresh``
-    decisions. Sizes are powers of two, plus ``cap`` itself.
+    So it climbs by doubling while a doubling pays more than ``tolerance`` (up to ``cap``, the
+    SLO's limit), stays within ``tolerance`` of the best size it measured, and re-measures the
+    neighbours every ``refresh`` decisions. Sizes are powers of two, plus ``cap`` itself.
     """
 
     def __init__(self, *, tolerance: float = 0.05, settle: int = 4, dwell: int = 4, refresh: int = 8) -> None:
@@ -237,15 +236,13 @@ class SaturationClimber:
             self._move(max(1, min(size, cap)))
             return
         self._closes += 1
-        if self.size < cap and min(2 * self.size, cap) not in self._per_item:
-            if self._closes > 1:  # twice the size was never measured: go there (class docstring)
-                self._move(min(2 * self.size, cap))
-            return
+        climbing = self.size < cap and min(2 * self.size, cap) not in self._per_item
+        dwell = max(1, self._dwell // 2) if climbing else self._dwell  # class docstring
         if self._closes > self._settle and math.isfinite(interval_s) and size == self.size:
             self._sum_s += interval_s
             self._sum_items += size
             self._samples += 1
-        if self._samples >= self._dwell:
+        if self._samples >= dwell:
             self._decide(cap)
         elif self.size > cap:
             self._move(_grid_floor(cap))
