@@ -36,6 +36,7 @@ __all__ = [
     "ExposureConfig",
     "WhiteBalanceConfig",
     "apply_tone_lut",
+    "area_sample",
     "estimate_tone",
     "estimate_white_balance",
     "luma",
@@ -140,6 +141,35 @@ class ExposureConfig:
 def sample_stride(height: int, width: int, side: int) -> int:
     """Stride ``s`` such that ``image[::s, ::s]`` has at most ``side`` pixels along each axis."""
     return max(1, math.ceil(max(height, width) / max(1, side)))
+
+
+def area_sample(xp: Any, plane: Array, side: int) -> tuple[Array, tuple[int, int], tuple[int, int]]:
+    """Block means of ``plane`` ``(H, W)`` or ``(H, W, C)`` uint8: ``(mean float64 (gh, gw[, C]),
+    (fy, fx), (oy, ox))``.
+
+    Blocks are ``f × f`` with ``f = sample_stride(H, W, side)`` (``min(f, H)`` rows and
+    ``min(f, W)`` columns for an image thinner than a block), so the longer side of the result is
+    at most ``side``; the ``H mod fy`` rows and ``W mod fx`` columns left over are split between
+    both borders (the blocks start at ``(oy, ox)``). Every pixel of the tiled area counts once: an
+    area average, representative where a strided sample would pick one pixel per block. Sums are
+    exact integers (``uint16`` down the rows while they cannot overflow, then ``uint32``), the same
+    on NumPy and CuPy.
+    """
+    h, w = plane.shape[:2]
+    f = sample_stride(h, w, side)
+    fy, fx = min(f, h), min(f, w)
+    gh, gw = h // fy, w // fx
+    oy, ox = (h - gh * fy) // 2, (w - gw * fx) // 2
+    if fy == 1 and fx == 1:
+        return plane[oy:oy + gh, ox:ox + gw].astype(xp.float64), (1, 1), (oy, ox)
+    tail = plane.shape[2:]
+    c = tail[0] if tail else 1
+    acc = xp.uint16 if fy * 255 < 65536 else xp.uint32
+    # rows first over the full width (a contiguous band: no copy of the image), then columns
+    rows = plane[oy:oy + gh * fy].reshape((gh, fy, w * c)).sum(axis=1, dtype=acc)
+    rows = rows.reshape((gh, w, c))[:, ox:ox + gw * fx]
+    blocks = rows.reshape((gh, gw, fx) + tail).sum(axis=2, dtype=xp.uint32)
+    return blocks.astype(xp.float64) / float(fy * fx), (fy, fx), (oy, ox)
 
 
 def luma(xp: Any, rgb: Array) -> Array:

@@ -24,6 +24,7 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import (
     apply_tone_lut,
+    area_sample,
     estimate_tone,
     estimate_white_balance,
     luma,
@@ -32,7 +33,14 @@ from gpu_kernels.retouch.color import (
 )
 from gpu_kernels.retouch.composite import Background, composite
 from gpu_kernels.retouch.config import RetouchConfig
-from gpu_kernels.retouch.illumination import MatrixFn, gain_columns, gain_rows, illumination_gain
+from gpu_kernels.retouch.illumination import (
+    MapGrid,
+    MatrixFn,
+    gain_columns,
+    gain_rows,
+    illumination_gain,
+    map_positions,
+)
 
 __all__ = [
     "ColorPlan",
@@ -49,16 +57,20 @@ __all__ = [
 class ColorPlan:
     """Per-image parameters of pass (a), on the image's device.
 
-    ``wb``: ``(3,)`` float32 gains; ``gain_map``: ``(gh, gw)`` float32 Retinex gain at the
-    sample grid (pixel ``(y, x)`` reads it at ``(y / stride, x / stride)``) or None;
-    ``lut``/``lut_scale``: the tone table ``(n,)`` and ``(1,)`` float32, or None (no tone curve).
+    ``wb``: ``(3,)`` float32 gains; ``gain_map``: ``(gh, gw)`` float32 Retinex gain on the
+    sample's grid (``grid``: where its cells sit in the image) or None; ``lut``/``lut_scale``:
+    the tone table ``(n,)`` and ``(1,)`` float32, or None (no tone curve).
     """
 
     wb: Array
     gain_map: Array | None
-    stride: int
+    grid: MapGrid
     lut: Array | None
     lut_scale: Array | None
+
+    def shifted(self, dy: int, dx: int) -> ColorPlan:
+        """The same plan for a crop of the image that starts at row ``dy``, column ``dx``."""
+        return ColorPlan(self.wb, self.gain_map, self.grid.shifted(dy, dx), self.lut, self.lut_scale)
 
 
 def plan_correction(
@@ -67,15 +79,10 @@ def plan_correction(
 ) -> ColorPlan:
     """Estimate pass (a)'s parameters. ``pixels``: ``(H, W, 1|3|4)`` uint8; ``alpha``: ``(H, W)``
     uint8 or None. ``lighting="off"`` gives the identity (composite only)."""
-    h, w, c = pixels.shape
     if lighting == "off":
-        return ColorPlan(xp.ones(3, xp.float32), None, 1, None, None)
-    s = sample_stride(h, w, cfg.sample_side)
-    rgb = pixels[::s, ::s, :3].astype(xp.float64)
-    if c == 1:
-        rgb = xp.repeat(rgb, 3, axis=2)
+        return ColorPlan(xp.ones(3, xp.float32), None, MapGrid(1, 1), None, None)
+    rgb, a, grid = statistics_sample(xp, pixels, alpha, cfg)
     gh, gw = rgb.shape[:2]
-    a = None if alpha is None else alpha[::s, ::s].astype(xp.float64)
     flat_a = None if a is None else a.reshape(-1)
     wb = estimate_white_balance(xp, rgb, a, cfg.white_balance)
     lum = luma(xp, rgb * wb.astype(xp.float64))
@@ -87,7 +94,28 @@ def plan_correction(
         v_max = v_max * xp.max(gain_map).astype(xp.float64)
     tone = estimate_tone(xp, rgb.reshape(-1, 3), flat_a, cfg.exposure)  # the camera's exposure
     lut, scale = tone_lut(xp, tone, v_max, cfg.exposure)
-    return ColorPlan(wb, gain_map, s, lut, scale)
+    return ColorPlan(wb, gain_map, grid, lut, scale)
+
+
+def statistics_sample(
+    xp: Any, pixels: Array, alpha: Array | None, cfg: RetouchConfig
+) -> tuple[Array, Array | None, MapGrid]:
+    """The low-resolution copy the colour statistics run on: ``(rgb (gh, gw, 3) float64 levels,
+    alpha (gh, gw) float64 or None, its grid)``, at most ``cfg.sample_side`` along the longer side
+    (see :class:`~gpu_kernels.retouch.config.RetouchConfig`: area means or a strided pick)."""
+    h, w, c = pixels.shape
+    if cfg.sample == "strided":
+        s = sample_stride(h, w, cfg.sample_side)
+        rgb = pixels[::s, ::s, :3].astype(xp.float64)
+        a = None if alpha is None else alpha[::s, ::s].astype(xp.float64)
+        grid = MapGrid(s, s)
+    else:
+        rgb, (fy, fx), (oy, ox) = area_sample(xp, pixels if c < 4 else pixels[..., :3], cfg.sample_side)
+        a = None if alpha is None else area_sample(xp, alpha, cfg.sample_side)[0]
+        grid = MapGrid(fy, fx, oy + (fy - 1) / 2, ox + (fx - 1) / 2)
+    if c == 1:
+        rgb = xp.repeat(rgb, 3, axis=2)
+    return rgb, a, grid
 
 
 def white_balance_stage(xp: Any, pixels: Array, wb: Array) -> Array:
@@ -103,8 +131,8 @@ def illumination_stage(xp: Any, v: Array, plan: ColorPlan, y_start: int = 0) -> 
     """``v * g`` with the bilinear Retinex gain for rows ``[y_start, y_start + len(v))``."""
     if plan.gain_map is None:
         return v
-    cols = gain_columns(xp, plan.gain_map, v.shape[1], plan.stride)
-    g = gain_rows(xp, cols, y_start, y_start + v.shape[0], plan.stride)
+    cols = gain_columns(xp, plan.gain_map, v.shape[1], plan.grid)
+    g = gain_rows(xp, cols, y_start, y_start + v.shape[0], plan.grid)
     return v * g[..., None]
 
 
@@ -133,7 +161,7 @@ def correct_reference(
     return out
 
 
-def _band_gain(cols3: np.ndarray, band: tuple[int, int], stride: int) -> np.ndarray:
+def _band_gain(cols3: np.ndarray, band: tuple[int, int], grid: MapGrid) -> np.ndarray:
     """:func:`gain_rows` for rows ``[band[0], band[1])`` on the gain columns repeated per channel:
     ``(rows, 3 * width)`` float32, the same float32 operations on the same values, element by
     element. Each row reads its own two gain rows, so a band may span several of them: a small
@@ -141,8 +169,7 @@ def _band_gain(cols3: np.ndarray, band: tuple[int, int], stride: int) -> np.ndar
     instead of one band per row (64 numpy passes for a 64×64 image)."""
     y_start, y_stop = band
     gh = cols3.shape[0]
-    ys = np.arange(y_start, y_stop, dtype=np.float32)
-    gy = np.minimum(ys / np.float32(stride), np.float32(gh - 1))
+    gy = map_positions(np, y_start, y_stop, grid.step_y, grid.origin_y, gh)
     j0 = gy.astype(np.int32)
     j1 = np.minimum(j0 + 1, gh - 1)
     fy = (gy - j0.astype(np.float32))[:, None]
@@ -180,7 +207,7 @@ def _levels(src: np.ndarray, plan: ColorPlan, wb3: np.ndarray, cols3: np.ndarray
     v *= wb3
     np.minimum(v, np.float32(255) * wb3[:3].min(), out=v)
     if cols3 is not None:
-        v *= _band_gain(cols3, band, plan.stride)
+        v *= _band_gain(cols3, band, plan.grid)
     if pairs is None or plan.lut_scale is None:
         return v
     t = v
@@ -229,7 +256,7 @@ def correct_fused_cpu(
     out = np.empty((h, w, 4 if transparent else 3), np.uint8)
     wb3 = np.tile(np.asarray(plan.wb, np.float32), w)
     cols3 = None if plan.gain_map is None else np.repeat(
-        gain_columns(np, plan.gain_map, w, plan.stride), 3, axis=1)
+        gain_columns(np, plan.gain_map, w, plan.grid), 3, axis=1)
     pairs = _tone_pairs(plan)
     bands = [(y, min(h, y + band_rows)) for y in range(0, h, band_rows)]
     for band in bands:

@@ -61,7 +61,8 @@ __device__ __forceinline__ float lb_tone(const float v, const float* __restrict_
 
 // Pass (a): white balance + Retinex gain + tone table + composite. A thread handles LB_PX
 // consecutive pixels of one row. mode: 0 keep (RGB out), 1 white (RGB out, needs alpha),
-// 2 transparent (RGBA out). gcols: the gain map interpolated along x, (gh, width); alpha_tab:
+// 2 transparent (RGBA out). gcols: the gain map interpolated along x, (gh, width); row y reads
+// it at (y - gorigin) / gstep (see MapGrid); alpha_tab:
 // a / 255 for a = 0..255 (the same float32 values as the division).
 __global__ void lb_correct(
     const unsigned char* __restrict__ src, const int cin,
@@ -70,6 +71,7 @@ __global__ void lb_correct(
     unsigned char* __restrict__ dst, const int mode, const int height, const int width,
     const float* __restrict__ wb,
     const float* __restrict__ gcols, const int has_gain, const int gh, const float gstep,
+    const float gorigin,
     const float* __restrict__ lut, const int nlut, const float* __restrict__ lut_scale,
     const int has_lut)
 {
@@ -80,7 +82,7 @@ __global__ void lb_correct(
     const float* grow1 = gcols;
     float fy = 0.0f;
     if (has_gain) {
-        const float gy = fminf((float)y / gstep, (float)(gh - 1));
+        const float gy = fminf(fmaxf(((float)y - gorigin) / gstep, 0.0f), (float)(gh - 1));
         const int y0 = (int)gy;
         const int y1 = min(y0 + 1, gh - 1);
         fy = gy - (float)y0;
@@ -327,14 +329,14 @@ def correct_launch(
     alpha_tab = xp.arange(256, dtype=xp.float32) / xp.float32(255)
     gmap, lut, scale = plan.gain_map, plan.lut, plan.lut_scale
     gcols = dummy_f32 if gmap is None else xp.ascontiguousarray(
-        gain_columns(xp, gmap, w, plan.stride))
+        gain_columns(xp, gmap, w, plan.grid))
     args = (
         pixels, np.int32(c),
         alpha_arr, np.int64(offset), np.int32(step), np.int32(alpha is not None), alpha_tab,
         out, np.int32(_MODES[background]), np.int32(h), np.int32(w),
         plan.wb,
         gcols, np.int32(gmap is not None), np.int32(1 if gmap is None else gmap.shape[0]),
-        np.float32(plan.stride),
+        np.float32(plan.grid.step_y), np.float32(plan.grid.origin_y),
         dummy_f32 if lut is None else lut, np.int32(1 if lut is None else lut.shape[0]),
         dummy_f32 if scale is None else scale, np.int32(lut is not None),
     )
