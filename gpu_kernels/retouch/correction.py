@@ -191,21 +191,36 @@ def _tone_pairs(plan: ColorPlan) -> np.ndarray | None:
     return pairs.view(np.float64).reshape(-1)
 
 
+def white_balance_table(wb: Array) -> np.ndarray:
+    """``(1, 256, 3)`` float32 ``min(x * wb_c, 255 * min(wb))`` for every level ``x``: the white
+    balance stage as a per-channel table (the same float32 operations, so the same values)."""
+    wb32 = np.asarray(wb, np.float32)
+    table = np.arange(256, dtype=np.float32)[:, None] * wb32[None, :]
+    np.minimum(table, np.float32(255) * wb32.min(), out=table)
+    return np.ascontiguousarray(table.reshape(1, 256, 3))
+
+
 def _levels(src: np.ndarray, plan: ColorPlan, wb3: np.ndarray, cols3: np.ndarray | None,
-            pairs: np.ndarray | None, band: tuple[int, int]) -> np.ndarray:
+            pairs: np.ndarray | None, band: tuple[int, int], wtab: np.ndarray | None = None) -> np.ndarray:
     """Colour-corrected float32 levels ``(rows, 3 * width)`` of uint8 ``src`` ``(rows, width,
     1|3|4)``: the float32 operations of :func:`white_balance_stage`, :func:`illumination_stage`
     and :func:`tone_stage`, in the same order (flattened channels, no broadcast on the last axis).
+    ``wtab`` (:func:`white_balance_table`, RGB input only): white balance by table look-up.
     """
     rows, width, c = src.shape
-    if c == 3:
-        v = src.reshape(rows, width * 3).astype(np.float32)
+    if wtab is not None and c == 3:
+        import cv2  # lazily: the package imports NumPy only (the GPU check machine)
+
+        v = cv2.LUT(src, wtab).reshape(rows, width * 3)
     else:
-        v = np.empty((rows, width, 3), np.float32)
-        v[...] = src[..., :1] if c == 1 else src[..., :3]
-        v = v.reshape(rows, width * 3)
-    v *= wb3
-    np.minimum(v, np.float32(255) * wb3[:3].min(), out=v)
+        if c == 3:
+            v = src.reshape(rows, width * 3).astype(np.float32)
+        else:
+            v = np.empty((rows, width, 3), np.float32)
+            v[...] = src[..., :1] if c == 1 else src[..., :3]
+            v = v.reshape(rows, width * 3)
+        v *= wb3
+        np.minimum(v, np.float32(255) * wb3[:3].min(), out=v)
     if cols3 is not None:
         v *= _band_gain(cols3, band, plan.grid)
     if pairs is None or plan.lut_scale is None:
@@ -240,9 +255,13 @@ def _live_columns(alpha: np.ndarray) -> tuple[int, int]:
 
 def correct_fused_cpu(
     pixels: np.ndarray, alpha: np.ndarray | None, plan: ColorPlan, background: Background,
-    band_rows: int = 16,
+    band_rows: int = 16, tables: bool = False,
 ) -> np.ndarray:
     """Pass (a) on the CPU: all stages per band of ``band_rows`` rows (cache-sized temporaries).
+
+    ``tables`` (RGB input): white balance through :func:`white_balance_table`, and without a
+    Retinex gain map the whole chain through per-channel tables (:func:`_correct_by_table`); the
+    same float32 operations per level, so the same output.
 
     Returns ``(H, W, 3)`` uint8, or ``(H, W, 4)`` for a transparent background; bit-identical
     to :func:`correct_reference`. A white composite computes the colour only where it shows:
@@ -253,6 +272,10 @@ def correct_fused_cpu(
     h, w = pixels.shape[:2]
     transparent = background == "transparent"
     white = background == "white" and alpha is not None
+    tables = tables and pixels.shape[2] == 3
+    if tables and plan.gain_map is None:
+        return _correct_by_table(pixels, alpha, plan, transparent, white)
+    wtab = white_balance_table(plan.wb) if tables else None
     out = np.empty((h, w, 4 if transparent else 3), np.uint8)
     wb3 = np.tile(np.asarray(plan.wb, np.float32), w)
     cols3 = None if plan.gain_map is None else np.repeat(
@@ -262,7 +285,7 @@ def correct_fused_cpu(
     for band in bands:
         y0, y1 = band
         if not white:
-            y = _levels(pixels[y0:y1], plan, wb3, cols3, pairs, band)
+            y = _levels(pixels[y0:y1], plan, wb3, cols3, pairs, band, wtab)
             if transparent:
                 rgb = np.empty((y1 - y0, w, 3), np.uint8)
                 _round_into(rgb, y)
@@ -282,7 +305,7 @@ def correct_fused_cpu(
         dst = out[y0:y1, c0:c1]
         sub = pixels[y0:y1, c0:c1]
         y = _levels(sub, plan, wb3[: 3 * (c1 - c0)],
-                    None if cols3 is None else cols3[:, 3 * c0:3 * c1], pairs, band)
+                    None if cols3 is None else cols3[:, 3 * c0:3 * c1], pairs, band, wtab)
         edge = (a != 0) & (a != 255)
         ey, ex = np.nonzero(edge)
         if ey.size:
@@ -296,3 +319,40 @@ def correct_fused_cpu(
             _round_into(rounded, blend)
             dst[ey, ex] = rounded
     return out
+
+
+def _correct_by_table(pixels: np.ndarray, alpha: np.ndarray | None, plan: ColorPlan, transparent: bool,
+                      white: bool) -> np.ndarray:
+    """Pass (a) without a Retinex map on ``(H, W, 3)`` uint8: each output channel is a function of
+    the same input channel alone, so :func:`_levels` runs once over the 256 levels (the same
+    float32 operations) and the image goes through the rounded table (``cv2.LUT``); a white
+    composite blends the soft edge pixels from the float table, as the banded path does."""
+    import cv2  # lazily, as in _levels
+
+    h, w = pixels.shape[:2]
+    ramp = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2)
+    wb3 = np.tile(np.asarray(plan.wb, np.float32), 256)
+    levels = _levels(ramp, plan, wb3, None, _tone_pairs(plan), (0, 1)).reshape(256, 3)
+    table = np.empty((1, 256, 3), np.uint8)
+    _round_into(table, levels.copy())
+    rgb = cv2.LUT(pixels, table)
+    if transparent:
+        out = np.empty((h, w, 4), np.uint8)
+        out[..., :3] = rgb
+        out[..., 3] = 255 if alpha is None else alpha
+        return out
+    if not white:
+        return np.asarray(rgb)
+    assert alpha is not None
+    cv2.bitwise_or(rgb, (255, 255, 255, 0), dst=rgb, mask=cv2.compare(alpha, 0, cv2.CMP_EQ))
+    points = cv2.findNonZero(cv2.inRange(alpha, 1, 254))  # [x, y] per point, or None
+    if points is not None:
+        points = points.reshape(-1, 2)
+        ex, ey = points[:, 0], points[:, 1]
+        ae = alpha[ey, ex].astype(np.float32) / np.float32(255)
+        ye = levels[pixels[ey, ex], np.arange(3)[None, :]]
+        blend = ye * ae[:, None] + np.float32(255) * (np.float32(1) - ae)[:, None]
+        rounded = np.empty(blend.shape, np.uint8)
+        _round_into(rounded, blend)
+        rgb[ey, ex] = rounded
+    return np.asarray(rgb)

@@ -71,7 +71,7 @@ class CpuRetoucher:
         pixels, alpha = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
         background = effective_background(options.background, alpha)
-        return correct_fused_cpu(pixels, alpha, plan, background)
+        return correct_fused_cpu(pixels, alpha, plan, background, tables=self.config.tables)
 
     def correct_unfused(
         self, image: Array, mask: Array | None, options: RetouchOptions
