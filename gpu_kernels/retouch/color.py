@@ -168,7 +168,7 @@ def area_sample(xp: Any, plane: Array, side: int) -> tuple[Array, tuple[int, int
     # rows first over the full width (a contiguous band: no copy of the image), then columns
     rows = plane[oy:oy + gh * fy].reshape((gh, fy, w * c)).sum(axis=1, dtype=acc)
     rows = rows.reshape((gh, w, c))[:, ox:ox + gw * fx]
-    blocks = rows.reshape((gh, gw, fx) + tail).sum(axis=2, dtype=xp.uint32)
+    blocks = rows.reshape((gh, gw, fx, *tail)).sum(axis=2, dtype=xp.uint32)
     return blocks.astype(xp.float64) / float(fy * fx), (fy, fx), (oy, ox)
 
 

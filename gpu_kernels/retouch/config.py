@@ -23,10 +23,12 @@ class RetouchConfig:
     clusters of the *pixel* distribution, which a strided pick samples without bias, while block
     means pull its tails in (highlight percentiles, saturated pixels; measured against full
     resolution: strided at 160 px moves the exposure and white balance gains by at most 1 %,
-    area means at 128-256 px by 1.5-5 %, see tests/test_retouch_fast.py). ``tables``: apply white balance (and, without a Retinex map, the
-    whole colour chain) through per-channel 256-entry tables instead of per-pixel arithmetic
-    (same numbers). ``crop_to_presets``: the correct stage colours only the part of the image that
-    some preset of the event will read (the union of their crop windows, plus a margin).
+    area means at 128-256 px by 1.5-5 %, see tests/test_retouch_fast.py).
+
+    ``tables``: apply white balance (and, without a Retinex map, the whole colour chain) through
+    per-channel 256-entry tables instead of per-pixel arithmetic (same numbers).
+    ``crop_to_presets``: the correct stage colours only the part of the image that some preset
+    of the event will read (the union of their crop windows, plus a margin).
     """
 
     white_balance: WhiteBalanceConfig = field(default_factory=WhiteBalanceConfig)

@@ -344,7 +344,8 @@ def _correct_by_table(pixels: np.ndarray, alpha: np.ndarray | None, plan: ColorP
     if not white:
         return np.asarray(rgb)
     assert alpha is not None
-    cv2.bitwise_or(rgb, (255, 255, 255, 0), dst=rgb, mask=cv2.compare(alpha, 0, cv2.CMP_EQ))
+    zero = cv2.compare(alpha, 0, cv2.CMP_EQ)  # type: ignore[call-overload]
+    cv2.bitwise_or(rgb, (255, 255, 255, 0), dst=rgb, mask=zero)  # type: ignore[call-overload]  # alpha 0: white
     points = cv2.findNonZero(cv2.inRange(alpha, 1, 254))  # [x, y] per point, or None
     if points is not None:
         points = points.reshape(-1, 2)

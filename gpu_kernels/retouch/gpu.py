@@ -30,8 +30,8 @@ from gpu_kernels.presets import Preset
 from gpu_kernels.retouch.checks import alpha_source, as_pixels
 from gpu_kernels.retouch.config import RetouchConfig
 from gpu_kernels.retouch.correction import ColorPlan, correct_reference, plan_correction
-from gpu_kernels.retouch.cpu import effective_background
-from gpu_kernels.retouch.geometry import placement, subject_box
+from gpu_kernels.retouch.cpu import Window, effective_background
+from gpu_kernels.retouch.geometry import placement, read_window, subject_box
 from gpu_kernels.retouch.illumination import gain_columns, gaussian_matrix
 from gpu_kernels.retouch.render import render_reference
 from schemas.errors import LightboxError, ProcessingFailed, per_item
@@ -419,26 +419,48 @@ class CupyRetoucher:
 
     # -- pass (a) --------------------------------------------------------------------------
     def correct(
-        self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
+        self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions,
+        windows: Sequence[Window | None] | None = None,
     ) -> list[Array]:
-        def one(item: tuple[Array, Array | None]) -> Any:
+        def one(item: tuple[Array, Array | None, Window | None]) -> Any:
             try:
-                return self.correct_one(item[0], item[1], options)
+                return self.correct_one(item[0], item[1], options, item[2])
             except self._cuda_errors() as exc:
                 raise self._translate(exc, "retouch.correct") from exc
 
-        return per_item(one, zip(images, masks, strict=True))
+        wins = windows if windows is not None else [None] * len(images)
+        return per_item(one, zip(images, masks, wins, strict=True))
+
+    def correction_window(self, image: Array, mask: Array | None, presets: Sequence[Preset]) -> Window | None:
+        """As :meth:`CpuRetoucher.correction_window`; reads the subject box back to the host
+        (four integers: the one synchronisation of pass (a), only with the option on)."""
+        if not self.config.crop_to_presets or mask is None or not presets:
+            return None
+        pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
+        if alpha is None or own:
+            return None
+        h, w = pixels.shape[:2]
+        box = self.cp.asnumpy(subject_box(self.cp, alpha, h, w, self.config.geometry.mask_threshold))
+        win = read_window(box, [(p.width, p.height, p.fill) for p in presets], h, w,
+                          self.config.geometry.cubic_coefficients())
+        return None if win == (0, 0, w, h) else win
 
     def plan(self, image: Array, mask: Array | None, options: RetouchOptions) -> ColorPlan:
         """Pass (a)'s parameters for one image, on the device (no host synchronisation)."""
         pixels, alpha, _ = self._inputs(image, mask, "retouch.correct")
         return plan_correction(self.cp, pixels, alpha, options.lighting, self.config, self._matrix)
 
-    def correct_one(self, image: Array, mask: Array | None, options: RetouchOptions) -> Any:
-        """Pass (a) for one image (fused kernel); raises ``ProcessingFailed``."""
+    def correct_one(self, image: Array, mask: Array | None, options: RetouchOptions,
+                    window: Window | None = None) -> Any:
+        """Pass (a) for one image (fused kernel), or for its ``window``; raises ``ProcessingFailed``."""
         cp = self.cp
         pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(cp, pixels, alpha, options.lighting, self.config, self._matrix)
+        if window is not None and not own:
+            x0, y0, x1, y1 = window
+            pixels = cp.ascontiguousarray(pixels[y0:y1, x0:x1])
+            alpha = None if alpha is None else alpha[y0:y1, x0:x1]
+            plan = plan.shifted(y0, x0)
         background = effective_background(options.background, alpha)
         return self.launch_correct(pixels, alpha, own, plan, background)
 
