@@ -364,9 +364,12 @@ class BatchRunner:
                 self._spawn(self._prepare([self._inbox.popleft() for _ in range(n)]))
 
     async def _prepare(self, items: list[_Item]) -> None:
+        self.observer.lane_progress("prepare", len(self._inbox))
+        t0 = self.clock()
         try:
             results = await self._call("prepare", len(items), self._prepare_all, [i.record for i in items])
         finally:
+            self.observer.batch_done("prepare", len(items), self.clock() - t0)
             self._prep_slots.release()
             for item in items:
                 self._preparing[item.lane] -= 1

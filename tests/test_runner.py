@@ -530,8 +530,8 @@ def test_the_observer_hears_every_input_batch_and_acknowledged_output() -> None:
         assert sorted(v for n, v in obs.calls if n == "output_acked") == [0, 1, 2]
         assert sorted(v for n, v in obs.calls if n == "sending") == [0, 1, 2]  # each before its ack
         assert names.index("sending") < names.index("output_acked")
-        assert {v for n, v in obs.calls if n == "batch_done"} == {"decode", "device", "output"}
-        assert {v for n, v in obs.calls if n == "lane_progress"} == {"decode", "device", "output"}
+        assert {v for n, v in obs.calls if n == "batch_done"} == {"prepare", "decode", "device", "output"}
+        assert {v for n, v in obs.calls if n == "lane_progress"} == {"prepare", "decode", "device", "output"}
         assert names.index("received") < names.index("output_acked")
         assert [v for n, v in obs.calls if n == "in_flight"][-1] == 0
         await h.runner.stop()
