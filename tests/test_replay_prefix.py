@@ -94,9 +94,10 @@ def test_prefix_source_lists_images_sorted_as_uris_the_fetcher_reads(s3_env: Any
 def test_prefix_replay_counts_resumes_and_survives_a_crash_past_the_checkpoint(
         settings: Settings, s3_env: Any, prefix: tuple[str, dict[str, bytes]], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A dry run counts (CLI); a run stopped after 3 of 7 and a run that "crashed" right after its first
-    checkpoint (the checkpoint put back to that state: its records are on the topic, unrecorded) both
-    resume without gaps or repeats; an object added under the prefix meanwhile is not part of the job."""
+    """A dry run counts (CLI). A run stopped after 2-3 of 7 saves its position; a second run continues
+    from it, publishes two or more and "crashes" (its checkpoint put back to how it started: its records
+    sit on the topic past the saved position); the same command (CLI) then publishes the rest without
+    gaps or repeats. An object added under the prefix meanwhile is not part of the job."""
     tag, images = prefix
     asyncio.run(ensure_topics(settings))
     ckpt = tmp_path / "ckpt.json"
@@ -112,32 +113,41 @@ def test_prefix_replay_counts_resumes_and_survives_a_crash_past_the_checkpoint(
     assert "about 1 s at 7 img/s" in text and "2 non-image" in text and "1 empty" in text
     assert not ckpt.exists() and not list(tmp_path.glob("*.keys"))  # a dry run writes nothing
 
-    stop = asyncio.Event()
-    first_checkpoint: list[str] = []
+    def run(stop_at: int, saved: list[str]) -> Any:
+        """Stop once ``stop_at`` are published in all; ``saved`` gets the checkpoint as this run
+        started (nothing saves it again before the end)."""
+        stop = asyncio.Event()
 
-    def stop_after(done: int, total: int) -> None:
-        if not first_checkpoint:
-            first_checkpoint.append(ckpt.read_text())  # what a crash right now would leave
-        if done >= 3:
-            stop.set()
+        def progress(done: int, total: int) -> None:
+            if not saved:
+                saved.append(ckpt.read_text())
+            if done >= stop_at:
+                stop.set()
 
-    first = asyncio.run(run_replay(source(s3_env, tag), bootstrap=settings.kafka_bootstrap,
-                                   topic=settings.backfill_topic, checkpoint=ckpt, stop=stop, on_progress=stop_after,
-                                   max_in_flight=1, checkpoint_every_s=3600))
-    assert not first.complete and 3 <= first.published < len(IMAGES)
-    listing = Path(json.loads(ckpt.read_text())["plan"]["listing"])
+        return asyncio.run(run_replay(source(s3_env, tag), bootstrap=settings.kafka_bootstrap,
+                                      topic=settings.backfill_topic, checkpoint=ckpt, stop=stop, on_progress=progress,
+                                      max_in_flight=1, checkpoint_every_s=3600))
+
+    first = run(2, [])  # stopped: what was in flight is finished and saved
+    assert not first.complete and 2 <= first.published <= 3
+    saved = json.loads(ckpt.read_text())
+    assert saved["cursor"] == {"0": first.published}
+    listing = Path(saved["plan"]["listing"])
     assert listing == tmp_path / "ckpt.json.keys"
     assert [json.loads(line) for line in listing.read_text().splitlines()] == sorted(images)
 
-    # meanwhile a new object lands under the prefix, sorting first: it must not shift the job's items
+    # a new object lands under the prefix, sorting first: it must not shift the job's items
     obstore.put(s3_env.client(), f"{tag}/0-new.jpg", next(iter(images.values())))
-    ckpt.write_text(first_checkpoint[0])  # the crash: records past this checkpoint sit unrecorded on the topic
-    assert json.loads(first_checkpoint[0])["published"] == 0
+    at_start: list[str] = []
+    second = run(first.published + 2, at_start)
+    assert not second.complete and second.this_run >= 2 and second.published < len(IMAGES)
+    ckpt.write_text(at_start[0])  # a crash: what the second run published sits on the topic, unrecorded
+    assert json.loads(at_start[0])["cursor"] == {"0": first.published}
 
     resumed = CliRunner().invoke(app, ["replay", "prefix", url, *common, "--rate", "50"])  # s3_env: the endpoint
     assert resumed.exit_code == 0, resumed.output
     text = " ".join(resumed.output.split())
-    assert f"{len(IMAGES)}/{len(IMAGES)} published" in text and f"{first.published} found already published" in text
+    assert f"{len(IMAGES)}/{len(IMAGES)} published" in text and f"{second.this_run} found already published" in text
     assert f"job {first.job}" in text  # the CLI and the API name the same job
 
     records = asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic))
