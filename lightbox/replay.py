@@ -20,10 +20,11 @@ row or file index in lane 0, or the source partition and offset).
 
 Resume, without gaps or repeats. The checkpoint file (JSON, replaced atomically) keeps per lane
 the first ``seq`` not yet acknowledged by the brokers (every item before it is), the plan fixed
-at the first run (rows, files, or the concrete offset ranges a time range resolved to), and per
-target partition the offset from which records of this job past the cursor may sit. Running the
-same command again reads the target topic from there, skips the items it finds (published after
-the last checkpoint, before the stop — a ``kill -9`` included) and publishes the rest.
+at the first run (rows, files, a prefix's sorted listing — in a file beside the checkpoint — or the
+concrete offset ranges a time range resolved to), and per target partition the offset from which
+records of this job past the cursor may sit. Running the same command again reads the target
+topic from there, skips the items it finds (published after the last checkpoint, before the stop —
+a ``kill -9`` included) and publishes the rest.
 
 Pacing: a :class:`~lightbox.ratelimit.TokenBucket` (images per second); ``dry_run`` counts.
 """
