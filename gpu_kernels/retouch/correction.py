@@ -245,6 +245,27 @@ def _round_into(dst: np.ndarray, v: np.ndarray) -> None:
     np.copyto(dst, v.reshape(dst.shape), casting="unsafe")
 
 
+def _white_where_clear(dst: np.ndarray, alpha: np.ndarray) -> None:
+    """``dst[alpha == 0] = 255`` in place (``dst`` ``(rows, w, 3)`` uint8, a view is fine), by
+    OpenCV's masked OR: a pass, where NumPy's boolean assignment gathers."""
+    import cv2  # lazily: the package imports NumPy only (the GPU check machine)
+
+    zero = cv2.compare(alpha, 0, cv2.CMP_EQ)  # type: ignore[call-overload]
+    cv2.bitwise_or(dst, (255, 255, 255, 0), dst=dst, mask=zero)  # type: ignore[call-overload]
+
+
+def _edge_pixels(alpha: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.nonzero((alpha != 0) & (alpha != 255))`` (row-major order), through OpenCV."""
+    import cv2  # lazily, as above
+
+    points = cv2.findNonZero(cv2.inRange(alpha, 1, 254))  # [x, y] per point, or None
+    if points is None:
+        empty = np.zeros(0, np.intp)
+        return empty, empty
+    points = points.reshape(-1, 2)
+    return points[:, 1], points[:, 0]
+
+
 def _live_columns(alpha: np.ndarray) -> tuple[int, int]:
     """``[c0, c1)``: the columns of ``alpha`` ``(rows, width)`` holding any non-zero value."""
     cols: np.ndarray = np.asarray(alpha.any(axis=0))
@@ -306,14 +327,13 @@ def correct_fused_cpu(
         sub = pixels[y0:y1, c0:c1]
         y = _levels(sub, plan, wb3[: 3 * (c1 - c0)],
                     None if cols3 is None else cols3[:, 3 * c0:3 * c1], pairs, band, wtab)
-        edge = (a != 0) & (a != 255)
-        ey, ex = np.nonzero(edge)
+        ey, ex = _edge_pixels(a)
         if ey.size:
             ae = a[ey, ex].astype(np.float32) / np.float32(255)
             ye = y.reshape(y1 - y0, c1 - c0, 3)[ey, ex]
             blend = ye * ae[:, None] + np.float32(255) * (np.float32(1) - ae)[:, None]
         _round_into(dst, y)
-        dst[a == 0] = 255
+        _white_where_clear(dst, a)
         if ey.size:
             rounded = np.empty(blend.shape, np.uint8)
             _round_into(rounded, blend)
@@ -344,12 +364,9 @@ def _correct_by_table(pixels: np.ndarray, alpha: np.ndarray | None, plan: ColorP
     if not white:
         return np.asarray(rgb)
     assert alpha is not None
-    zero = cv2.compare(alpha, 0, cv2.CMP_EQ)  # type: ignore[call-overload]
-    cv2.bitwise_or(rgb, (255, 255, 255, 0), dst=rgb, mask=zero)  # type: ignore[call-overload]  # alpha 0: white
-    points = cv2.findNonZero(cv2.inRange(alpha, 1, 254))  # [x, y] per point, or None
-    if points is not None:
-        points = points.reshape(-1, 2)
-        ex, ey = points[:, 0], points[:, 1]
+    _white_where_clear(rgb, alpha)
+    ey, ex = _edge_pixels(alpha)
+    if ey.size:
         ae = alpha[ey, ex].astype(np.float32) / np.float32(255)
         ye = levels[pixels[ey, ex], np.arange(3)[None, :]]
         blend = ye * ae[:, None] + np.float32(255) * (np.float32(1) - ae)[:, None]
