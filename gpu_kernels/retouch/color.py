@@ -256,20 +256,22 @@ def estimate_white_balance(
     flat = rgb.reshape(-1, 3)
     lab = srgb_to_lab(xp, flat)
     light, ab = lab[:, 0], lab[:, 1:]
-    valid = (flat.max(axis=1) < cfg.saturated) & (light >= cfg.min_lightness)
+    peak = xp.maximum(xp.maximum(flat[:, 0], flat[:, 1]), flat[:, 2])  # max over channels, without a reduce
+    valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
     top = masked_percentiles(xp, light, valid | ~xp.any(valid), (cfg.bright_pct,))[0]
     bright = xp.clip((light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
     weight = xp.where(valid, bright, 0.0)
     total = xp.maximum(valid.sum(), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
-    for sigma in cfg.sigmas:
-        d2 = ((ab - centre) ** 2).sum(axis=1)
+    ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+    for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
+        d2 = (ca - centre[0]) ** 2 + (cb - centre[1]) ** 2
         kernel = weight * xp.exp(-0.5 * d2 / (sigma * sigma))
         mass = kernel.sum()
-        centre = xp.where(mass > 1e-12, (kernel[:, None] * ab).sum(axis=0) / xp.maximum(mass, 1e-12), centre)
+        centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()
-    illuminant = xp.maximum((kernel[:, None] * flat).sum(axis=0) / xp.maximum(mass, 1e-12), 1.0)
+    illuminant = xp.maximum((kernel @ flat) / xp.maximum(mass, 1e-12), 1.0)
     confidence = xp.clip(mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
     confidence = xp.where(mass > 1e-12, confidence, 0.0)
     log_gain = confidence * xp.log(_balancing_gains(xp, illuminant))
@@ -277,8 +279,8 @@ def estimate_white_balance(
         bg = valid & (alpha.reshape(-1) <= cfg.background_max_alpha)
         count = bg.sum()
         bgw = bg.astype(xp.float64)
-        bg_rgb = (bgw[:, None] * flat).sum(axis=0) / xp.maximum(count, 1)
-        bg_ab = (bgw[:, None] * ab).sum(axis=0) / xp.maximum(count, 1)
+        bg_rgb = (bgw @ flat) / xp.maximum(count, 1)
+        bg_ab = (bgw @ ab) / xp.maximum(count, 1)
         plane = light.reshape(rgb.shape[:2])
         gx = xp.abs(plane[:, 1:] - plane[:, :-1])
         gy = xp.abs(plane[1:, :] - plane[:-1, :])
