@@ -200,8 +200,8 @@ class SaturationClimber:
     The climber holds the current size (``size``; 0 when not saturated) and, per size, the
     measured time per item and when it was measured (a count of decisions). At each size it lets
     ``settle`` batches pass (the lanes still hold batches of the previous size), averages the next
-    ``dwell`` intervals (half as many while twice the size was never measured: the first climb
-    is quick), and decides:
+    ``dwell`` intervals but the slowest (a new shape's warm-up, a GC pause, another tenant; half as
+    many intervals while twice the size was never measured: the first climb is quick), and decides:
 
     - ``target``: the smallest size measured in the last ``refresh`` decisions whose time per item
       is within ``tolerance`` of the best one so measured (past it, larger batches only add latency);
@@ -220,9 +220,7 @@ class SaturationClimber:
         self._per_item: dict[int, tuple[float, int]] = {}  # size -> (seconds per item, decision stamp)
         self._decisions = 0
         self._closes = 0
-        self._sum_s = 0.0
-        self._sum_items = 0
-        self._samples = 0
+        self._intervals: list[float] = []
 
     def per_item_s(self, size: int) -> float | None:
         """The measured seconds per item at ``size``, recent or not; None if never measured."""
@@ -239,10 +237,8 @@ class SaturationClimber:
         climbing = self.size < cap and min(2 * self.size, cap) not in self._per_item
         dwell = max(1, self._dwell // 2) if climbing else self._dwell  # class docstring
         if self._closes > self._settle and math.isfinite(interval_s) and size == self.size:
-            self._sum_s += interval_s
-            self._sum_items += size
-            self._samples += 1
-        if self._samples >= dwell:
+            self._intervals.append(interval_s)
+        if len(self._intervals) >= dwell:
             self._decide(cap)
         elif self.size > cap:
             self._move(_grid_floor(cap))
@@ -253,7 +249,8 @@ class SaturationClimber:
         self._move(self.size // 2 if self.size > 2 else 0)
 
     def _decide(self, cap: int) -> None:
-        measured = self._sum_s / self._sum_items
+        kept = sorted(self._intervals)[:max(1, len(self._intervals) - 1)]  # the slowest left out
+        measured = sum(kept) / (len(kept) * self.size)
         old = self._per_item.get(self.size)
         if old is not None and self._decisions - old[1] <= self._refresh:
             measured = (old[0] + measured) / 2
@@ -277,9 +274,7 @@ class SaturationClimber:
     def _move(self, size: int) -> None:
         self.size = size
         self._closes = 0
-        self._sum_s = 0.0
-        self._sum_items = 0
-        self._samples = 0
+        self._intervals = []
 
 
 def _grid_floor(size: int) -> int:
