@@ -34,8 +34,8 @@ batch's time (the device model's, or the worker's measured time at saturation wh
 filled from a backlog, not by live arrivals. From then on a
 :class:`~agents.controller.SaturationClimber` sets the size from the *measured* interval between
 batches closed from the backlog — the whole worker's time per batch, per-batch costs outside the
-device lane included, which the device model does not see: it doubles while a doubling pays more
-than ``knee_tolerance``, up to the SLO cap (the largest size whose predicted service time fits
+device lane included, which the device model does not see: it doubles while a doubling pays, up
+to the SLO cap (the largest size whose predicted service time fits
 ``slo_s - max_wait_s``), keeps to the smallest size whose measured time per item is within
 ``knee_tolerance`` of the best, and re-measures the neighbouring sizes now and then (never below
 the light-load size). A deadline close, or a bucket that did not fill from

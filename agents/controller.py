@@ -203,15 +203,17 @@ class SaturationClimber:
     ``dwell`` intervals but the slowest (a new shape's warm-up, a GC pause, another tenant; half as
     many intervals while twice the size was never measured: the first climb is quick), and decides:
 
-    - ``target``: the smallest size measured in the last ``refresh`` decisions whose time per item
-      is within ``tolerance`` of the best one so measured (past it, larger batches only add latency);
-    - at the target, it explores one neighbour not measured recently — twice the size first
-      (within ``cap``), else half — so an early, noisy or outdated figure never locks a size in;
-    - elsewhere it moves to the target.
+    - while the size just measured is the best so far, it doubles (within ``cap``, the SLO's limit)
+      if twice the size was not measured recently;
+    - otherwise it goes to the ``target``: the smallest size measured in the last ``refresh``
+      decisions whose time per item is within ``tolerance`` of the best one so measured (past it,
+      larger batches only add latency);
+    - at the target, it explores one neighbour not measured recently — twice the size first,
+      else half — so an early, noisy or outdated figure never locks a size in.
 
-    So it climbs by doubling while a doubling pays more than ``tolerance`` (up to ``cap``, the
-    SLO's limit), stays within ``tolerance`` of the best size it measured, and re-measures the
-    neighbours every ``refresh`` decisions. Sizes are powers of two, plus ``cap`` itself.
+    So it climbs by doubling while a doubling pays at all, settles within ``tolerance`` of the
+    best size it measured (not ``tolerance`` per doubling), and re-measures the neighbours every
+    ``refresh`` decisions. Sizes are powers of two, plus ``cap`` itself.
     """
 
     def __init__(self, *, tolerance: float = 0.05, settle: int = 4, dwell: int = 4, refresh: int = 8) -> None:
@@ -263,10 +265,13 @@ class SaturationClimber:
             return
         best = min(fresh.values())
         target = min(b for b, s in fresh.items() if s <= best * (1 + self._tolerance))
+        up = min(2 * self.size, cap) if self.size < cap else None
+        if fresh[self.size] == best and up is not None and up not in fresh:
+            self._move(up)  # still improving: look further up before settling on the target
+            return
         if target != self.size:
             self._move(target)
             return
-        up = min(2 * self.size, cap) if self.size < cap else None
         down = _grid_floor(self.size - 1) if self.size > 1 else None
         explore = next((b for b in (up, down) if b is not None and b not in fresh), None)
         self._move(self.size if explore is None else explore)
