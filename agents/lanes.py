@@ -14,6 +14,10 @@ backfill out of live traffic's way:
 2. :func:`pause_backfill` — the consumer-side rule (applied by :mod:`agents.backfill`): the
    backfill topic's partitions are paused while live work is queued in the worker or the live lag
    is above a threshold, so backfill records are not even fetched while live traffic needs the worker.
+3. :class:`BackfillGate` — how many backfill inputs the worker may hold: few (``busy_cap``) while
+   live work is about or was within the last ``idle_s``, the lane's whole window only once live
+   traffic has been quiet that long. Backfill already in the worker then finishes behind live work
+   (its prepare and output threads run at a lower CPU priority: :mod:`agents.runner`).
 
 The driver reports each batch that leaves the device lane (or fails before it) with
 ``device_done(items)``; that is what frees the next backfill batch.
@@ -27,7 +31,7 @@ from typing import Generic, Literal, TypeVar
 
 from agents.batching import Batch, MicroBatcher
 
-__all__ = ["BACKFILL", "LIVE", "LaneBatcher", "pause_backfill"]
+__all__ = ["BACKFILL", "LIVE", "BackfillGate", "LaneBatcher", "pause_backfill"]
 
 T = TypeVar("T")
 Lane = Literal["live", "backfill"]
@@ -40,6 +44,29 @@ def pause_backfill(live_queued: int, live_lag: int, lag_threshold: int) -> bool:
     worker (inputs handed and not yet through the device), or more than ``lag_threshold`` live
     records wait in the brokers."""
     return live_queued > 0 or live_lag > lag_threshold
+
+
+class BackfillGate:
+    """Admission of backfill inputs into a worker, from live activity (pure; ``clock`` injected).
+
+    ``room(live_active, held, limit)``: how many more backfill inputs may be taken now, given
+    whether live work is about (queued in the worker, or lagging in the brokers), how many backfill
+    inputs the worker holds, and the lane's window ``limit``. While live work is about, and until it
+    has been quiet for ``idle_s``, the worker holds at most ``busy_cap`` backfill inputs (0: none
+    taken while live work is about, the old pause rule); after that, up to ``limit``."""
+
+    def __init__(self, *, idle_s: float, busy_cap: int, clock: Callable[[], float]) -> None:
+        if idle_s < 0 or busy_cap < 0:
+            raise ValueError(f"BackfillGate: idle_s={idle_s} and busy_cap={busy_cap} must be >= 0")
+        self.idle_s, self.busy_cap, self.clock = idle_s, busy_cap, clock
+        self._last_live = float("-inf")  # when live work was last seen about
+
+    def room(self, live_active: bool, held: int, limit: int) -> int:
+        now = self.clock()
+        if live_active:
+            self._last_live = now
+        cap = limit if not live_active and now - self._last_live >= self.idle_s else min(limit, self.busy_cap)
+        return max(0, cap - held)
 
 
 class LaneBatcher(Generic[T]):
