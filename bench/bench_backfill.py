@@ -22,7 +22,9 @@ Live latency is the processed event's ``latency_us`` (event creation by the prod
 output's seal in the worker); where it goes comes from the event's spans (``wait:<stage>`` is the
 time between the previous span's end and that stage's start; ``before prepare`` is the latency not
 covered by spans: the broker hop and the wait for a prepare thread). Drain rate = backfill outputs
-per second during the live window; spare capacity = capacity − live rate. Goals (issue 13): live
+per second during the live window; spare capacity = capacity − live rate, with the capacity
+measured again at the start of each round (a burst, as in the first phase: the shared machine's
+capacity moves), while the live rate stays the one set from the first capacity phase. Goals (issue 13): live
 p99 with the backlog ≤ 1.2 × live p99 alone; drain ≥ 80 % of spare capacity. Writes
 ``bench_backfill.json`` and ``bench_backfill.png`` (live latency over time per phase, backlog depth
 over time, where live latency goes) to ``--out``. Small images (longer side ``--side`` px) and one
@@ -346,7 +348,10 @@ async def main() -> None:
         backlog = int(args.backlog_factor * rate * args.seconds)
         print(f"capacity {cap['capacity']:.1f} img/s; live at {rate:.1f} img/s; backlog {backlog}", file=sys.stderr)
         for r in range(args.rounds):
-            rnd: dict[str, Any] = {}
+            # the machine's capacity moves with the other engineers' load: each round measures its own
+            rnd: dict[str, Any] = {"capacity": (await phase(f"r{r + 1}-capacity", bootstrap, data, images, args, env,
+                                                            burst=args.burst))["capacity"]}
+            print(f"round {r + 1} capacity {rnd['capacity']:.1f} img/s", file=sys.stderr)
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
                 rnd[mode] = await phase(f"r{r + 1}-{mode}", bootstrap, data, images, args, envs[mode], rate=rate,
                                         backlog=0 if mode == "alone" else backlog)
@@ -360,13 +365,13 @@ async def main() -> None:
     summary: dict[str, Any] = {"capacity": cap["capacity"], "load": args.load, "live_rate": rate,
                                "seconds": args.seconds, "backlog": backlog, "rounds": []}
     for i, rnd in enumerate(rounds):
-        row: dict[str, Any] = {"round": i + 1}
+        row: dict[str, Any] = {"round": i + 1, "capacity_img_s": rnd["capacity"]}
         for mode in MODES:
             res = rnd[mode]
             row[f"{mode}_p50_ms"] = res["live_p50_s"] * 1000
             row[f"{mode}_p99_ms"] = res["live_p99_s"] * 1000
             if mode != "alone":
-                spare = cap["capacity"] - res["live_rate"]
+                spare = rnd["capacity"] - res["live_rate"]
                 row[f"{mode}_p99_ratio"] = res["live_p99_s"] / rnd["alone"]["live_p99_s"]
                 row[f"{mode}_drain_img_s"] = res["drain_rate"]
                 row[f"{mode}_drain_share"] = res["drain_rate"] / spare if spare > 0 else float("nan")
