@@ -194,6 +194,21 @@ def record_of(event: Any) -> InRecord:
                     timestamp_ms=int(msg.timestamp * 1000) if msg.timestamp else None)
 
 
+def _log_ids(records: Sequence[InRecord]) -> dict[str, str]:
+    """Log fields that find these inputs again: ``inputs`` (topic:partition:offset) and the trace
+    ids their ``traceparent`` headers carry, which their spans continue (agents/tracing.py)."""
+    traces = []
+    for rec in records:
+        parent = next((v for k, v in rec.headers or [] if k == "traceparent" and v), None)
+        parts = parent.split(b"-") if parent else []
+        if len(parts) == 4 and len(parts[1]) == 32:
+            traces.append(parts[1].decode("ascii", "replace"))
+    out = {"inputs": ",".join(f"{r.topic}:{r.partition}:{r.offset}" for r in records)}
+    if traces:
+        out["trace_ids"] = ",".join(traces)
+    return out
+
+
 @dataclass(eq=False, slots=True)
 class _Item:
     """One handed input on its way through the lanes."""
@@ -401,10 +416,13 @@ class BatchRunner:
                 self._spawn(self._prepare(lane, [inbox.popleft() for _ in range(n)]))
 
     async def _prepare(self, lane: str, items: list[_Item]) -> None:
+        self.observer.lane_progress("prepare", sum(len(inbox) for inbox in self._inbox.values()))
+        t0 = self.clock()
         try:
             results = await self._call("prepare", len(items), self._prepare_all, [i.record for i in items],
                                        pool=self._pool_of[("prepare", lane)])
         finally:
+            self.observer.batch_done("prepare", len(items), self.clock() - t0)
             self._prep_slots[lane].release()
             for item in items:
                 self._preparing[item.lane] -= 1
@@ -412,7 +430,8 @@ class BatchRunner:
         for item, res in zip(items, results, strict=True):
             if isinstance(res, Exception):  # prepare never raises by contract; this is the last line of defence
                 log.error("prepare lane: %s for %s:%d:%d; it goes to the dead-letter topic", type(res).__name__,
-                          item.record.topic, item.record.partition, item.record.offset)
+                          item.record.topic, item.record.partition, item.record.offset,
+                          extra=_log_ids([item.record]))
                 dead.append((item, self._dead_letter(item, ProcessingFailed(f"{type(res).__name__}: {res}",
                                                                             stage="prepare"))))
             elif isinstance(res, OutRecord):
@@ -707,7 +726,7 @@ class BatchRunner:
         """A batch-level exception: every item of the batch becomes a PROCESSING_FAILED dead letter."""
         self.stats.batch_failures += 1
         log.error("%s lane: a batch of %d failed with %s; its items go to the dead-letter topic",
-                  lane, len(pairs), type(exc).__name__)
+                  lane, len(pairs), type(exc).__name__, extra=_log_ids([item.record for item, _ in pairs]))
         err = ProcessingFailed(f"{lane} lane: {type(exc).__name__}: {exc}", stage=lane)
         self._send_q.put_nowait([(item, self._dead_letter(item, err, p.event)) for item, p in pairs])
 
@@ -739,7 +758,8 @@ class BatchRunner:
                     raise
                 dead = self._dead_letter(item, ProcessingFailed(message, stage="output"), item.parsed, rec=rec)
             if dlq_limit is None or record_size(dead) <= dlq_limit:
-                log.error("%s:%d:%d: %s", item.record.topic, item.record.partition, item.record.offset, message)
+                log.error("%s:%d:%d: %s", item.record.topic, item.record.partition, item.record.offset, message,
+                          extra=_log_ids([item.record]))
                 return dead
         raise FatalError(f"a dead letter for {item.record.topic}:{item.record.partition}:{item.record.offset} "
                          f"exceeds the dead-letter topic's limit of {dlq_limit} bytes even without its value")

@@ -43,6 +43,20 @@ def _version(value: bool) -> None:
 def _main(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                                 help="print the version and exit")] = False) -> None:
     """lightbox: marketplace-ready product images from raw supplier photos, as a stream."""
+    _local_secure_env()
+
+
+def _local_secure_env() -> None:
+    """With no broker named, a secured broker from `lightbox kafka up --secure` is used as the plain one
+    is: its protocol, user, CA and password file are set for this command (what was set is kept)."""
+    if "LIGHTBOX_KAFKA_BOOTSTRAP" in os.environ:
+        return
+    from lightbox.kafka_local import read_state
+
+    state = read_state()
+    if state is not None and state.secure and state.alive():
+        for key, value in state.client_env().items():
+            os.environ.setdefault(key, value)
 console = Console()
 err = Console(stderr=True)
 
@@ -89,6 +103,7 @@ def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default
     kafka.save_state()
     console.print(f"Kafka up at [bold]{kafka.bootstrap}[/] in {time.monotonic() - t0:.1f} s "
                   f"(pid {kafka.pid}, log {kafka.log_file})")
+    console.print("lightbox commands here find it on their own; for other shells and clients:")
     for key, value in kafka.client_env().items():  # a secure broker: also protocol, user, CA and password files
         console.print(f"export {key}={value}", soft_wrap=True)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from lightbox.kafka_local import LocalKafka
 from lightbox.samples import make_bad_inputs, make_catalog
 from streams.settings import Settings
 
@@ -72,16 +73,19 @@ def settings(kafka_bootstrap: str, tmp_path: Path) -> Settings:
 
 # -- kafkasec: one SASL_SSL (SCRAM-SHA-512) broker for the security tests
 @pytest.fixture(scope="session")
-def kafka_secure() -> Iterator[dict[str, str]]:
-    """A second local broker with only a SASL_SSL listener (``lightbox kafka up --secure``);
-    yields the ``LIGHTBOX_KAFKA_*`` settings a client needs (password in a file, CA file)."""
-    from lightbox.kafka_local import LocalKafka
-
+def kafka_secure_broker() -> Iterator[LocalKafka]:
+    """A second local broker with only a SASL_SSL listener (``lightbox kafka up --secure``)."""
     kafka = LocalKafka.start(secure=True)
     try:
-        yield kafka.client_env()
+        yield kafka
     finally:
         kafka.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_secure(kafka_secure_broker: LocalKafka) -> dict[str, str]:
+    """The ``LIGHTBOX_KAFKA_*`` settings a client of the secure broker needs (password in a file, CA file)."""
+    return kafka_secure_broker.client_env()
 
 
 @pytest.fixture

@@ -5,7 +5,9 @@ untrusted CA each fail at once with one error naming the cause, not a hang and n
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -16,8 +18,9 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import SecretStr
 
 from lightbox.demo import WorkerProcess
+from lightbox.kafka_local import LocalKafka
 from lightbox.kafka_secure import SecureFiles, secure_setup
-from streams.consume import read_events
+from streams.consume import read_events, read_records
 from streams.producer import ImageProducer
 from streams.security import KafkaSecurityError, aiokafka_kwargs
 from streams.settings import Settings
@@ -147,3 +150,26 @@ def test_a_worker_with_bad_credentials_exits_with_one_clear_line(case: str, secu
     assert rc == 2, log
     assert f"kafka security: Kafka at {secure_settings.kafka_bootstrap}" in log and expect in log, log
     assert "Traceback" not in log and "not-it" not in log, log
+
+
+def test_the_cli_finds_the_secure_local_broker_on_its_own(kafka_secure_broker: LocalKafka, secure_settings: Settings,
+                                                          catalog: list[Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """After `lightbox kafka up --secure`, other lightbox commands connect with no exports: protocol,
+    user, CA and password file come from the broker's state, as the bootstrap does for a plain one."""
+    state = tmp_path / "kafka-local.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTBOX_")}
+    env["LIGHTBOX_STATE_FILE"] = str(state)
+    monkeypatch.setenv("LIGHTBOX_STATE_FILE", str(state))
+    kafka_secure_broker.save_state()
+    run = subprocess.run([sys.executable, "-m", "lightbox.cli", "produce", str(catalog[0]), str(catalog[1]),
+                          "--topic", secure_settings.input_topic, "--presets", "thumb_webp"],
+                         env=env, capture_output=True, text=True, timeout=BOUND_S)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    async def count() -> int:
+        records = await read_records(secure_settings.kafka_bootstrap, [secure_settings.input_topic],
+                                     security=aiokafka_kwargs(secure_settings))
+        return len(records)
+
+    assert asyncio.run(asyncio.wait_for(count(), BOUND_S)) == 2

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from agents.batching import BatchingConfig, MicroBatcher
 from agents.process import InRecord, OutRecord
-from agents.runner import BatchRunner, RunnerConfig, RunnerFailed
+from agents.runner import BatchRunner, RunnerConfig, RunnerFailed, _log_ids
 from schemas.errors import LightboxError, StoreUnavailable
 
 TOPIC = "in"
@@ -331,7 +331,7 @@ def test_acked_offset_never_passes_the_lowest_unacknowledged_input(case: tuple[l
 
 
 # ----------------------------------------------------------------------------------- supervision
-def test_a_batch_level_exception_becomes_dead_letters_and_the_lanes_go_on() -> None:
+def test_a_batch_level_exception_becomes_dead_letters_and_the_lanes_go_on(caplog: pytest.LogCaptureFixture) -> None:
     async def go() -> None:
         h = Harness(sink=FakeSink(auto=True),
                     batching=BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=2))
@@ -348,6 +348,15 @@ def test_a_batch_level_exception_becomes_dead_letters_and_the_lanes_go_on() -> N
         await h.runner.stop()
 
     run(go)
+    failed = [r for r in caplog.records if "a batch of 2 failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].inputs == f"{TOPIC}:0:0,{TOPIC}:0:1"  # type: ignore[attr-defined]
+
+
+def test_error_logs_name_the_inputs_and_the_traces_they_continue() -> None:
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traced = InRecord(TOPIC, 1, 7, b"ok", headers=[("traceparent", f"00-{trace}-00f067aa0ba902b7-01".encode())])
+    assert _log_ids([traced, rec(0, 3)]) == {"inputs": f"{TOPIC}:1:7,{TOPIC}:0:3", "trace_ids": trace}
+    assert _log_ids([rec(0, 3)]) == {"inputs": f"{TOPIC}:0:3"}  # a malformed traceparent names no trace
 
 
 def test_a_fatal_error_fail_stops_without_acknowledging() -> None:
@@ -530,8 +539,8 @@ def test_the_observer_hears_every_input_batch_and_acknowledged_output() -> None:
         assert sorted(v for n, v in obs.calls if n == "output_acked") == [0, 1, 2]
         assert sorted(v for n, v in obs.calls if n == "sending") == [0, 1, 2]  # each before its ack
         assert names.index("sending") < names.index("output_acked")
-        assert {v for n, v in obs.calls if n == "batch_done"} == {"decode", "device", "output"}
-        assert {v for n, v in obs.calls if n == "lane_progress"} == {"decode", "device", "output"}
+        assert {v for n, v in obs.calls if n == "batch_done"} == {"prepare", "decode", "device", "output"}
+        assert {v for n, v in obs.calls if n == "lane_progress"} == {"prepare", "decode", "device", "output"}
         assert names.index("received") < names.index("output_acked")
         assert [v for n, v in obs.calls if n == "in_flight"][-1] == 0
         await h.runner.stop()
