@@ -294,3 +294,36 @@ def test_backfill_prepare_and_output_run_in_their_own_threads_and_never_hold_up_
     proc, _ = asyncio.run(go())
     assert proc.threads == {("prepare", "bf"): {"lightbox-backfill-prepare"}, ("prepare", "in"): {"lightbox-prepare"},
                             ("output", "bf"): {"lightbox-backfill-output"}, ("output", "in"): {"lightbox-output"}}
+
+
+def test_backfill_share_leaves_a_gap_after_each_backfill_batch_that_live_batches_use() -> None:
+    """share 0.5: a backfill batch that took 0.25 s is followed by 0.25 s in which no backfill batch
+    starts; a live batch arriving then goes at once; a failed batch (no service time) leaves no gap."""
+    clock = StepClock()
+    one = BatchingConfig(fixed_batch=1, max_wait_s=0.02)
+    lb: LaneBatcher[Item] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda it: it[0],
+                                        backfill_share=0.5, clock=clock)
+    first = lb.add(("backfill", 0, 0), "s", clock.t)
+    assert ids(first) == [(0,)]
+    assert lb.add(("backfill", 1, 0), "s", clock.t) == [] and lb.add(("backfill", 2, 0), "s", clock.t) == []
+    clock.t += 0.25
+    lb.record_service(1, 0.25)
+    lb.device_done(first[0].items)
+    assert lb.poll(clock.t) == [] and lb.next_deadline() == clock.t + 0.25  # the gap
+    clock.t += 0.125
+    live = lb.add(("live", 9, 0), "s", clock.t)
+    assert ids(live) == [(9,)]  # the device is free for it
+    lb.device_done(live[0].items)
+    assert lb.poll(clock.t) == []  # still in the gap
+    clock.t += 0.125
+    second = lb.poll(clock.t)
+    assert ids(second) == [(1,)]
+    lb.device_done(second[0].items)  # failed before the device: no service time, no gap
+    assert ids(lb.poll(clock.t)) == [(2,)]
+
+
+def test_backfill_share_must_be_a_share() -> None:
+    for share in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="backfill_share"):
+            LaneBatcher(MicroBatcher(BatchingConfig()), MicroBatcher(BatchingConfig()), lane_of=lambda it: "live",
+                        backfill_share=share)
