@@ -355,7 +355,7 @@ async def main() -> None:
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
                 rnd[mode] = await phase(f"r{r + 1}-{mode}", bootstrap, data, images, args, envs[mode], rate=rate,
                                         backlog=0 if mode == "alone" else backlog)
-                (args.out / "partial.json").write_text(json.dumps(rounds + [rnd], default=float))
+                (args.out / "partial.json").write_text(json.dumps([*rounds, rnd], default=float))
                 print(f"round {r + 1} {mode}: p50 {rnd[mode]['live_p50_s'] * 1000:.0f} ms, "
                       f"p99 {rnd[mode]['live_p99_s'] * 1000:.0f} ms"
                       + (f", drain {rnd[mode]['drain_rate']:.1f} img/s" if mode != "alone" else ""), file=sys.stderr)
