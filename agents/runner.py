@@ -287,8 +287,7 @@ class BatchRunner:
         }
         # the pool each (lane call, input lane) runs in: the backfill lane's own threads run at a lower
         # CPU priority, so its fetches, encodes and store writes take only the CPU live work leaves
-        self._pool_of = {(call, "live"): call for call in self._LANES} | {(call, "backfill"): call
-                                                                          for call in self._LANES}
+        self._pool_of = {(call, lane): call for call in self._LANES for lane in ("live", "backfill")}
         if own:
             for call in ("prepare", "output"):
                 self._pools[f"backfill-{call}"] = ThreadPoolExecutor(

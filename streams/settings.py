@@ -139,7 +139,7 @@ class Settings(BaseSettings):
                                                        "lower CPU priority (0: it shares the live lane's threads)")
     backfill_nice: int = Field(10, ge=0, le=19, description="how much lower the backfill threads' CPU priority is "
                                                             "(Linux niceness, per thread; 0: the same as live)")
-    backfill_device_share: float = Field(0.8, gt=0, le=1, description="the most of the decode and device lanes' "
+    backfill_device_share: float = Field(1.0, gt=0, le=1, description="the most of the decode and device lanes' "
                                                                        "time the backfill takes: after a backfill "
                                                                        "batch of d s, none starts for d*(1/share-1) s "
                                                                        "(1: no gap)")
