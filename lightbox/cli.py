@@ -614,7 +614,8 @@ def demo(
 
 # ---------------------------------------------------------------------------------- replay (backfill)
 replay_app = typer.Typer(help="Publish a backfill to the backfill topic at a set rate, resumably: from a manifest, a "
-                              "folder, or a range of the input topic. Workers give it only spare capacity.",
+                              "folder, an object-store prefix, or a range of the input topic. Workers give it only "
+                              "spare capacity.",
                          no_args_is_help=True)
 app.add_typer(replay_app, name="replay")
 
@@ -684,7 +685,7 @@ def _run_replay(make_source: Any, *, bootstrap: str | None, topic: str | None, r
         left = res.total - res.published
         eta = f", about {left / rate:.0f} s at {rate:g} img/s" if rate else ""
         console.print(f"dry run: job {res.job}: {res.total} images, {res.published} already published, "
-                      f"{left} to publish to {target}{eta}")
+                      f"{left} to publish to {target}{eta}{f'; {res.note}' if res.note else ''}")
         return
     state = "complete" if res.complete else "stopped (run the same command again to continue)"
     console.print(f"job {res.job}: {res.published}/{res.total} published ({res.this_run} this run"
@@ -725,6 +726,34 @@ def replay_folder(
     from lightbox.replay import FolderSource
 
     _run_replay(lambda: FolderSource(folder, _defaults(presets, background, merchant), inline=inline),
+                bootstrap=bootstrap, topic=topic, rate=rate, dry_run=dry_run, checkpoint=checkpoint, restart=restart)
+
+
+@replay_app.command("prefix")
+def replay_prefix(
+    url: Annotated[str, typer.Argument(help="s3://bucket/prefix/, gs://bucket/prefix/ or az://container/prefix/ "
+                                            "(whole path segments; listed recursively, sorted by key)")],
+    pattern: Annotated[str | None, typer.Option(help="keep only keys matching this glob instead of the image "
+                                                     "suffixes (.jpg .jpeg .png .webp); without a '/' it is matched "
+                                                     "against the key's name, with one against the key below the "
+                                                     "prefix")] = None,
+    presets: Presets = "taobao_main,jd_main,amazon_main",
+    background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
+    merchant: Annotated[str, typer.Option(help="merchant id")] = "catalog",
+    rate: Rate = None, dry_run: DryRun = False, checkpoint: Checkpoint = None, restart: Restart = False,
+    topic: TargetTopic = None, bootstrap: Bootstrap = None,
+) -> None:
+    """One event per image object under an object-store prefix, its URL as the source URI (workers fetch
+    it: their LIGHTBOX_FETCH_ALLOW must name the bucket); SKU = the key's name without suffix. Zero-byte
+    objects (folder markers) are left out. Credentials come from the store's standard environment
+    (AWS_*, GOOGLE_*, AZURE_*), and LIGHTBOX_S3_ENDPOINT names an S3-compatible server, as for workers.
+    The sorted listing is fixed at the first run (kept beside the checkpoint), so a resumed run continues
+    without gaps or repeats whatever lands under the prefix meanwhile. (A command of its own rather than
+    `replay folder` with a URL: no local paths, no --inline, and a listing that is fixed per job.)"""
+    from lightbox.replay import PrefixSource
+
+    _run_replay(lambda: PrefixSource(url, _defaults(presets, background, merchant), pattern=pattern,
+                                     endpoint=Settings().s3_endpoint),
                 bootstrap=bootstrap, topic=topic, rate=rate, dry_run=dry_run, checkpoint=checkpoint, restart=restart)
 
 

@@ -6,6 +6,9 @@ Sources (each yields items in a fixed order, so a job can stop and continue):
   reader ``lightbox produce`` uses): one event per row.
 - :class:`FolderSource` — image files under a folder, sorted by path: one event per file
   (``file://`` URIs by default, inline bytes on request).
+- :class:`PrefixSource` — image objects under an object-store prefix (``s3://`` ``gs://`` ``az://``,
+  listed with obstore), sorted by key: one event per object with its URL as ``source.uri`` (workers
+  fetch it themselves). The sorted listing is fixed at the first run, in a file beside the checkpoint.
 - :class:`TopicSource` — an offset or time range of the input topic: each record is re-published
   unchanged (same value, so the same ``event_id``: with the same pipeline and model versions the
   outputs get the same ids and bytes, and downstream dedupes; with a new version, new ids), with a
@@ -17,10 +20,11 @@ row or file index in lane 0, or the source partition and offset).
 
 Resume, without gaps or repeats. The checkpoint file (JSON, replaced atomically) keeps per lane
 the first ``seq`` not yet acknowledged by the brokers (every item before it is), the plan fixed
-at the first run (rows, files, or the concrete offset ranges a time range resolved to), and per
-target partition the offset from which records of this job past the cursor may sit. Running the
-same command again reads the target topic from there, skips the items it finds (published after
-the last checkpoint, before the stop — a ``kill -9`` included) and publishes the rest.
+at the first run (rows, files, a prefix's sorted listing — in a file beside the checkpoint — or the
+concrete offset ranges a time range resolved to), and per target partition the offset from which
+records of this job past the cursor may sit. Running the same command again reads the target
+topic from there, skips the items it finds (published after the last checkpoint, before the stop —
+a ``kill -9`` included) and publishes the rest.
 
 Pacing: a :class:`~lightbox.ratelimit.TokenBucket` (images per second); ``dry_run`` counts.
 """
@@ -45,8 +49,8 @@ from lightbox.ratelimit import TokenBucket
 from schemas.events import EventCodecs
 
 __all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint", "Defaults", "FolderSource",
-           "ManifestSource", "ReplayError", "ReplayItem", "ReplayProgress", "ReplayResult", "ReplaySource",
-           "TopicSource", "default_checkpoint", "job_id", "raw_consumer", "run_replay"]
+           "ManifestSource", "PrefixSource", "ReplayError", "ReplayItem", "ReplayProgress", "ReplayResult",
+           "ReplaySource", "TopicSource", "default_checkpoint", "job_id", "raw_consumer", "run_replay"]
 
 REPLAY_JOB_HEADER = "lightbox-replay-job"
 REPLAY_SEQ_HEADER = "lightbox-replay-seq"
@@ -90,8 +94,10 @@ class ReplaySource(Protocol):
         """What identifies the job (JSON-able); part of the job id."""
         ...
 
-    async def plan(self) -> Plan:
-        """Fixed at the first run and kept in the checkpoint; holds ``total``."""
+    async def plan(self, state: Path | None = None) -> Plan:
+        """Fixed at the first run and kept in the checkpoint; holds ``total``. ``state``: the
+        checkpoint file, beside which a source may keep what the plan is too big to hold (None: a
+        dry run, which writes nothing)."""
         ...
 
     def items(self, job: str, plan: Plan, cursor: Mapping[int, int]) -> AsyncIterator[ReplayItem]:
@@ -139,7 +145,7 @@ class ManifestSource:
     def spec(self) -> dict[str, Any]:
         return {"kind": "manifest", "path": str(self.path), "sha256": self._sha256, **self.defaults.spec()}
 
-    async def plan(self) -> Plan:
+    async def plan(self, state: Path | None = None) -> Plan:
         return {"total": self._rows}
 
     async def items(self, job: str, plan: Plan, cursor: Mapping[int, int]) -> AsyncIterator[ReplayItem]:
@@ -175,7 +181,7 @@ class FolderSource:
         return {"kind": "folder", "path": str(self.folder), "listing": self._listing, "inline": self.inline,
                 **self.defaults.spec()}
 
-    async def plan(self) -> Plan:
+    async def plan(self, state: Path | None = None) -> Plan:
         return {"total": len(self.files)}
 
     async def items(self, job: str, plan: Plan, cursor: Mapping[int, int]) -> AsyncIterator[ReplayItem]:
@@ -193,6 +199,163 @@ class FolderSource:
                   "priority": 0, "created_at": _now_ms()}
             yield ReplayItem(0, index, f.stem.encode(), self.codecs.product.encode(ev),
                              [("traceparent", _traceparent())])
+
+
+class PrefixSource:
+    """Image objects under an object-store prefix (``s3://bucket/prefix/``, ``gs://…``, ``az://container/…``).
+
+    The store is opened as the workers' fetcher opens it (:func:`gpu_kernels.fetch.objects.open_bucket`:
+    credentials from the cloud's standard environment, ``endpoint`` for an S3-compatible server). The
+    prefix names whole path segments (``photos/2024`` lists ``photos/2024/…``, not ``photos/2024-01/…``).
+    Kept: objects with an image suffix (:data:`streams.producer.IMAGE_SUFFIXES`, any case), or those
+    matching ``pattern`` instead (``fnmatch``; a pattern without ``/`` is matched against the key's
+    name, one with ``/`` against the key below the prefix); never zero-byte objects (folder markers)
+    or keys ending in ``/``.
+
+    The listing is sorted by key and fixed at the first run: the keys go to ``<checkpoint>.keys``
+    (one JSON string a line, written once, its sha256 in the plan), so a resumed run publishes the
+    same items in the same order whatever was added to or removed from the prefix since. One event
+    per key, ``source.uri`` the object's URL (no bytes), SKU the name without suffix."""
+
+    def __init__(self, url: str, defaults: Defaults, *, pattern: str | None = None, endpoint: str | None = None,
+                 codecs: EventCodecs | None = None) -> None:
+        from urllib.parse import unquote, urlsplit
+
+        from gpu_kernels.fetch.objects import open_bucket
+        from gpu_kernels.fetch.policy import BUCKET_SCHEMES
+
+        parts = urlsplit(url)
+        self.scheme, self.bucket = parts.scheme.lower(), parts.netloc
+        if self.scheme not in BUCKET_SCHEMES or not self.bucket or parts.query or parts.fragment:
+            raise ReplayError(f"{url!r} is not an object-store prefix: expected s3://bucket/prefix/, "
+                              "gs://bucket/prefix/ or az://container/prefix/")
+        self.prefix = unquote(parts.path).strip("/")
+        self.pattern = pattern or None
+        self.endpoint = endpoint if self.scheme == "s3" else None
+        self.defaults = defaults
+        self.codecs = codecs or EventCodecs.create()
+        self._keys: list[str] | None = None
+        try:
+            self.store = open_bucket(self.scheme, self.bucket, endpoint=self.endpoint)
+        except Exception as exc:  # obstore's configuration errors; their text may hold settings
+            raise ReplayError(f"{self.url}: cannot open the store ({type(exc).__name__})") from None
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.bucket}/{self.prefix}{'/' if self.prefix else ''}"
+
+    def spec(self) -> dict[str, Any]:
+        return {"kind": "prefix", "url": self.url, "pattern": self.pattern, "endpoint": self.endpoint,
+                **self.defaults.spec()}
+
+    def object_url(self, key: str) -> str:
+        """``scheme://bucket/key``, the key percent-encoded (the fetcher decodes it)."""
+        from urllib.parse import quote
+
+        return f"{self.scheme}://{self.bucket}/{quote(key, safe='/')}"
+
+    def wanted(self, key: str, size: int) -> bool | None:
+        """True: an image to publish; False: not an image (or not matching); None: a folder marker."""
+        import fnmatch
+        from pathlib import PurePosixPath
+
+        from streams.producer import IMAGE_SUFFIXES
+
+        if size == 0 or key.endswith("/"):
+            return None
+        name = PurePosixPath(key).name
+        if self.pattern is None:
+            return PurePosixPath(name).suffix.lower() in IMAGE_SUFFIXES
+        below = key[len(self.prefix):].lstrip("/") if self.prefix else key
+        return fnmatch.fnmatchcase(below if "/" in self.pattern else name, self.pattern)
+
+    async def _list(self) -> tuple[list[str], int, int]:
+        """(sorted image keys, objects left out, folder markers) under the prefix."""
+        import obstore
+        from obstore.exceptions import BaseError
+
+        from gpu_kernels.fetch.objects import classify
+
+        keys: list[str] = []
+        other = markers = 0
+        try:
+            async for chunk in obstore.list(self.store, prefix=self.prefix or None, chunk_size=1000):
+                for meta in chunk:
+                    key, size = str(meta["path"]), int(meta["size"])
+                    keep = self.wanted(key, size)
+                    if keep:
+                        keys.append(key)
+                    elif keep is None:
+                        markers += 1
+                    else:
+                        other += 1
+        except (BaseError, OSError) as exc:  # the message is never echoed (obstore's may hold a body)
+            raise ReplayError(f"{self.url}: cannot list the prefix ({classify(exc)}, {type(exc).__name__})") from None
+        keys.sort()  # code-point order, which is the UTF-8 byte order S3 lists in; fixed whatever the store does
+        return keys, other, markers
+
+    async def plan(self, state: Path | None = None) -> Plan:
+        keys, other, markers = await self._list()
+        if not keys:
+            raise ReplayError(f"{self.url}: no image objects under the prefix ({other} other objects, {markers} "
+                              f"empty ones{'; --pattern ' + repr(self.pattern) if self.pattern else ''})")
+        self._keys = keys
+        note = f"left out {other} non-image object(s) and {markers} empty one(s) (folder markers)"
+        plan: Plan = {"total": len(keys), "first": keys[0], "last": keys[-1], "note": note, "listing": None}
+        if state is not None:
+            listing = state.with_name(state.name + ".keys")
+            plan["listing"], plan["listing_sha256"] = str(listing), _write_lines(listing, keys)
+        return plan
+
+    def _listed(self, plan: Plan) -> list[str]:
+        """The keys fixed at the first run (from the listing file on a resumed run)."""
+        if plan.get("listing") is None:
+            if self._keys is None:
+                raise ReplayError(f"{self.url}: the plan holds no listing")
+            return self._keys
+        path = Path(plan["listing"])
+        try:
+            text = path.read_bytes()
+        except OSError as exc:
+            raise ReplayError(f"{path}: the listing of this job's first run cannot be read ({type(exc).__name__}); "
+                              "--restart lists the prefix again") from None
+        if hashlib.sha256(text).hexdigest() != plan.get("listing_sha256"):
+            raise ReplayError(f"{path}: the listing of this job's first run has changed; --restart lists the prefix "
+                              "again")
+        keys = [str(json.loads(line)) for line in text.decode().splitlines()]
+        if len(keys) != plan["total"]:
+            raise ReplayError(f"{path}: {len(keys)} keys, the plan says {plan['total']}")
+        return keys
+
+    async def items(self, job: str, plan: Plan, cursor: Mapping[int, int]) -> AsyncIterator[ReplayItem]:
+        import mimetypes
+        from pathlib import PurePosixPath
+
+        d, keys = self.defaults, self._listed(plan)
+        for index in range(cursor.get(0, 0), len(keys)):
+            key = keys[index]
+            name = PurePosixPath(key)
+            ev = {"event_id": _event_id(job, 0, index), "sku": name.stem, "image_id": name.name,
+                  "merchant_id": d.merchant_id, "source": {"uri": self.object_url(key), "sha256": None},
+                  "content_type": mimetypes.guess_type(name.name)[0], "presets": list(d.presets),
+                  "retouch": {"background": d.background.upper(), "lighting": d.lighting.upper(),
+                              "segmentation": d.segmentation.upper()},
+                  "priority": 0, "created_at": _now_ms()}
+            yield ReplayItem(0, index, name.stem.encode(), self.codecs.product.encode(ev),
+                             [("traceparent", _traceparent())])
+
+
+def _write_lines(path: Path, keys: Sequence[str]) -> str:
+    """Write one JSON string a line, atomically; return the file's sha256."""
+    body = "".join(json.dumps(k) + "\n" for k in keys).encode()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".keys-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return hashlib.sha256(body).hexdigest()
 
 
 class TopicSource:
@@ -218,7 +381,7 @@ class TopicSource:
                 "start_offset": self.start_offset, "end_offset": self.end_offset,
                 "start_ms": self.start_ms, "end_ms": self.end_ms}
 
-    async def plan(self) -> Plan:
+    async def plan(self, state: Path | None = None) -> Plan:
         from aiokafka import TopicPartition
 
         async with raw_consumer(self.bootstrap, self.security) as consumer:
@@ -409,6 +572,7 @@ class ReplayResult:
     complete: bool
     checkpoint: Path | None
     dry_run: bool = False
+    note: str | None = None  # what the source left out (e.g. non-image objects under a prefix)
 
 
 async def _already_published(bootstrap: str, security: Mapping[str, Any] | None, topic: str, job: str,
@@ -462,10 +626,11 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
         raise ReplayError(f"{path} is the checkpoint of another replay job ({ckpt.job}, to {ckpt.topic}; this one is "
                           f"{job}): the source or the options differ. Use another --checkpoint, or --restart")
     if ckpt is None:
-        ckpt = Checkpoint(job=job, topic=topic, spec=spec, plan=await source.plan())
+        ckpt = Checkpoint(job=job, topic=topic, spec=spec, plan=await source.plan(None if dry_run else path))
     total = int(ckpt.plan["total"])
     if dry_run or ckpt.complete:
-        return ReplayResult(job, total, ckpt.published, 0, 0, ckpt.complete, path, dry_run=dry_run)
+        return ReplayResult(job, total, ckpt.published, 0, 0, ckpt.complete, path, dry_run=dry_run,
+                            note=ckpt.plan.get("note"))
 
     from aiokafka import AIOKafkaProducer
 
@@ -539,7 +704,7 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
             raise failure[0]
         save(complete=exhausted and progress.pending == 0)
         return ReplayResult(job, total, base + progress.done, progress.done - skipped, skipped,
-                            ckpt.complete, path)
+                            ckpt.complete, path, note=ckpt.plan.get("note"))
     except BaseException:
         with contextlib.suppress(Exception):
             save()  # what the brokers acknowledged so far

@@ -262,7 +262,7 @@ def test_e_sigterm_finishes_in_flight_work_and_commits(settings: Settings, kit, 
         fk.wait_for(lambda: processed_count(settings) >= 6, 180, "6 processed events", alive=first.running)
         first.terminate()
         t_fault = time.monotonic()
-        rc = first.exit_code(shutdown_s + 15)  # + Faust's own stop (agents, consumer leaves, producer) and exit
+        rc = first.exit_code(120)  # a hang guard: it ends at the latest shutdown_s + 10 s after the stop begins
         stop_s = time.monotonic() - t_fault
         assert rc == 0, first.log_tail()
         got = asyncio.run(fk.committed(settings.kafka_bootstrap, settings.group_id, settings.input_topic))

@@ -431,7 +431,7 @@ DRIVERS = r"""
 extern "C" void emu_correct(lb_dim3 grid, lb_dim3 block,
     const unsigned char* src, int cin, const unsigned char* alpha, long long off, int step,
     int has_alpha, const float* alpha_tab, unsigned char* dst, int mode, int height, int width,
-    const float* wb, const float* gcols, int has_gain, int gh, float gstep,
+    const float* wb, const float* gcols, int has_gain, int gh, float gstep, float gorigin,
     const float* lut, int nlut, const float* lut_scale, int has_lut) {
   blockDim = block;
   for (unsigned by = 0; by < grid.y; ++by) for (unsigned bx = 0; bx < grid.x; ++bx) {
@@ -439,7 +439,7 @@ extern "C" void emu_correct(lb_dim3 grid, lb_dim3 block,
     for (unsigned ty = 0; ty < block.y; ++ty) for (unsigned tx = 0; tx < block.x; ++tx) {
       threadIdx = {tx, ty, 0};
       lb_correct(src, cin, alpha, off, step, has_alpha, alpha_tab, dst, mode, height, width,
-                 wb, gcols, has_gain, gh, gstep, lut, nlut, lut_scale, has_lut);
+                 wb, gcols, has_gain, gh, gstep, gorigin, lut, nlut, lut_scale, has_lut);
     }
   }
 }

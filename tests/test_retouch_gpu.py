@@ -65,7 +65,7 @@ def test_plans_match_cpu(gpu: CupyRetoucher) -> None:
     cpu = CpuRetoucher()
     for _, image, mask in variants():
         a, b = gpu.plan(image, mask, RetouchOptions()), cpu.plan(image, mask, RetouchOptions())
-        assert a.stride == b.stride
+        assert a.grid == b.grid
         pairs = ((a.wb, b.wb), (a.gain_map, b.gain_map), (a.lut, b.lut), (a.lut_scale, b.lut_scale))
         for x, y in pairs:
             assert (x is None) == (y is None)
@@ -134,3 +134,27 @@ def test_bad_shapes_fail_clearly(gpu: CupyRetoucher, name: str) -> None:
     assert isinstance(out[0], ProcessingFailed) and needle in str(out[0])
     with pytest.raises(ProcessingFailed, match=r"retouch\.render"):
         gpu.render(image, mask, BOOK["thumb_webp"])
+
+
+def test_windows_and_area_samples_match_cpu(gpu: CupyRetoucher) -> None:
+    """Issue 15 item 3 on the device: the window the presets read (one host read of the subject
+    box) and the area-averaged sample give the CPU twin's numbers."""
+    from tests.test_retouch_fast import PRESETS as FAST_PRESETS
+    from tests.test_retouch_fast import small_subject
+
+    image, mask = small_subject()
+    cpu = CpuRetoucher()
+    win = gpu.correction_window(cp.asarray(image), cp.asarray(mask), FAST_PRESETS)
+    assert win == cpu.correction_window(image, mask, FAST_PRESETS) and win is not None
+    for background in ("white", "transparent", "keep"):
+        options = RetouchOptions(background)  # type: ignore[arg-type]
+        out = gpu.correct([cp.asarray(image)], [cp.asarray(mask)], options, windows=[win])[0]
+        within_one_lsb(out, cpu.correct([image], [mask], options, windows=[win])[0])
+    from gpu_kernels.retouch import RetouchConfig
+
+    area = RetouchConfig(sample="area", sample_side=128)
+    a = CupyRetoucher(area).plan(image, mask, RetouchOptions())
+    b = CpuRetoucher(area).plan(image, mask, RetouchOptions())
+    assert a.grid == b.grid
+    np.testing.assert_allclose(cp.asnumpy(a.wb), np.asarray(b.wb), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(cp.asnumpy(a.gain_map), np.asarray(b.gain_map), rtol=1e-5, atol=1e-4)

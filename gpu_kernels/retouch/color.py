@@ -36,6 +36,7 @@ __all__ = [
     "ExposureConfig",
     "WhiteBalanceConfig",
     "apply_tone_lut",
+    "area_sample",
     "estimate_tone",
     "estimate_white_balance",
     "luma",
@@ -142,6 +143,35 @@ def sample_stride(height: int, width: int, side: int) -> int:
     return max(1, math.ceil(max(height, width) / max(1, side)))
 
 
+def area_sample(xp: Any, plane: Array, side: int) -> tuple[Array, tuple[int, int], tuple[int, int]]:
+    """Block means of ``plane`` ``(H, W)`` or ``(H, W, C)`` uint8: ``(mean float64 (gh, gw[, C]),
+    (fy, fx), (oy, ox))``.
+
+    Blocks are ``f × f`` with ``f = sample_stride(H, W, side)`` (``min(f, H)`` rows and
+    ``min(f, W)`` columns for an image thinner than a block), so the longer side of the result is
+    at most ``side``; the ``H mod fy`` rows and ``W mod fx`` columns left over are split between
+    both borders (the blocks start at ``(oy, ox)``). Every pixel of the tiled area counts once: an
+    area average, representative where a strided sample would pick one pixel per block. Sums are
+    exact integers (``uint16`` down the rows while they cannot overflow, then ``uint32``), the same
+    on NumPy and CuPy.
+    """
+    h, w = plane.shape[:2]
+    f = sample_stride(h, w, side)
+    fy, fx = min(f, h), min(f, w)
+    gh, gw = h // fy, w // fx
+    oy, ox = (h - gh * fy) // 2, (w - gw * fx) // 2
+    if fy == 1 and fx == 1:
+        return plane[oy:oy + gh, ox:ox + gw].astype(xp.float64), (1, 1), (oy, ox)
+    tail = plane.shape[2:]
+    c = tail[0] if tail else 1
+    acc = xp.uint16 if fy * 255 < 65536 else xp.uint32
+    # rows first over the full width (a contiguous band: no copy of the image), then columns
+    rows = plane[oy:oy + gh * fy].reshape((gh, fy, w * c)).sum(axis=1, dtype=acc)
+    rows = rows.reshape((gh, w, c))[:, ox:ox + gw * fx]
+    blocks = rows.reshape((gh, gw, fx, *tail)).sum(axis=2, dtype=xp.uint32)
+    return blocks.astype(xp.float64) / float(fy * fx), (fy, fx), (oy, ox)
+
+
 def luma(xp: Any, rgb: Array) -> Array:
     """Luma of ``(..., 3)`` values (any float dtype), same scale; Rec. 601 weights."""
     return rgb[..., 0] * LUMA[0] + rgb[..., 1] * LUMA[1] + rgb[..., 2] * LUMA[2]
@@ -226,20 +256,22 @@ def estimate_white_balance(
     flat = rgb.reshape(-1, 3)
     lab = srgb_to_lab(xp, flat)
     light, ab = lab[:, 0], lab[:, 1:]
-    valid = (flat.max(axis=1) < cfg.saturated) & (light >= cfg.min_lightness)
+    peak = xp.maximum(xp.maximum(flat[:, 0], flat[:, 1]), flat[:, 2])  # max over channels, without a reduce
+    valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
     top = masked_percentiles(xp, light, valid | ~xp.any(valid), (cfg.bright_pct,))[0]
     bright = xp.clip((light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
     weight = xp.where(valid, bright, 0.0)
     total = xp.maximum(valid.sum(), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
-    for sigma in cfg.sigmas:
-        d2 = ((ab - centre) ** 2).sum(axis=1)
+    ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+    for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
+        d2 = (ca - centre[0]) ** 2 + (cb - centre[1]) ** 2
         kernel = weight * xp.exp(-0.5 * d2 / (sigma * sigma))
         mass = kernel.sum()
-        centre = xp.where(mass > 1e-12, (kernel[:, None] * ab).sum(axis=0) / xp.maximum(mass, 1e-12), centre)
+        centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()
-    illuminant = xp.maximum((kernel[:, None] * flat).sum(axis=0) / xp.maximum(mass, 1e-12), 1.0)
+    illuminant = xp.maximum((kernel @ flat) / xp.maximum(mass, 1e-12), 1.0)
     confidence = xp.clip(mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
     confidence = xp.where(mass > 1e-12, confidence, 0.0)
     log_gain = confidence * xp.log(_balancing_gains(xp, illuminant))
@@ -247,8 +279,8 @@ def estimate_white_balance(
         bg = valid & (alpha.reshape(-1) <= cfg.background_max_alpha)
         count = bg.sum()
         bgw = bg.astype(xp.float64)
-        bg_rgb = (bgw[:, None] * flat).sum(axis=0) / xp.maximum(count, 1)
-        bg_ab = (bgw[:, None] * ab).sum(axis=0) / xp.maximum(count, 1)
+        bg_rgb = (bgw @ flat) / xp.maximum(count, 1)
+        bg_ab = (bgw @ ab) / xp.maximum(count, 1)
         plane = light.reshape(rgb.shape[:2])
         gx = xp.abs(plane[:, 1:] - plane[:, :-1])
         gy = xp.abs(plane[1:, :] - plane[:-1, :])

@@ -24,6 +24,7 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import (
     apply_tone_lut,
+    area_sample,
     estimate_tone,
     estimate_white_balance,
     luma,
@@ -32,7 +33,14 @@ from gpu_kernels.retouch.color import (
 )
 from gpu_kernels.retouch.composite import Background, composite
 from gpu_kernels.retouch.config import RetouchConfig
-from gpu_kernels.retouch.illumination import MatrixFn, gain_columns, gain_rows, illumination_gain
+from gpu_kernels.retouch.illumination import (
+    MapGrid,
+    MatrixFn,
+    gain_columns,
+    gain_rows,
+    illumination_gain,
+    map_positions,
+)
 
 __all__ = [
     "ColorPlan",
@@ -49,16 +57,20 @@ __all__ = [
 class ColorPlan:
     """Per-image parameters of pass (a), on the image's device.
 
-    ``wb``: ``(3,)`` float32 gains; ``gain_map``: ``(gh, gw)`` float32 Retinex gain at the
-    sample grid (pixel ``(y, x)`` reads it at ``(y / stride, x / stride)``) or None;
-    ``lut``/``lut_scale``: the tone table ``(n,)`` and ``(1,)`` float32, or None (no tone curve).
+    ``wb``: ``(3,)`` float32 gains; ``gain_map``: ``(gh, gw)`` float32 Retinex gain on the
+    sample's grid (``grid``: where its cells sit in the image) or None; ``lut``/``lut_scale``:
+    the tone table ``(n,)`` and ``(1,)`` float32, or None (no tone curve).
     """
 
     wb: Array
     gain_map: Array | None
-    stride: int
+    grid: MapGrid
     lut: Array | None
     lut_scale: Array | None
+
+    def shifted(self, dy: int, dx: int) -> ColorPlan:
+        """The same plan for a crop of the image that starts at row ``dy``, column ``dx``."""
+        return ColorPlan(self.wb, self.gain_map, self.grid.shifted(dy, dx), self.lut, self.lut_scale)
 
 
 def plan_correction(
@@ -67,15 +79,10 @@ def plan_correction(
 ) -> ColorPlan:
     """Estimate pass (a)'s parameters. ``pixels``: ``(H, W, 1|3|4)`` uint8; ``alpha``: ``(H, W)``
     uint8 or None. ``lighting="off"`` gives the identity (composite only)."""
-    h, w, c = pixels.shape
     if lighting == "off":
-        return ColorPlan(xp.ones(3, xp.float32), None, 1, None, None)
-    s = sample_stride(h, w, cfg.sample_side)
-    rgb = pixels[::s, ::s, :3].astype(xp.float64)
-    if c == 1:
-        rgb = xp.repeat(rgb, 3, axis=2)
+        return ColorPlan(xp.ones(3, xp.float32), None, MapGrid(1, 1), None, None)
+    rgb, a, grid = statistics_sample(xp, pixels, alpha, cfg)
     gh, gw = rgb.shape[:2]
-    a = None if alpha is None else alpha[::s, ::s].astype(xp.float64)
     flat_a = None if a is None else a.reshape(-1)
     wb = estimate_white_balance(xp, rgb, a, cfg.white_balance)
     lum = luma(xp, rgb * wb.astype(xp.float64))
@@ -87,7 +94,28 @@ def plan_correction(
         v_max = v_max * xp.max(gain_map).astype(xp.float64)
     tone = estimate_tone(xp, rgb.reshape(-1, 3), flat_a, cfg.exposure)  # the camera's exposure
     lut, scale = tone_lut(xp, tone, v_max, cfg.exposure)
-    return ColorPlan(wb, gain_map, s, lut, scale)
+    return ColorPlan(wb, gain_map, grid, lut, scale)
+
+
+def statistics_sample(
+    xp: Any, pixels: Array, alpha: Array | None, cfg: RetouchConfig
+) -> tuple[Array, Array | None, MapGrid]:
+    """The low-resolution copy the colour statistics run on: ``(rgb (gh, gw, 3) float64 levels,
+    alpha (gh, gw) float64 or None, its grid)``, at most ``cfg.sample_side`` along the longer side
+    (see :class:`~gpu_kernels.retouch.config.RetouchConfig`: area means or a strided pick)."""
+    h, w, c = pixels.shape
+    if cfg.sample == "strided":
+        s = sample_stride(h, w, cfg.sample_side)
+        rgb = pixels[::s, ::s, :3].astype(xp.float64)
+        a = None if alpha is None else alpha[::s, ::s].astype(xp.float64)
+        grid = MapGrid(s, s)
+    else:
+        rgb, (fy, fx), (oy, ox) = area_sample(xp, pixels if c < 4 else pixels[..., :3], cfg.sample_side)
+        a = None if alpha is None else area_sample(xp, alpha, cfg.sample_side)[0]
+        grid = MapGrid(fy, fx, oy + (fy - 1) / 2, ox + (fx - 1) / 2)
+    if c == 1:
+        rgb = xp.repeat(rgb, 3, axis=2)
+    return rgb, a, grid
 
 
 def white_balance_stage(xp: Any, pixels: Array, wb: Array) -> Array:
@@ -103,8 +131,8 @@ def illumination_stage(xp: Any, v: Array, plan: ColorPlan, y_start: int = 0) -> 
     """``v * g`` with the bilinear Retinex gain for rows ``[y_start, y_start + len(v))``."""
     if plan.gain_map is None:
         return v
-    cols = gain_columns(xp, plan.gain_map, v.shape[1], plan.stride)
-    g = gain_rows(xp, cols, y_start, y_start + v.shape[0], plan.stride)
+    cols = gain_columns(xp, plan.gain_map, v.shape[1], plan.grid)
+    g = gain_rows(xp, cols, y_start, y_start + v.shape[0], plan.grid)
     return v * g[..., None]
 
 
@@ -133,7 +161,7 @@ def correct_reference(
     return out
 
 
-def _band_gain(cols3: np.ndarray, band: tuple[int, int], stride: int) -> np.ndarray:
+def _band_gain(cols3: np.ndarray, band: tuple[int, int], grid: MapGrid) -> np.ndarray:
     """:func:`gain_rows` for rows ``[band[0], band[1])`` on the gain columns repeated per channel:
     ``(rows, 3 * width)`` float32, the same float32 operations on the same values, element by
     element. Each row reads its own two gain rows, so a band may span several of them: a small
@@ -141,8 +169,7 @@ def _band_gain(cols3: np.ndarray, band: tuple[int, int], stride: int) -> np.ndar
     instead of one band per row (64 numpy passes for a 64×64 image)."""
     y_start, y_stop = band
     gh = cols3.shape[0]
-    ys = np.arange(y_start, y_stop, dtype=np.float32)
-    gy = np.minimum(ys / np.float32(stride), np.float32(gh - 1))
+    gy = map_positions(np, y_start, y_stop, grid.step_y, grid.origin_y, gh)
     j0 = gy.astype(np.int32)
     j1 = np.minimum(j0 + 1, gh - 1)
     fy = (gy - j0.astype(np.float32))[:, None]
@@ -164,23 +191,38 @@ def _tone_pairs(plan: ColorPlan) -> np.ndarray | None:
     return pairs.view(np.float64).reshape(-1)
 
 
+def white_balance_table(wb: Array) -> np.ndarray:
+    """``(1, 256, 3)`` float32 ``min(x * wb_c, 255 * min(wb))`` for every level ``x``: the white
+    balance stage as a per-channel table (the same float32 operations, so the same values)."""
+    wb32 = np.asarray(wb, np.float32)
+    table = np.arange(256, dtype=np.float32)[:, None] * wb32[None, :]
+    np.minimum(table, np.float32(255) * wb32.min(), out=table)
+    return np.ascontiguousarray(table.reshape(1, 256, 3))
+
+
 def _levels(src: np.ndarray, plan: ColorPlan, wb3: np.ndarray, cols3: np.ndarray | None,
-            pairs: np.ndarray | None, band: tuple[int, int]) -> np.ndarray:
+            pairs: np.ndarray | None, band: tuple[int, int], wtab: np.ndarray | None = None) -> np.ndarray:
     """Colour-corrected float32 levels ``(rows, 3 * width)`` of uint8 ``src`` ``(rows, width,
     1|3|4)``: the float32 operations of :func:`white_balance_stage`, :func:`illumination_stage`
     and :func:`tone_stage`, in the same order (flattened channels, no broadcast on the last axis).
+    ``wtab`` (:func:`white_balance_table`, RGB input only): white balance by table look-up.
     """
     rows, width, c = src.shape
-    if c == 3:
-        v = src.reshape(rows, width * 3).astype(np.float32)
+    if wtab is not None and c == 3:
+        import cv2  # lazily: the package imports NumPy only (the GPU check machine)
+
+        v = cv2.LUT(src, wtab).reshape(rows, width * 3)
     else:
-        v = np.empty((rows, width, 3), np.float32)
-        v[...] = src[..., :1] if c == 1 else src[..., :3]
-        v = v.reshape(rows, width * 3)
-    v *= wb3
-    np.minimum(v, np.float32(255) * wb3[:3].min(), out=v)
+        if c == 3:
+            v = src.reshape(rows, width * 3).astype(np.float32)
+        else:
+            v = np.empty((rows, width, 3), np.float32)
+            v[...] = src[..., :1] if c == 1 else src[..., :3]
+            v = v.reshape(rows, width * 3)
+        v *= wb3
+        np.minimum(v, np.float32(255) * wb3[:3].min(), out=v)
     if cols3 is not None:
-        v *= _band_gain(cols3, band, plan.stride)
+        v *= _band_gain(cols3, band, plan.grid)
     if pairs is None or plan.lut_scale is None:
         return v
     t = v
@@ -203,6 +245,27 @@ def _round_into(dst: np.ndarray, v: np.ndarray) -> None:
     np.copyto(dst, v.reshape(dst.shape), casting="unsafe")
 
 
+def _white_where_clear(dst: np.ndarray, alpha: np.ndarray) -> None:
+    """``dst[alpha == 0] = 255`` in place (``dst`` ``(rows, w, 3)`` uint8, a view is fine), by
+    OpenCV's masked OR: a pass, where NumPy's boolean assignment gathers."""
+    import cv2  # lazily: the package imports NumPy only (the GPU check machine)
+
+    zero = cv2.compare(alpha, 0, cv2.CMP_EQ)  # type: ignore[call-overload]
+    cv2.bitwise_or(dst, (255, 255, 255, 0), dst=dst, mask=zero)  # type: ignore[call-overload]
+
+
+def _edge_pixels(alpha: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.nonzero((alpha != 0) & (alpha != 255))`` (row-major order), through OpenCV."""
+    import cv2  # lazily, as above
+
+    points = cv2.findNonZero(cv2.inRange(alpha, 1, 254))  # [x, y] per point, or None
+    if points is None:
+        empty = np.zeros(0, np.intp)
+        return empty, empty
+    points = points.reshape(-1, 2)
+    return points[:, 1], points[:, 0]
+
+
 def _live_columns(alpha: np.ndarray) -> tuple[int, int]:
     """``[c0, c1)``: the columns of ``alpha`` ``(rows, width)`` holding any non-zero value."""
     cols: np.ndarray = np.asarray(alpha.any(axis=0))
@@ -213,9 +276,13 @@ def _live_columns(alpha: np.ndarray) -> tuple[int, int]:
 
 def correct_fused_cpu(
     pixels: np.ndarray, alpha: np.ndarray | None, plan: ColorPlan, background: Background,
-    band_rows: int = 16,
+    band_rows: int = 16, tables: bool = False,
 ) -> np.ndarray:
     """Pass (a) on the CPU: all stages per band of ``band_rows`` rows (cache-sized temporaries).
+
+    ``tables`` (RGB input): white balance through :func:`white_balance_table`, and without a
+    Retinex gain map the whole chain through per-channel tables (:func:`_correct_by_table`); the
+    same float32 operations per level, so the same output.
 
     Returns ``(H, W, 3)`` uint8, or ``(H, W, 4)`` for a transparent background; bit-identical
     to :func:`correct_reference`. A white composite computes the colour only where it shows:
@@ -226,16 +293,20 @@ def correct_fused_cpu(
     h, w = pixels.shape[:2]
     transparent = background == "transparent"
     white = background == "white" and alpha is not None
+    tables = tables and pixels.shape[2] == 3
+    if tables and plan.gain_map is None:
+        return _correct_by_table(pixels, alpha, plan, transparent, white)
+    wtab = white_balance_table(plan.wb) if tables else None
     out = np.empty((h, w, 4 if transparent else 3), np.uint8)
     wb3 = np.tile(np.asarray(plan.wb, np.float32), w)
     cols3 = None if plan.gain_map is None else np.repeat(
-        gain_columns(np, plan.gain_map, w, plan.stride), 3, axis=1)
+        gain_columns(np, plan.gain_map, w, plan.grid), 3, axis=1)
     pairs = _tone_pairs(plan)
     bands = [(y, min(h, y + band_rows)) for y in range(0, h, band_rows)]
     for band in bands:
         y0, y1 = band
         if not white:
-            y = _levels(pixels[y0:y1], plan, wb3, cols3, pairs, band)
+            y = _levels(pixels[y0:y1], plan, wb3, cols3, pairs, band, wtab)
             if transparent:
                 rgb = np.empty((y1 - y0, w, 3), np.uint8)
                 _round_into(rgb, y)
@@ -255,17 +326,51 @@ def correct_fused_cpu(
         dst = out[y0:y1, c0:c1]
         sub = pixels[y0:y1, c0:c1]
         y = _levels(sub, plan, wb3[: 3 * (c1 - c0)],
-                    None if cols3 is None else cols3[:, 3 * c0:3 * c1], pairs, band)
-        edge = (a != 0) & (a != 255)
-        ey, ex = np.nonzero(edge)
+                    None if cols3 is None else cols3[:, 3 * c0:3 * c1], pairs, band, wtab)
+        ey, ex = _edge_pixels(a)
         if ey.size:
             ae = a[ey, ex].astype(np.float32) / np.float32(255)
             ye = y.reshape(y1 - y0, c1 - c0, 3)[ey, ex]
             blend = ye * ae[:, None] + np.float32(255) * (np.float32(1) - ae)[:, None]
         _round_into(dst, y)
-        dst[a == 0] = 255
+        _white_where_clear(dst, a)
         if ey.size:
             rounded = np.empty(blend.shape, np.uint8)
             _round_into(rounded, blend)
             dst[ey, ex] = rounded
     return out
+
+
+def _correct_by_table(pixels: np.ndarray, alpha: np.ndarray | None, plan: ColorPlan, transparent: bool,
+                      white: bool) -> np.ndarray:
+    """Pass (a) without a Retinex map on ``(H, W, 3)`` uint8: each output channel is a function of
+    the same input channel alone, so :func:`_levels` runs once over the 256 levels (the same
+    float32 operations) and the image goes through the rounded table (``cv2.LUT``); a white
+    composite blends the soft edge pixels from the float table, as the banded path does."""
+    import cv2  # lazily, as in _levels
+
+    h, w = pixels.shape[:2]
+    ramp = np.repeat(np.arange(256, dtype=np.uint8)[None, :, None], 3, axis=2)
+    wb3 = np.tile(np.asarray(plan.wb, np.float32), 256)
+    levels = _levels(ramp, plan, wb3, None, _tone_pairs(plan), (0, 1)).reshape(256, 3)
+    table = np.empty((1, 256, 3), np.uint8)
+    _round_into(table, levels.copy())
+    rgb = cv2.LUT(pixels, table)
+    if transparent:
+        out = np.empty((h, w, 4), np.uint8)
+        out[..., :3] = rgb
+        out[..., 3] = 255 if alpha is None else alpha
+        return out
+    if not white:
+        return np.asarray(rgb)
+    assert alpha is not None
+    _white_where_clear(rgb, alpha)
+    ey, ex = _edge_pixels(alpha)
+    if ey.size:
+        ae = alpha[ey, ex].astype(np.float32) / np.float32(255)
+        ye = levels[pixels[ey, ex], np.arange(3)[None, :]]
+        blend = ye * ae[:, None] + np.float32(255) * (np.float32(1) - ae)[:, None]
+        rounded = np.empty(blend.shape, np.uint8)
+        _round_into(rounded, blend)
+        rgb[ey, ex] = rounded
+    return np.asarray(rgb)

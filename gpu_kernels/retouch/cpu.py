@@ -17,12 +17,14 @@ from gpu_kernels.retouch.correction import (
     correct_reference,
     plan_correction,
 )
-from gpu_kernels.retouch.geometry import placement, subject_box
+from gpu_kernels.retouch.geometry import placement, read_window, subject_box
 from gpu_kernels.retouch.illumination import gaussian_matrix
 from gpu_kernels.retouch.render import render_fused_cpu, render_reference
 from schemas.errors import per_item
 
-__all__ = ["CpuRetoucher", "effective_background"]
+__all__ = ["CpuRetoucher", "Window", "effective_background"]
+
+Window = tuple[int, int, int, int]  # x0, y0, x1, y1 (half-open) of the part of an image to colour
 
 
 def effective_background(requested: Background, alpha: Array | None) -> Background:
@@ -49,9 +51,29 @@ class CpuRetoucher:
         """Nothing to release."""
 
     def correct(
-        self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
+        self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions,
+        windows: Sequence[Window | None] | None = None,
     ) -> list[Array]:
-        return per_item(lambda im: self.correct_one(im[0], im[1], options), zip(images, masks, strict=True))
+        """Pass (a) per item; with ``windows`` (see :meth:`correction_window`), an item with a
+        window gets only that part of the image coloured (the parameters still come from the
+        whole image): ``(y1 - y0, x1 - x0, 3|4)``."""
+        wins = windows if windows is not None else [None] * len(images)
+        return per_item(lambda im: self.correct_one(im[0], im[1], options, im[2]),
+                        zip(images, masks, wins, strict=True))
+
+    def correction_window(self, image: Array, mask: Array | None, presets: Sequence[Preset]) -> Window | None:
+        """The part of ``image`` that rendering ``presets`` will read (:func:`.geometry.read_window`),
+        or None for the whole image (no mask, the option off, or nothing to leave out)."""
+        if not self.config.crop_to_presets or mask is None or not presets:
+            return None
+        pixels, alpha = self._inputs(image, mask, "retouch.correct")
+        if alpha is None:
+            return None
+        h, w = pixels.shape[:2]
+        box = subject_box(np, alpha, h, w, self.config.geometry.mask_threshold)
+        win = read_window(box, [(p.width, p.height, p.fill) for p in presets], h, w,
+                          self.config.geometry.cubic_coefficients())
+        return None if win == (0, 0, w, h) else win
 
     @staticmethod
     def _inputs(
@@ -66,12 +88,19 @@ class CpuRetoucher:
         pixels, alpha = self._inputs(image, mask, "retouch.correct")
         return plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
 
-    def correct_one(self, image: Array, mask: Array | None, options: RetouchOptions) -> np.ndarray:
-        """Pass (a) for one image (fused, in row bands); raises ``ProcessingFailed``."""
+    def correct_one(self, image: Array, mask: Array | None, options: RetouchOptions,
+                    window: Window | None = None) -> np.ndarray:
+        """Pass (a) for one image (fused, in row bands), or for its ``window``; raises
+        ``ProcessingFailed``."""
         pixels, alpha = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
+        if window is not None:
+            x0, y0, x1, y1 = window
+            pixels = pixels[y0:y1, x0:x1]
+            alpha = None if alpha is None else alpha[y0:y1, x0:x1]
+            plan = plan.shifted(y0, x0)
         background = effective_background(options.background, alpha)
-        return correct_fused_cpu(pixels, alpha, plan, background)
+        return correct_fused_cpu(pixels, alpha, plan, background, tables=self.config.tables)
 
     def correct_unfused(
         self, image: Array, mask: Array | None, options: RetouchOptions

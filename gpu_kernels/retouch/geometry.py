@@ -24,6 +24,7 @@ on the fly.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,7 @@ import numpy as np
 
 from gpu_kernels.array import Array
 
-__all__ = ["VISIBLE_ALPHA", "GeometryConfig", "axis_taps", "keys_weights", "placement", "subject_box"]
+__all__ = ["VISIBLE_ALPHA", "GeometryConfig", "axis_taps", "keys_weights", "placement", "read_window", "subject_box"]
 
 
 # Alpha at or above which a mask pixel shows on a canvas (composited, it is no longer pure white or
@@ -126,3 +127,28 @@ def axis_taps(
     inside = (idx >= 0) & (idx < n_src)
     return (np.clip(idx, 0, n_src - 1).astype(np.int32),
             np.where(inside, w, np.float32(0)).astype(np.float32))
+
+
+def read_window(box: np.ndarray, sizes: Sequence[tuple[int, int, float]], height: int, width: int,
+                coeffs: np.ndarray, margin: int = 2) -> tuple[int, int, int, int]:
+    """``(x0, y0, x1, y1)`` (half-open, inside the image): every source pixel that a render of the
+    subject ``box`` (host ``[x0, y0, x1, y1]``) onto canvases of ``sizes`` = ``[(width, height,
+    fill)]`` reads with a non-zero weight, and the box itself, grown by ``margin`` pixels.
+
+    Colouring only this window and rendering from it (with the mask cropped alike, so the subject
+    box and the placement shift with it) reads the same pixels as rendering from the whole image;
+    the margin covers the float32 rounding of the shifted origin.
+    """
+    b = np.asarray(box, np.int64)
+    lo = [int(b[0]), int(b[1])]
+    hi = [int(b[2]), int(b[3])]
+    for out_w, out_h, fill in sizes:
+        inv_k, ox, oy = (float(v) for v in placement(np, b, out_w, out_h, fill))
+        for axis, (origin, n_out, n_src) in enumerate(((ox, out_w, width), (oy, out_h, height))):
+            idx, weight = axis_taps(inv_k, origin, n_out, n_src, coeffs)
+            used = idx[weight != 0]
+            if used.size:
+                lo[axis] = min(lo[axis], int(used.min()))
+                hi[axis] = max(hi[axis], int(used.max()) + 1)
+    return (max(0, lo[0] - margin), max(0, lo[1] - margin),
+            min(width, hi[0] + margin), min(height, hi[1] + margin))

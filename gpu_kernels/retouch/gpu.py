@@ -30,8 +30,8 @@ from gpu_kernels.presets import Preset
 from gpu_kernels.retouch.checks import alpha_source, as_pixels
 from gpu_kernels.retouch.config import RetouchConfig
 from gpu_kernels.retouch.correction import ColorPlan, correct_reference, plan_correction
-from gpu_kernels.retouch.cpu import effective_background
-from gpu_kernels.retouch.geometry import placement, subject_box
+from gpu_kernels.retouch.cpu import Window, effective_background
+from gpu_kernels.retouch.geometry import placement, read_window, subject_box
 from gpu_kernels.retouch.illumination import gain_columns, gaussian_matrix
 from gpu_kernels.retouch.render import render_reference
 from schemas.errors import LightboxError, ProcessingFailed, per_item
@@ -61,7 +61,8 @@ __device__ __forceinline__ float lb_tone(const float v, const float* __restrict_
 
 // Pass (a): white balance + Retinex gain + tone table + composite. A thread handles LB_PX
 // consecutive pixels of one row. mode: 0 keep (RGB out), 1 white (RGB out, needs alpha),
-// 2 transparent (RGBA out). gcols: the gain map interpolated along x, (gh, width); alpha_tab:
+// 2 transparent (RGBA out). gcols: the gain map interpolated along x, (gh, width); row y reads
+// it at (y - gorigin) / gstep (see MapGrid); alpha_tab:
 // a / 255 for a = 0..255 (the same float32 values as the division).
 __global__ void lb_correct(
     const unsigned char* __restrict__ src, const int cin,
@@ -70,6 +71,7 @@ __global__ void lb_correct(
     unsigned char* __restrict__ dst, const int mode, const int height, const int width,
     const float* __restrict__ wb,
     const float* __restrict__ gcols, const int has_gain, const int gh, const float gstep,
+    const float gorigin,
     const float* __restrict__ lut, const int nlut, const float* __restrict__ lut_scale,
     const int has_lut)
 {
@@ -80,7 +82,7 @@ __global__ void lb_correct(
     const float* grow1 = gcols;
     float fy = 0.0f;
     if (has_gain) {
-        const float gy = fminf((float)y / gstep, (float)(gh - 1));
+        const float gy = fminf(fmaxf(((float)y - gorigin) / gstep, 0.0f), (float)(gh - 1));
         const int y0 = (int)gy;
         const int y1 = min(y0 + 1, gh - 1);
         fy = gy - (float)y0;
@@ -327,14 +329,14 @@ def correct_launch(
     alpha_tab = xp.arange(256, dtype=xp.float32) / xp.float32(255)
     gmap, lut, scale = plan.gain_map, plan.lut, plan.lut_scale
     gcols = dummy_f32 if gmap is None else xp.ascontiguousarray(
-        gain_columns(xp, gmap, w, plan.stride))
+        gain_columns(xp, gmap, w, plan.grid))
     args = (
         pixels, np.int32(c),
         alpha_arr, np.int64(offset), np.int32(step), np.int32(alpha is not None), alpha_tab,
         out, np.int32(_MODES[background]), np.int32(h), np.int32(w),
         plan.wb,
         gcols, np.int32(gmap is not None), np.int32(1 if gmap is None else gmap.shape[0]),
-        np.float32(plan.stride),
+        np.float32(plan.grid.step_y), np.float32(plan.grid.origin_y),
         dummy_f32 if lut is None else lut, np.int32(1 if lut is None else lut.shape[0]),
         dummy_f32 if scale is None else scale, np.int32(lut is not None),
     )
@@ -417,26 +419,48 @@ class CupyRetoucher:
 
     # -- pass (a) --------------------------------------------------------------------------
     def correct(
-        self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
+        self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions,
+        windows: Sequence[Window | None] | None = None,
     ) -> list[Array]:
-        def one(item: tuple[Array, Array | None]) -> Any:
+        def one(item: tuple[Array, Array | None, Window | None]) -> Any:
             try:
-                return self.correct_one(item[0], item[1], options)
+                return self.correct_one(item[0], item[1], options, item[2])
             except self._cuda_errors() as exc:
                 raise self._translate(exc, "retouch.correct") from exc
 
-        return per_item(one, zip(images, masks, strict=True))
+        wins = windows if windows is not None else [None] * len(images)
+        return per_item(one, zip(images, masks, wins, strict=True))
+
+    def correction_window(self, image: Array, mask: Array | None, presets: Sequence[Preset]) -> Window | None:
+        """As :meth:`CpuRetoucher.correction_window`; reads the subject box back to the host
+        (four integers: the one synchronisation of pass (a), only with the option on)."""
+        if not self.config.crop_to_presets or mask is None or not presets:
+            return None
+        pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
+        if alpha is None or own:
+            return None
+        h, w = pixels.shape[:2]
+        box = self.cp.asnumpy(subject_box(self.cp, alpha, h, w, self.config.geometry.mask_threshold))
+        win = read_window(box, [(p.width, p.height, p.fill) for p in presets], h, w,
+                          self.config.geometry.cubic_coefficients())
+        return None if win == (0, 0, w, h) else win
 
     def plan(self, image: Array, mask: Array | None, options: RetouchOptions) -> ColorPlan:
         """Pass (a)'s parameters for one image, on the device (no host synchronisation)."""
         pixels, alpha, _ = self._inputs(image, mask, "retouch.correct")
         return plan_correction(self.cp, pixels, alpha, options.lighting, self.config, self._matrix)
 
-    def correct_one(self, image: Array, mask: Array | None, options: RetouchOptions) -> Any:
-        """Pass (a) for one image (fused kernel); raises ``ProcessingFailed``."""
+    def correct_one(self, image: Array, mask: Array | None, options: RetouchOptions,
+                    window: Window | None = None) -> Any:
+        """Pass (a) for one image (fused kernel), or for its ``window``; raises ``ProcessingFailed``."""
         cp = self.cp
         pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(cp, pixels, alpha, options.lighting, self.config, self._matrix)
+        if window is not None and not own:
+            x0, y0, x1, y1 = window
+            pixels = cp.ascontiguousarray(pixels[y0:y1, x0:x1])
+            alpha = None if alpha is None else alpha[y0:y1, x0:x1]
+            plan = plan.shifted(y0, x0)
         background = effective_background(options.background, alpha)
         return self.launch_correct(pixels, alpha, own, plan, background)
 

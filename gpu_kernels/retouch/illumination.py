@@ -28,14 +28,36 @@ import numpy as np
 from gpu_kernels.array import Array
 
 __all__ = [
+    "MapGrid",
     "RetinexConfig",
     "gain_columns",
     "gain_rows",
     "gaussian_matrix",
     "illumination_gain",
+    "map_positions",
 ]
 
 MatrixFn = Callable[[int, float], Array]
+
+
+@dataclass(frozen=True, slots=True)
+class MapGrid:
+    """Where the cells of a low-resolution map (the statistics sample, the Retinex gain map) sit
+    in the image: image pixel ``(y, x)`` reads the map at ``((y - origin_y) / step_y,
+    (x - origin_x) / step_x)``, clipped into the map, with bilinear interpolation.
+
+    A strided sample (``image[::s, ::s]``) has ``step = s``, ``origin = 0``; an area-averaged one
+    of ``f × f`` blocks starting at ``(oy, ox)`` has ``step = f`` and ``origin = o + (f - 1) / 2``
+    (the block centres). :meth:`shifted` gives the grid seen from a crop that starts at ``(dy, dx)``.
+    """
+
+    step_y: float
+    step_x: float
+    origin_y: float = 0.0
+    origin_x: float = 0.0
+
+    def shifted(self, dy: int, dx: int) -> MapGrid:
+        return MapGrid(self.step_y, self.step_x, self.origin_y - dy, self.origin_x - dx)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,24 +134,30 @@ def illumination_gain(
     return gain.astype(xp.float32)
 
 
-def gain_columns(xp: Any, gain_map: Array, width: int, stride: int) -> Array:
-    """The gain map interpolated along x at every image column: ``(gh, width)`` float32.
+def map_positions(xp: Any, start: int, stop: int, step: float, origin: float, n: int) -> Array:
+    """Map coordinates ``clip((p - origin) / step, 0, n - 1)`` of image positions ``[start, stop)``
+    as float32 (for ``origin == 0``: ``p / step``, as the GPU kernel computes it)."""
+    p = xp.arange(start, stop, dtype=xp.float32)
+    if origin != 0.0:
+        p = p - xp.float32(origin)
+    g = p / xp.float32(step)
+    return xp.minimum(xp.maximum(g, xp.float32(0)), xp.float32(n - 1))
 
-    Column ``x`` of the image sits at ``x / stride`` in the map (sample ``j`` is pixel ``j * s``).
-    """
+
+def gain_columns(xp: Any, gain_map: Array, width: int, grid: MapGrid) -> Array:
+    """The gain map interpolated along x at every image column: ``(gh, width)`` float32."""
     gw = gain_map.shape[1]
-    gx = xp.minimum(xp.arange(width, dtype=xp.float32) / xp.float32(stride), xp.float32(gw - 1))
+    gx = map_positions(xp, 0, width, grid.step_x, grid.origin_x, gw)
     x0 = gx.astype(xp.int32)
     x1 = xp.minimum(x0 + 1, gw - 1)
     fx = gx - x0.astype(xp.float32)
     return gain_map[:, x0] * (xp.float32(1) - fx) + gain_map[:, x1] * fx
 
 
-def gain_rows(xp: Any, columns: Array, y_start: int, y_stop: int, stride: int) -> Array:
+def gain_rows(xp: Any, columns: Array, y_start: int, y_stop: int, grid: MapGrid) -> Array:
     """Bilinear gain for image rows ``[y_start, y_stop)``: ``(rows, width)`` float32."""
     gh = columns.shape[0]
-    ys = xp.arange(y_start, y_stop, dtype=xp.float32)
-    gy = xp.minimum(ys / xp.float32(stride), xp.float32(gh - 1))
+    gy = map_positions(xp, y_start, y_stop, grid.step_y, grid.origin_y, gh)
     y0 = gy.astype(xp.int32)
     y1 = xp.minimum(y0 + 1, gh - 1)
     fy = (gy - y0.astype(xp.float32))[:, None]

@@ -1,5 +1,7 @@
 """Render (DESIGN.md step 6): per preset, one batched crop + resize + pad + sharpen over every
-image that asked for it (span ``preset:<name>``)."""
+image that asked for it (span ``preset:<name>``). When the correct stage coloured only a window
+of an image, the mask is cropped to the same window (the subject box and the placement move with
+it, so the canvas shows the same pixels)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 from gpu_kernels.backends import Retoucher
 from gpu_kernels.presets import Preset
 from gpu_kernels.stages.base import BatchContext, Stage, Step
+from gpu_kernels.stages.correct import crop_mask, window_of
 
 __all__ = ["RenderStage"]
 
@@ -23,7 +26,8 @@ class RenderStage(Stage):
         for preset in ctx.presets():
             yield Step(f"preset:{preset.name}", self.device, ctx.asking(preset),
                        lambda ix, p=preset: self.retoucher.render_batch(  # type: ignore[misc]
-                           [ctx.corrected[i] for i in ix], [ctx.masks.get(i) for i in ix], p),
+                           [ctx.corrected[i] for i in ix],
+                           [crop_mask(ctx.masks.get(i), window_of(ctx, i)) for i in ix], p),
                        lambda i, img, p=preset: self._keep(ctx, i, p, img))  # type: ignore[misc]
 
     @staticmethod
