@@ -88,6 +88,26 @@ class BackfillConsumer:
             return
         self._committed.update(todo)
 
+    async def lag(self) -> dict[tuple[str, int], int]:
+        """Backfill records waiting in the brokers, per partition this worker holds: log end offset
+        (asked of the brokers, so a paused partition's backlog counts too) minus the position."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        assigned = consumer.assignment()
+        try:
+            ends = await consumer.end_offsets(list(assigned)) if assigned else {}
+        except Exception:  # a rebalance or a broker away: next round
+            return {}
+        out: dict[tuple[str, int], int] = {}
+        for tp, end in ends.items():
+            try:
+                pos = await consumer.position(tp)
+            except Exception:  # moved away meanwhile
+                continue
+            out[(tp.topic, tp.partition)] = max(0, end - pos)
+        return out
+
     async def run(self) -> None:
         from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 
