@@ -9,12 +9,16 @@ paused set after the position moved past them, so they are lost to the stream. a
 ``pause`` keeps the position, and with a consumer of our own we pull only what the runner has
 room for.
 
-The loop, every ``backfill_check_ms``: pause the backfill partitions while live work is queued in
-the worker or the live lag is over ``backfill_max_live_lag`` (:func:`agents.lanes.pause_backfill`),
-else resume them and pull at most as many records as the runner's backfill lane has free slots
-(polling even while paused, so the group keeps the consumer). Offsets: the runner acknowledges an
-input only when it and every lower offset of its partition are done (the watermark), so the
-highest acknowledged offset + 1 is committed, every second and on revoke.
+The loop, every ``backfill_check_ms``: live work is about while it is queued in the worker or the
+live lag is over ``backfill_max_live_lag`` (:func:`agents.lanes.pause_backfill`); the
+:class:`~agents.lanes.BackfillGate` then says how many more backfill inputs the worker may hold
+(``backfill_busy_in_flight`` while live work is about or was within ``backfill_idle_ms``, else
+``backfill_in_flight``). With no room the backfill partitions are paused, else resumed and at most
+that many records pulled (polling even while paused, so the group keeps the consumer).
+
+Offsets: the runner acknowledges an input only when it and every lower offset of its partition
+are done (the watermark), so the highest acknowledged offset + 1 is committed, every second and
+on revoke.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.lanes import BACKFILL, LaneBatcher, pause_backfill
+from agents.lanes import BACKFILL, BackfillGate, LaneBatcher, pause_backfill
 from agents.process import InRecord
 from streams.security import aiokafka_kwargs
 from streams.settings import Settings
@@ -50,8 +55,10 @@ class BackfillConsumer:
     ``live_lag()`` the live records waiting in the brokers."""
 
     def __init__(self, settings: Settings, lanes: LaneBatcher[Any], runner: Callable[[], Any],
-                 live_lag: Callable[[], int]) -> None:
+                 live_lag: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
         self.settings, self.lanes, self._runner, self._live_lag = settings, lanes, runner, live_lag
+        self.gate = BackfillGate(idle_s=settings.backfill_idle_ms / 1000, busy_cap=settings.backfill_busy_in_flight,
+                                 clock=clock)
         self.group_id = f"{settings.group_id}.backfill"
         self.pauses = 0
         self._acked: dict[Any, int] = {}  # TopicPartition -> next offset to commit
@@ -80,6 +87,26 @@ class BackfillConsumer:
                         type(exc).__name__)
             return
         self._committed.update(todo)
+
+    async def lag(self) -> dict[tuple[str, int], int]:
+        """Backfill records waiting in the brokers, per partition this worker holds: log end offset
+        (asked of the brokers, so a paused partition's backlog counts too) minus the position."""
+        consumer = self._consumer
+        if consumer is None:
+            return {}
+        assigned = consumer.assignment()
+        try:
+            ends = await consumer.end_offsets(list(assigned)) if assigned else {}
+        except Exception:  # a rebalance or a broker away: next round
+            return {}
+        out: dict[tuple[str, int], int] = {}
+        for tp, end in ends.items():
+            try:
+                pos = await consumer.position(tp)
+            except Exception:  # moved away meanwhile
+                continue
+            out[(tp.topic, tp.partition)] = max(0, end - pos)
+        return out
 
     async def run(self) -> None:
         from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
@@ -113,10 +140,13 @@ class BackfillConsumer:
             while True:
                 runner = self._runner()
                 assigned = consumer.assignment()
-                free = runner.free_slots(BACKFILL) if runner is not None else 0
-                queued = (runner.preparing("live") if runner is not None else 0) + self.lanes.live_queued
-                pause = runner is None or free == 0 or pause_backfill(queued, self._live_lag(),
-                                                                     s.backfill_max_live_lag)
+                room = 0
+                if runner is not None:
+                    free, limit = runner.free_slots(BACKFILL), runner.config.backfill_in_flight
+                    queued = runner.preparing("live") + self.lanes.live_queued
+                    live_active = pause_backfill(queued, self._live_lag(), s.backfill_max_live_lag)
+                    room = min(free, self.gate.room(live_active, held=limit - free, limit=limit))
+                pause = room == 0
                 if pause and assigned:
                     consumer.pause(*assigned)
                 elif assigned:
@@ -125,7 +155,7 @@ class BackfillConsumer:
                     self.pauses += pause
                 paused = pause
                 # a poll even while paused keeps the group membership (max.poll.interval.ms)
-                batch = await consumer.getmany(timeout_ms=int(s.backfill_check_ms), max_records=max(1, free))
+                batch = await consumer.getmany(timeout_ms=int(s.backfill_check_ms), max_records=max(1, room))
                 for records in batch.values():
                     for r in records:
                         rec = InRecord(topic=r.topic, partition=r.partition, offset=r.offset, value=r.value,

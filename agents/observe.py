@@ -3,7 +3,8 @@
 :class:`Observability` builds the parts once per process from settings and the standard
 ``OTEL_*`` variables (:mod:`agents.telemetry`, :mod:`agents.tracing`), then :meth:`attach`
 hooks them to the Faust app: readiness follows the partition assignment, consumer lag
-(log end offset minus the consumer's position) and device memory are refreshed every
+(log end offset minus the consumer's position; the backfill lane's consumer too) and device
+memory are refreshed every
 ``REFRESH_S`` seconds, and revoked partitions' open spans are ended.
 """
 
@@ -11,13 +12,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import faust
 
 from agents.telemetry import Health, Metrics, MetricsServer, Telemetry, device_memory_bytes
 from agents.tracing import Tracing, tracing_from_env
 from streams.settings import Settings
+
+if TYPE_CHECKING:
+    from agents.backfill import BackfillConsumer
 
 __all__ = ["REFRESH_S", "Observability"]
 
@@ -46,10 +50,15 @@ class Observability:
                                          "LIGHTBOX_METRICS_PORT to a free port, one per worker on a host, or 0 "
                                          "for none)") from exc
         self._device = "cpu"
+        self._backfill: BackfillConsumer | None = None
+        self._backfill_held: set[tuple[str, int]] = set()
 
-    def attach(self, app: faust.App, *, device: str, model: str, version: str) -> None:
-        """Hook to ``app`` (before it starts): the processor is built, so the model is loaded."""
+    def attach(self, app: faust.App, *, device: str, model: str, version: str,
+               backfill: BackfillConsumer | None = None) -> None:
+        """Hook to ``app`` (before it starts): the processor is built, so the model is loaded.
+        ``backfill``: the backfill lane's consumer, whose lag is exported beside the live one's."""
         self._device = device
+        self._backfill = backfill
         self.metrics.set_info(version=version, model=model, device=device)
         self.health.model_loaded = True
         if device != "gpu":
@@ -85,6 +94,14 @@ class Observability:
                 continue
             if end is not None and pos is not None:
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, end - pos))
+        if self._backfill is not None:
+            lags = await self._backfill.lag()
+            for topic, part in self._backfill_held - lags.keys():  # moved to another worker
+                with contextlib.suppress(KeyError):
+                    self.metrics.consumer_lag.remove(topic, str(part))
+            for (topic, part), n in lags.items():
+                self.metrics.consumer_lag.labels(topic, str(part)).set(n)
+            self._backfill_held = set(lags)
         if self._device == "gpu" and (used := device_memory_bytes()) is not None:
             self.metrics.device_memory.set(used)
 

@@ -98,7 +98,8 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     config = runner_config(settings, batching)
     proc = processor or build_processor(settings, device)
     lanes: LaneBatcher[Pair] = LaneBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
-                                           lane_of=lambda pair: pair[0].lane, priority_of=_priority)
+                                           lane_of=lambda pair: pair[0].lane, priority_of=_priority,
+                                           backfill_share=settings.backfill_device_share)
     worker.lanes = lanes
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     backfill = BackfillConsumer(settings, lanes, lambda: worker.runner, lambda: _live_lag(app, settings, last_live))

@@ -56,6 +56,8 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Iterable, Mapping, Sequence
@@ -70,7 +72,7 @@ from schemas.errors import FatalError, LightboxError, OutputTooLarge, Processing
 from streams.records import RECORD_OVERHEAD, record_size
 
 __all__ = ["BatchRunner", "Lanes", "NullObserver", "OutputSink", "RunnerConfig", "RunnerFailed",
-           "RunnerObserver", "RunnerStats", "record_of"]
+           "RunnerObserver", "RunnerStats", "lower_thread_priority", "record_of"]
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +137,16 @@ class NullObserver:
         pass
 
 
+def lower_thread_priority(nice: int) -> None:
+    """Thread initializer: lower the calling thread's CPU priority by ``nice`` (Linux, where niceness
+    is per thread; elsewhere, or if the OS refuses, nothing happens)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+
+
 class RunnerFailed(RuntimeError):
     """The runner fail-stopped (see the module docstring); ``__cause__`` says why."""
 
@@ -156,6 +168,8 @@ class RunnerConfig:
     backfill_in_flight: int = 16  # backfill-lane inputs held at once, apart from the live lane's max_in_flight
     max_prepare_batch: int = 64  # inputs one prepare call takes
     prepare_linger_s: float = 0.002  # how long a short group waits for more inputs before it goes
+    backfill_threads: int = 0  # prepare and output threads of the backfill lane's own (0: it shares the live lane's)
+    backfill_nice: int = 0  # how much lower those threads' CPU priority is (Linux niceness, per thread)
 
 
 @dataclass
@@ -250,13 +264,20 @@ class BatchRunner:
         self._device_q: asyncio.Queue[tuple[list[Pair], Any, float]] = asyncio.Queue(depth)
         self._output_q: asyncio.Queue[tuple[list[Pair], Any]] = asyncio.Queue(depth)
         self._send_q: asyncio.Queue[list[Sent]] = asyncio.Queue()  # bounded by max_in_flight
-        self._out_slots = asyncio.Semaphore(self.config.output_threads)
+        own = self.config.backfill_threads > 0  # the backfill lane's own prepare and output threads
+        live_out = asyncio.Semaphore(self.config.output_threads)
+        self._out_slots = {"live": live_out,
+                           "backfill": asyncio.Semaphore(self.config.backfill_threads) if own else live_out}
         self._ack_lock = asyncio.Lock()
         self._wake = asyncio.Event()
-        self._staged: deque[Pair] = deque()  # prepared, waiting to enter the batcher
-        self._inbox: deque[_Item] = deque()  # submitted, waiting for a prepare call
-        self._inbox_ready = asyncio.Event()
-        self._prep_slots = asyncio.Semaphore(self.config.prepare_threads)
+        # per lane, live first wherever both wait: prepared, waiting to enter the batcher; submitted,
+        # waiting for a prepare call
+        self._staged: dict[str, deque[Pair]] = {"live": deque(), "backfill": deque()}
+        self._inbox: dict[str, deque[_Item]] = {"live": deque(), "backfill": deque()}
+        self._inbox_ready = {"live": asyncio.Event(), "backfill": asyncio.Event()}
+        live_prep = asyncio.Semaphore(self.config.prepare_threads)
+        self._prep_slots = {"live": live_prep,
+                            "backfill": asyncio.Semaphore(self.config.backfill_threads) if own else live_prep}
         self._calls: dict[str, int] = dict.fromkeys(self._LANES, 0)  # lane calls handed to threads, not yet back
         self._pools = {
             "prepare": ThreadPoolExecutor(self.config.prepare_threads, thread_name_prefix="lightbox-prepare"),
@@ -264,6 +285,15 @@ class BatchRunner:
             "device": ThreadPoolExecutor(1, thread_name_prefix="lightbox-device"),
             "output": ThreadPoolExecutor(self.config.output_threads, thread_name_prefix="lightbox-output"),
         }
+        # the pool each (lane call, input lane) runs in: the backfill lane's own threads run at a lower
+        # CPU priority, so its fetches, encodes and store writes take only the CPU live work leaves
+        self._pool_of = {(call, lane): call for call in self._LANES for lane in ("live", "backfill")}
+        if own:
+            for call in ("prepare", "output"):
+                self._pools[f"backfill-{call}"] = ThreadPoolExecutor(
+                    self.config.backfill_threads, thread_name_prefix=f"lightbox-backfill-{call}",
+                    initializer=lower_thread_priority, initargs=(self.config.backfill_nice,))
+                self._pool_of[(call, "backfill")] = f"backfill-{call}"
         self._busy: dict[object, tuple[str, float, int]] = {}  # lane calls running: lane, since, items
         self._delivering: dict[object, float] = {}  # sends waiting for the brokers: since
         self._lanes: list[asyncio.Task[None]] = []
@@ -285,7 +315,7 @@ class BatchRunner:
 
     def preparing(self, lane: str = "live") -> int:
         """Inputs of ``lane`` not yet in the batcher: in the prepare lane (fetch), or staged."""
-        return self._preparing[lane] + sum(1 for item, _ in self._staged if item.lane == lane)
+        return self._preparing[lane] + len(self._staged[lane])
 
     def committable(self) -> dict[Any, int]:
         """Per (topic, partition): the offset the acknowledged prefix allows committing."""
@@ -294,7 +324,10 @@ class BatchRunner:
     async def start(self) -> None:
         """Start the sink (reads the topics' size limits) and the lanes."""
         await self.sink.start()
-        loops = {"prepare": self._prepare_loop, "batch-timer": self._timer_loop, "decode": self._decode_loop,
+        loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+                 "prepare": functools.partial(self._prepare_loop, "live"),
+                 "backfill-prepare": functools.partial(self._prepare_loop, "backfill"),
+                 "batch-timer": self._timer_loop, "decode": self._decode_loop,
                  "device": self._device_loop, "output": self._output_loop, "send": self._send_loop,
                  "watchdog": self._watchdog_loop}
         for name, loop in loops.items():
@@ -323,8 +356,8 @@ class BatchRunner:
         self.observer.received(rec)
         self.observer.in_flight(self._wm.pending)
         self._preparing[lane] += 1
-        self._inbox.append(item)
-        self._inbox_ready.set()
+        self._inbox[lane].append(item)
+        self._inbox_ready[lane].set()
         if self._slots.locked():
             self._wake.set()  # the window is full: the batcher may stop waiting for batch-mates
 
@@ -360,32 +393,36 @@ class BatchRunner:
             self.processor.close()
 
     # -- lanes -------------------------------------------------------------------------------
-    async def _prepare_loop(self) -> None:
+    async def _prepare_loop(self, lane: str) -> None:
         """Hands submitted inputs to the prepare threads in groups: one thread hop per group, not
         per input (a hop costs the event loop a GIL hand-over, ~0.1 ms on a busy 2-core machine).
         The consumer hands inputs over one at a time, so a group shorter than
         ``max_prepare_batch`` lingers ``prepare_linger_s`` for more. Each call takes what is
         queued, up to ``max_prepare_batch``; a larger backlog goes to the other prepare threads
-        (fetches wait on the network in parallel)."""
+        (fetches wait on the network in parallel). One loop per input lane: a live input never queues
+        behind backfill inputs, and backfill fetches run in the backfill lane's own threads if it has
+        them (``backfill_threads``; else it shares the prepare threads)."""
         cfg = self.config
+        inbox, ready, slots = self._inbox[lane], self._inbox_ready[lane], self._prep_slots[lane]
         while True:
-            await self._inbox_ready.wait()
-            self._inbox_ready.clear()
-            if len(self._inbox) < cfg.max_prepare_batch and cfg.prepare_linger_s > 0:
+            await ready.wait()
+            ready.clear()
+            if len(inbox) < cfg.max_prepare_batch and cfg.prepare_linger_s > 0:
                 await asyncio.sleep(cfg.prepare_linger_s)
-            while self._inbox:
-                await self._prep_slots.acquire()
-                n = min(len(self._inbox), cfg.max_prepare_batch)
-                self._spawn(self._prepare([self._inbox.popleft() for _ in range(n)]))
+            while inbox:
+                await slots.acquire()
+                n = min(len(inbox), cfg.max_prepare_batch)
+                self._spawn(self._prepare(lane, [inbox.popleft() for _ in range(n)]))
 
-    async def _prepare(self, items: list[_Item]) -> None:
-        self.observer.lane_progress("prepare", len(self._inbox))
+    async def _prepare(self, lane: str, items: list[_Item]) -> None:
+        self.observer.lane_progress("prepare", sum(len(inbox) for inbox in self._inbox.values()))
         t0 = self.clock()
         try:
-            results = await self._call("prepare", len(items), self._prepare_all, [i.record for i in items])
+            results = await self._call("prepare", len(items), self._prepare_all, [i.record for i in items],
+                                       pool=self._pool_of[("prepare", lane)])
         finally:
             self.observer.batch_done("prepare", len(items), self.clock() - t0)
-            self._prep_slots.release()
+            self._prep_slots[lane].release()
             for item in items:
                 self._preparing[item.lane] -= 1
         dead: list[Sent] = []
@@ -400,7 +437,7 @@ class BatchRunner:
                 dead.append((item, res))
             else:
                 item.parsed = res.event
-                self._staged.append((item, res))
+                self._staged[item.lane].append((item, res))
         if dead:
             self._send_q.put_nowait(dead)
         self._wake.set()  # staged jobs to feed, or (window full) nothing more to wait for
@@ -423,9 +460,10 @@ class BatchRunner:
         while one waits, they stay staged, and then arrive together — the backlog signal that
         lets the batcher grow batches under load (agents/batching.py)."""
         closed: list[Batch[Pair]] = []
-        while self._staged and (all_of_them or (not closed and not self._decode_q.full())):
-            pair = self._staged.popleft()
-            closed += self.batcher.add(pair, pair[1].shape_class, self.clock(), nbytes=pair[1].nbytes)
+        for staged in self._staged.values():  # live first
+            while staged and (all_of_them or (not closed and not self._decode_q.full())):
+                pair = staged.popleft()
+                closed += self.batcher.add(pair, pair[1].shape_class, self.clock(), nbytes=pair[1].nbytes)
         return closed
 
     def _window_full(self) -> bool:
@@ -433,7 +471,8 @@ class BatchRunner:
         it), and decode and device are idle: no batch-mate can arrive before something completes,
         and waiting for the deadline would only leave the device idle. (While they are busy, the
         bucket keeps filling as slots free up: under a backlog batches still grow.)"""
-        return (self._slots.locked() and not self._inbox and not any(self._preparing.values()) and not self._staged
+        return (self._slots.locked() and not any(self._inbox.values()) and not any(self._preparing.values())
+                and not any(self._staged.values())
                 and self._decode_q.empty() and self._device_q.empty()
                 and not self._calls["decode"] and not self._calls["device"])
 
@@ -446,7 +485,7 @@ class BatchRunner:
                 closed = self.batcher.flush()
             for batch in closed:
                 await self._decode_q.put(batch)
-            if self._staged and not self._decode_q.full():
+            if any(self._staged.values()) and not self._decode_q.full():
                 continue
             deadline = self.batcher.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
@@ -498,13 +537,24 @@ class BatchRunner:
             await self._output_q.put((pairs, state))
 
     async def _output_loop(self) -> None:
+        """A live batch waits here for a live output slot (back-pressure on the device lane); a
+        backfill batch with threads of its own waits for one of those in its own task, so it never
+        holds up the live batches behind it."""
+        live = self._out_slots["live"]
         while True:
-            await self._out_slots.acquire()
+            await live.acquire()
             pairs, state = await self._output_q.get()
             self.observer.lane_progress("output", self._output_q.qsize())
-            self._spawn(self._output(pairs, state))
+            lane = pairs[0][0].lane if pairs else "live"
+            if self._out_slots[lane] is live:
+                self._spawn(self._output(lane, pairs, state))
+            else:
+                live.release()
+                self._spawn(self._output(lane, pairs, state, wait=True))
 
-    async def _output(self, pairs: list[Pair], state: Any) -> None:
+    async def _output(self, lane: str, pairs: list[Pair], state: Any, *, wait: bool = False) -> None:
+        if wait:
+            await self._out_slots[lane].acquire()
         try:
             limit = self.sink.limits.get("processed")
             # the processor sizes key + value + headers (agents.process.record_size); framing is ours
@@ -512,7 +562,8 @@ class BatchRunner:
             t0 = self.clock()
             try:
                 outs = await self._call("output", len(pairs),
-                                        functools.partial(self.processor.output, max_record_bytes=value_limit), state)
+                                        functools.partial(self.processor.output, max_record_bytes=value_limit), state,
+                                        pool=self._pool_of[("output", lane)])
                 if len(outs) != len(pairs):
                     raise ProcessingFailed(f"output lane returned {len(outs)} records for {len(pairs)} items",
                                            stage="output")
@@ -525,7 +576,7 @@ class BatchRunner:
             self.observer.batch_done("output", len(pairs), self.clock() - t0)
             self._send_q.put_nowait([(item, out) for (item, _), out in zip(pairs, outs, strict=True)])
         finally:
-            self._out_slots.release()
+            self._out_slots[lane].release()
 
     async def _send_loop(self) -> None:
         """Coalesce what is ready into one send (one await for the brokers per group, not per record)."""
@@ -606,8 +657,8 @@ class BatchRunner:
                                      f"(delivery_timeout_s={cfg.delivery_timeout_s:g})")
 
     # -- helpers -----------------------------------------------------------------------------
-    async def _call(self, lane: str, size: int, fn: Callable[..., R], *args: Any) -> R:
-        """``fn(*args)`` in the lane's threads, visible to the watchdog while it runs."""
+    async def _call(self, lane: str, size: int, fn: Callable[..., R], *args: Any, pool: str | None = None) -> R:
+        """``fn(*args)`` in the lane's threads (or ``pool``'s), visible to the watchdog while it runs."""
         token = object()
 
         def run() -> R:  # the clock starts when a thread picks the call up, not while it queues
@@ -619,7 +670,7 @@ class BatchRunner:
 
         self._calls[lane] += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pools[lane], run)
+            return await asyncio.get_running_loop().run_in_executor(self._pools[pool or lane], run)
         finally:
             self._calls[lane] -= 1
 

@@ -119,4 +119,5 @@ def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
     return RunnerConfig(max_in_flight=max(settings.max_in_flight, slots * batching.max_batch + 8),
                         backfill_in_flight=max(settings.backfill_in_flight, backfill.max_batch),
                         prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
+                        backfill_threads=settings.backfill_threads, backfill_nice=settings.backfill_nice,
                         delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)

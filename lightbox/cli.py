@@ -257,7 +257,8 @@ def worker(
         device = settings.resolved_device()
         processor = build_processor(settings, device)
         retouch = build_worker(settings, processor=processor, observer=obs.telemetry)
-        obs.attach(retouch.app, device=device, model=processor.model_version, version=__version__)
+        obs.attach(retouch.app, device=device, model=processor.model_version, version=__version__,
+                   backfill=retouch.backfill)
     except KafkaSecurityError:
         if obs is not None:
             obs.close()

@@ -130,6 +130,19 @@ class Settings(BaseSettings):
     backfill_max_live_lag: int = Field(0, ge=0, description="pause the backfill topic's partitions while more live "
                                                             "records than this wait in the brokers")
     backfill_check_ms: float = Field(50.0, gt=0, description="how often the backfill partitions' pause is decided")
+    backfill_idle_ms: float = Field(20.0, ge=0, description="live work must have been quiet this long before the "
+                                                          "worker takes more than backfill_busy_in_flight backfill "
+                                                          "inputs (0: as soon as no live work is about)")
+    backfill_busy_in_flight: int = Field(2, ge=0, description="backfill inputs a worker holds at most while live work "
+                                                              "is about (0: takes none then)")
+    backfill_threads: int = Field(1, ge=0, description="prepare and output threads of the backfill lane's own, at a "
+                                                       "lower CPU priority (0: it shares the live lane's threads)")
+    backfill_nice: int = Field(10, ge=0, le=19, description="how much lower the backfill threads' CPU priority is "
+                                                            "(Linux niceness, per thread; 0: the same as live)")
+    backfill_device_share: float = Field(1.0, gt=0, le=1, description="the most of the decode and device lanes' "
+                                                                       "time the backfill takes: after a backfill "
+                                                                       "batch of d s, none starts for d*(1/share-1) s "
+                                                                       "(1: no gap)")
 
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":

@@ -294,3 +294,56 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
                                    [settings.output_topic, settings.dlq_topic]))
     assert report.ok and report.missing == [] and report.conflicts == []
     assert (report.inputs, report.processed, report.dead_letters) == (len(backlog) + 3, len(backlog) + 3, 0)
+
+
+def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) -> None:
+    """A worker with no room for backfill work (its partitions paused) still reports the backlog
+    waiting on them, per partition, in ``lightbox_consumer_lag`` (what the backfill dashboards read)."""
+    from types import SimpleNamespace
+
+    from agents.backfill import BackfillConsumer
+    from agents.batching import BatchingConfig, MicroBatcher
+    from agents.lanes import LaneBatcher
+    from agents.observe import Observability
+
+    asyncio.run(ensure_topics(settings))
+    s = settings.model_copy(update={"metrics_port": 0})
+
+    async def go() -> dict[tuple[str, int], int]:
+        from aiokafka import AIOKafkaProducer
+
+        prod = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        await prod.start()
+        try:
+            for i in range(7):
+                await prod.send_and_wait(s.backfill_topic, b"x", partition=i % 2)
+        finally:
+            await prod.stop()
+        one = BatchingConfig(fixed_batch=1)
+        lanes: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p)
+        consumer = BackfillConsumer(s, lanes, runner=lambda: None,
+                                    live_lag=lambda: 0)
+        task = asyncio.create_task(consumer.run())
+        obs = Observability(s)
+        obs._backfill = consumer
+        app = SimpleNamespace(consumer=SimpleNamespace(assignment=lambda: set()))
+        try:
+            for _ in range(300):  # the group forms (a hang guard, not a speed bound)
+                lags = await consumer.lag()
+                if sum(lags.values()) == 7:
+                    break
+                await asyncio.sleep(0.1)
+            await obs.refresh(app)  # type: ignore[arg-type]
+            exported = {(k[0], int(k[1])): int(v._value.get())
+                        for k, v in obs.metrics.consumer_lag._metrics.items()}
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await consumer.close()
+            obs.close()
+        assert exported == lags
+        return lags
+
+    lags = asyncio.run(go())
+    assert lags == {(s.backfill_topic, 0): 4, (s.backfill_topic, 1): 3} | {
+        (s.backfill_topic, p): 0 for p in range(2, s.topic_partitions)}

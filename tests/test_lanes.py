@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
 import pytest
 
 from agents.batching import Batch, BatchingConfig, MicroBatcher
-from agents.lanes import LaneBatcher, pause_backfill
+from agents.lanes import BackfillGate, LaneBatcher, pause_backfill
 
 Item = tuple[str, int, int]  # (lane, id, priority)
 
@@ -167,3 +168,162 @@ def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_dev
         return proc.order
 
     assert asyncio.run(go()) == [("bf", 0), ("in", 0), ("bf", 1), ("bf", 2), ("bf", 3)]
+
+
+class StepClock:
+    """Seconds that move only when told to."""
+
+    def __init__(self) -> None:
+        self.t = 500.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_gate_fills_the_window_only_after_live_work_has_been_quiet_for_idle_s() -> None:
+    clock = StepClock()
+    gate = BackfillGate(idle_s=0.5, busy_cap=2, clock=clock)  # binary-exact times
+    assert gate.room(False, held=0, limit=16) == 16  # no live work ever seen: the whole window
+    assert gate.room(False, held=10, limit=16) == 6
+    assert gate.room(True, held=0, limit=16) == 2  # live work about: at most busy_cap held
+    assert gate.room(True, held=1, limit=16) == 1
+    assert gate.room(True, held=5, limit=16) == 0  # more than busy_cap already in: none taken (none dropped)
+    clock.t += 0.25
+    assert gate.room(False, held=1, limit=16) == 1  # quiet, but not long enough yet
+    clock.t += 0.25
+    assert gate.room(False, held=1, limit=16) == 15  # quiet for idle_s: the window again
+    assert gate.room(True, held=1, limit=16) == 1  # live again: back to busy_cap at once
+
+
+def test_gate_with_no_busy_cap_and_no_idle_time_is_the_plain_pause_rule() -> None:
+    clock = StepClock()
+    gate = BackfillGate(idle_s=0.0, busy_cap=0, clock=clock)
+    assert gate.room(True, held=0, limit=16) == 0
+    assert gate.room(False, held=3, limit=16) == 13  # same instant, live gone: no wait
+    assert gate.room(False, held=16, limit=16) == 0
+    assert BackfillGate(idle_s=1.0, busy_cap=8, clock=clock).room(True, held=0, limit=4) == 4  # never past limit
+
+
+def test_gate_refuses_negative_settings() -> None:
+    with pytest.raises(ValueError, match="idle_s"):
+        BackfillGate(idle_s=-1.0, busy_cap=0, clock=StepClock())
+    with pytest.raises(ValueError, match="busy_cap"):
+        BackfillGate(idle_s=0.0, busy_cap=-1, clock=StepClock())
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness here")
+def test_lower_thread_priority_lowers_only_the_calling_thread() -> None:
+    import threading
+
+    from agents.runner import lower_thread_priority
+
+    seen: dict[str, int] = {}
+
+    def body() -> None:
+        tid = threading.get_native_id()
+        seen["before"] = os.getpriority(os.PRIO_PROCESS, tid)
+        lower_thread_priority(3)
+        seen["after"] = os.getpriority(os.PRIO_PROCESS, tid)
+
+    here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    assert seen["after"] == min(19, seen["before"] + 3)
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == here
+
+
+def test_backfill_prepare_and_output_run_in_their_own_threads_and_never_hold_up_live() -> None:
+    """With ``backfill_threads``, a backfill output that is stuck (a slow encode, a slow store) does
+    not hold up a live input behind it, even with one live output thread; and backfill prepare and
+    output calls run in the backfill lane's own threads. (With shared threads the live input would
+    wait for the stuck output: one output thread.)"""
+    import asyncio
+    import threading
+
+    from agents.process import InRecord
+    from agents.runner import BatchRunner, RunnerConfig
+    from tests.test_runner import FakeClock, FakeProcessor, FakeSink, until
+
+    class Recording(FakeProcessor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.threads: dict[tuple[str, str], set[str]] = {}
+            self.out_started: list[str] = []
+
+        def _note(self, call: str, topic: str) -> None:
+            self.threads.setdefault((call, topic), set()).add(threading.current_thread().name.rsplit("_", 1)[0])
+
+        def prepare(self, rec: InRecord) -> Any:
+            self._note("prepare", rec.topic)
+            return super().prepare(rec)
+
+        def output(self, state: Any, *, max_record_bytes: int | None = None) -> Any:
+            topic = state.items[0].record.topic
+            self._note("output", topic)
+            self.out_started.append(topic)
+            if topic == "bf":
+                self.release.wait(30)
+            return super().output(state, max_record_bytes=max_record_bytes)
+
+    async def go() -> tuple[Recording, list[str]]:
+        one = BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=1)
+        lb: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p[0].lane)
+        proc, acked = Recording(), []
+
+        async def ack(ev: InRecord) -> None:
+            acked.append(ev.topic)
+
+        runner = BatchRunner(proc, FakeSink(auto=True), lb, ack=ack, clock=FakeClock(step=0.001),
+                             config=RunnerConfig(watchdog_interval_s=0.01, backfill_in_flight=4, output_threads=1,
+                                                 backfill_threads=1, backfill_nice=1))
+        await runner.start()
+        try:
+            bf = InRecord("bf", 0, 0, b"ok")
+            await runner.submit(bf, bf, lane="backfill")
+            await until(lambda: proc.out_started == ["bf"], "the backfill output stuck")
+            live = InRecord("in", 0, 0, b"ok")
+            await runner.submit(live, live)
+            await until(lambda: acked == ["in"], "the live input acknowledged past the stuck backfill output")
+            proc.release.set()
+            await until(lambda: sorted(acked) == ["bf", "in"], "everything acknowledged")
+        finally:
+            await runner.stop()
+        return proc, acked
+
+    proc, _ = asyncio.run(go())
+    assert proc.threads == {("prepare", "bf"): {"lightbox-backfill-prepare"}, ("prepare", "in"): {"lightbox-prepare"},
+                            ("output", "bf"): {"lightbox-backfill-output"}, ("output", "in"): {"lightbox-output"}}
+
+
+def test_backfill_share_leaves_a_gap_after_each_backfill_batch_that_live_batches_use() -> None:
+    """share 0.5: a backfill batch that took 0.25 s is followed by 0.25 s in which no backfill batch
+    starts; a live batch arriving then goes at once; a failed batch (no service time) leaves no gap."""
+    clock = StepClock()
+    one = BatchingConfig(fixed_batch=1, max_wait_s=0.02)
+    lb: LaneBatcher[Item] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda it: it[0],
+                                        backfill_share=0.5, clock=clock)
+    first = lb.add(("backfill", 0, 0), "s", clock.t)
+    assert ids(first) == [(0,)]
+    assert lb.add(("backfill", 1, 0), "s", clock.t) == [] and lb.add(("backfill", 2, 0), "s", clock.t) == []
+    clock.t += 0.25
+    lb.record_service(1, 0.25)
+    lb.device_done(first[0].items)
+    assert lb.poll(clock.t) == [] and lb.next_deadline() == clock.t + 0.25  # the gap
+    clock.t += 0.125
+    live = lb.add(("live", 9, 0), "s", clock.t)
+    assert ids(live) == [(9,)]  # the device is free for it
+    lb.device_done(live[0].items)
+    assert lb.poll(clock.t) == []  # still in the gap
+    clock.t += 0.125
+    second = lb.poll(clock.t)
+    assert ids(second) == [(1,)]
+    lb.device_done(second[0].items)  # failed before the device: no service time, no gap
+    assert ids(lb.poll(clock.t)) == [(2,)]
+
+
+def test_backfill_share_must_be_a_share() -> None:
+    for share in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="backfill_share"):
+            LaneBatcher(MicroBatcher(BatchingConfig()), MicroBatcher(BatchingConfig()), lane_of=lambda it: "live",
+                        backfill_share=share)
