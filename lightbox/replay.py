@@ -120,7 +120,25 @@ def _now_ms() -> int:
 
 
 def _traceparent() -> bytes:
-    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01".encode()
+    from streams.producer import new_traceparent
+
+    return new_traceparent().encode()
+
+
+def _named_item(codecs: EventCodecs, d: Defaults, job: str, index: int, name: str,
+                source: dict[str, Any]) -> ReplayItem:
+    """The event for an image file or object called ``name`` (SKU: its stem), keyed by SKU, with the
+    job's fixed event id (:meth:`streams.producer.ImageProducer.event` builds it, as for ``produce``)."""
+    import mimetypes
+    from pathlib import PurePosixPath
+
+    from streams.producer import ImageProducer
+
+    sku = PurePosixPath(name).stem
+    ev = ImageProducer.event(source, sku=sku, image_id=name, presets=d.presets, merchant_id=d.merchant_id,
+                             content_type=mimetypes.guess_type(name)[0], background=d.background,
+                             lighting=d.lighting, segmentation=d.segmentation, event_id=_event_id(job, 0, index))
+    return ReplayItem(0, index, sku.encode(), codecs.product.encode(ev), [("traceparent", _traceparent())])
 
 
 # ------------------------------------------------------------------------------------ sources
@@ -185,20 +203,10 @@ class FolderSource:
         return {"total": len(self.files)}
 
     async def items(self, job: str, plan: Plan, cursor: Mapping[int, int]) -> AsyncIterator[ReplayItem]:
-        import mimetypes
-
-        d = self.defaults
         for index in range(cursor.get(0, 0), len(self.files)):
             f = self.files[index]
             source: dict[str, Any] = {"data": f.read_bytes()} if self.inline else {"uri": f.as_uri(), "sha256": None}
-            ev = {"event_id": _event_id(job, 0, index), "sku": f.stem, "image_id": f.name,
-                  "merchant_id": d.merchant_id, "source": source, "content_type": mimetypes.guess_type(f.name)[0],
-                  "presets": list(d.presets), "retouch": {"background": d.background.upper(),
-                                                          "lighting": d.lighting.upper(),
-                                                          "segmentation": d.segmentation.upper()},
-                  "priority": 0, "created_at": _now_ms()}
-            yield ReplayItem(0, index, f.stem.encode(), self.codecs.product.encode(ev),
-                             [("traceparent", _traceparent())])
+            yield _named_item(self.codecs, self.defaults, job, index, f.name, source)
 
 
 class PrefixSource:
@@ -328,34 +336,36 @@ class PrefixSource:
         return keys
 
     async def items(self, job: str, plan: Plan, cursor: Mapping[int, int]) -> AsyncIterator[ReplayItem]:
-        import mimetypes
         from pathlib import PurePosixPath
 
-        d, keys = self.defaults, self._listed(plan)
+        keys = self._listed(plan)
         for index in range(cursor.get(0, 0), len(keys)):
             key = keys[index]
-            name = PurePosixPath(key)
-            ev = {"event_id": _event_id(job, 0, index), "sku": name.stem, "image_id": name.name,
-                  "merchant_id": d.merchant_id, "source": {"uri": self.object_url(key), "sha256": None},
-                  "content_type": mimetypes.guess_type(name.name)[0], "presets": list(d.presets),
-                  "retouch": {"background": d.background.upper(), "lighting": d.lighting.upper(),
-                              "segmentation": d.segmentation.upper()},
-                  "priority": 0, "created_at": _now_ms()}
-            yield ReplayItem(0, index, name.stem.encode(), self.codecs.product.encode(ev),
-                             [("traceparent", _traceparent())])
+            source = {"uri": self.object_url(key), "sha256": None}
+            yield _named_item(self.codecs, self.defaults, job, index, PurePosixPath(key).name, source)
 
 
 def _write_lines(path: Path, keys: Sequence[str]) -> str:
     """Write one JSON string a line, atomically; return the file's sha256."""
     body = "".join(json.dumps(k) + "\n" for k in keys).encode()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".keys-")
-    with os.fdopen(fd, "wb") as f:
-        f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    _write_durably(path, body)
     return hashlib.sha256(body).hexdigest()
+
+
+def _write_durably(path: Path, body: bytes) -> None:
+    """Replace ``path`` with ``body`` all at once (a temporary file, fsync, rename): a crash leaves the
+    old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 class TopicSource:
@@ -543,17 +553,11 @@ class Checkpoint:
                    published=int(raw["published"]), complete=bool(raw["complete"]))
 
     def save(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
         body = {"version": CHECKPOINT_VERSION, "job": self.job, "topic": self.topic, "spec": self.spec,
                 "plan": self.plan, "cursor": {str(k): v for k, v in sorted(self.cursor.items())},
                 "scan_from": {str(k): v for k, v in sorted(self.scan_from.items())},
                 "published": self.published, "complete": self.complete, "updated_ms": _now_ms()}
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ckpt-")
-        with os.fdopen(fd, "w") as f:
-            json.dump(body, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _write_durably(path, json.dumps(body, indent=1).encode())
 
 
 def default_checkpoint(job: str) -> Path:
