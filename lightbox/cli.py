@@ -627,6 +627,8 @@ Checkpoint = Annotated[Path | None, typer.Option(help="checkpoint file (default:
 Restart = Annotated[bool, typer.Option("--restart", help="forget the checkpoint and publish everything again")]
 TargetTopic = Annotated[str | None, typer.Option("--topic", help="target topic (default: $LIGHTBOX_BACKFILL_TOPIC)")]
 Presets = Annotated[str, typer.Option(help="comma-separated preset names for items that name none")]
+Background = Annotated[str, typer.Option(help="white, transparent or keep")]
+Merchant = Annotated[str, typer.Option(help="merchant id")]
 
 
 def _defaults(presets: str, background: str, merchant: str) -> Any:
@@ -717,8 +719,8 @@ def replay_manifest(
 def replay_folder(
     folder: Annotated[Path, typer.Argument(help="folder of images (searched recursively, sorted by path)")],
     presets: Presets = "taobao_main,jd_main,amazon_main",
-    background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
-    merchant: Annotated[str, typer.Option(help="merchant id")] = "catalog",
+    background: Background = "white",
+    merchant: Merchant = "catalog",
     inline: Annotated[bool, typer.Option("--inline/--uri", help="send the bytes instead of file:// URIs")] = False,
     rate: Rate = None, dry_run: DryRun = False, checkpoint: Checkpoint = None, restart: Restart = False,
     topic: TargetTopic = None, bootstrap: Bootstrap = None,
@@ -739,8 +741,8 @@ def replay_prefix(
                                                      "against the key's name, with one against the key below the "
                                                      "prefix")] = None,
     presets: Presets = "taobao_main,jd_main,amazon_main",
-    background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
-    merchant: Annotated[str, typer.Option(help="merchant id")] = "catalog",
+    background: Background = "white",
+    merchant: Merchant = "catalog",
     rate: Rate = None, dry_run: DryRun = False, checkpoint: Checkpoint = None, restart: Restart = False,
     topic: TargetTopic = None, bootstrap: Bootstrap = None,
 ) -> None:
