@@ -99,7 +99,12 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     proc = processor or build_processor(settings, device)
     lanes: LaneBatcher[Pair] = LaneBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
                                            lane_of=lambda pair: pair[0].lane, priority_of=_priority,
-                                           backfill_share=settings.backfill_device_share)
+                                           backfill_share=settings.backfill_device_share,
+                                           wait_for_live=settings.backfill_wait_for_live,
+                                           pipelined=settings.backfill_pipelined,
+                                           fill_to=min(settings.backfill_fill_to, batching.max_batch),
+                                           nbytes_of=lambda pair: pair[1].nbytes,
+                                           memory_budget_bytes=batching.memory_budget_bytes)
     worker.lanes = lanes
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     backfill = BackfillConsumer(settings, lanes, lambda: worker.runner, lambda: _live_lag(app, settings, last_live))

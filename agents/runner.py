@@ -226,7 +226,8 @@ Sent = tuple[_Item, OutRecord]
 
 class Batcher(Protocol[T_contra]):
     """What the runner drives: :class:`~agents.batching.MicroBatcher`, or :class:`~agents.lanes.LaneBatcher`
-    for live and backfill lanes. ``device_done(items)``: a batch left the device lane (done or failed)."""
+    for live and backfill lanes. ``device_done(items)``: a batch left the device lane (done or failed);
+    a batcher with a ``device_started(items)`` method is also told when a batch goes onto the device."""
 
     def add(self, item: Any, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[Any]]: ...
     def poll(self, now: float) -> list[Batch[Any]]: ...
@@ -261,7 +262,12 @@ class BatchRunner:
         self._held: dict[str, int] = {"live": 0, "backfill": 0}
         depth = self.config.queue_depth
         self._decode_q: asyncio.Queue[Batch[Pair]] = asyncio.Queue(depth)
-        self._device_q: asyncio.Queue[tuple[list[Pair], Any, float]] = asyncio.Queue(depth)
+        # live batches before backfill ones (then first come, first served): a decoded backfill
+        # batch waiting for the device never holds up a live batch; one place more than ``depth``
+        # so that a live batch's decode never waits for a backfill batch to leave the queue
+        self._device_q: asyncio.PriorityQueue[tuple[int, int, tuple[list[Pair], Any, float]]] = (
+            asyncio.PriorityQueue(depth + 1))
+        self._device_seq = 0
         self._output_q: asyncio.Queue[tuple[list[Pair], Any]] = asyncio.Queue(depth)
         self._send_q: asyncio.Queue[list[Sent]] = asyncio.Queue()  # bounded by max_in_flight
         own = self.config.backfill_threads > 0  # the backfill lane's own prepare and output threads
@@ -511,12 +517,18 @@ class BatchRunner:
                 continue
             seconds = self.clock() - t0
             self.observer.batch_done("decode", len(pairs), seconds)
-            await self._device_q.put((pairs, state, seconds))
+            self._device_seq += 1
+            rank = 0 if not pairs or pairs[0][0].lane == "live" else 1
+            await self._device_q.put((rank, self._device_seq, (pairs, state, seconds)))
 
     async def _device_loop(self) -> None:
         while True:
-            pairs, state, decode_s = await self._device_q.get()
+            _, _, (pairs, state, decode_s) = await self._device_q.get()
             self.observer.lane_progress("device", self._device_q.qsize())
+            started = getattr(self.batcher, "device_started", None)
+            if started is not None:
+                started(pairs)  # the lane batcher may let the next backfill batch decode meanwhile
+                self._wake.set()
             t0 = self.clock()
             try:
                 state = await self._call("device", len(pairs), self.processor.device, state)

@@ -12,7 +12,8 @@ on fresh topics and a fresh worker (``lightbox worker``, device cpu), with Poiss
 * ``baseline`` — a backlog of ``--backlog-factor`` (10) × as many images as the live window
   publishes waits on the backfill topic first, and the worker runs the previous backfill policy
   (``BASELINE_ENV``: the backfill lane shares the live prepare/output threads at the same CPU
-  priority, and takes up to ``backfill_in_flight`` inputs whenever no live work is queued);
+  priority, takes up to ``backfill_in_flight`` inputs whenever no live work is queued, and a
+  backfill batch is released only once every released batch has left the device);
 * ``candidate`` — the same backlog, the worker's default backfill settings (or ``--candidate-env``).
 
 The phases alternate (odd rounds alone, baseline, candidate; even rounds the reverse), so a slow
@@ -23,8 +24,9 @@ output's seal in the worker); where it goes comes from the event's spans (``wait
 time between the previous span's end and that stage's start; ``before prepare`` is the latency not
 covered by spans: the broker hop and the wait for a prepare thread). Drain rate = backfill outputs
 per second during the live window; spare capacity = capacity − live rate, with the capacity
-measured again at the start of each round (a burst, as in the first phase: the shared machine's
-capacity moves), while the live rate stays the one set from the first capacity phase. Goals (issue 13): live
+measured again in each round (the mean of a burst, as in the first phase, at its start and one at
+its end: the shared machine's capacity moves), while the live rate stays the one set from the first
+capacity phase. Goals (issue 13): live
 p99 with the backlog ≤ 1.2 × live p99 alone; drain ≥ 80 % of spare capacity. Writes
 ``bench_backfill.json`` and ``bench_backfill.png`` (live latency over time per phase, backlog depth
 over time, where live latency goes) to ``--out``. Small images (longer side ``--side`` px) and one
@@ -59,10 +61,11 @@ from streams.settings import Settings
 
 PRESET = "thumb_webp"
 ROOT = Path(".")  # the images' folder: file:// is allowed only under it (set in main)
-#: the previous policy: backfill shares the live threads at the same priority and fills its window
-#: whenever no live work is queued
+#: the first policy: backfill shares the live threads at the same priority, fills its window
+#: whenever no live work is queued, and waits for every released batch to leave the device
 BASELINE_ENV = {"LIGHTBOX_BACKFILL_THREADS": "0", "LIGHTBOX_BACKFILL_NICE": "0", "LIGHTBOX_BACKFILL_IDLE_MS": "0",
-                "LIGHTBOX_BACKFILL_BUSY_IN_FLIGHT": "0"}
+                "LIGHTBOX_BACKFILL_BUSY_IN_FLIGHT": "0", "LIGHTBOX_BACKFILL_PIPELINED": "false",
+                "LIGHTBOX_BACKFILL_FILL_TO": "0"}
 MODES = ("alone", "baseline", "candidate")
 
 
@@ -192,6 +195,23 @@ async def poisson(prod: ImageProducer, images: list[Path], rate: float, seconds:
     return sent
 
 
+def cpu_times(pid: int | None) -> dict[str, float]:
+    """CPU seconds so far (Linux /proc): the whole machine busy and idle, and the worker process."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    out = {"machine_busy": (sum(fields[:8]) - idle) / tick, "machine_idle": idle / tick, "worker": 0.0}
+    if pid is not None:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read().rsplit(")", 1)[1].split()
+            out["worker"] = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
+        except OSError:
+            pass
+    return out
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -227,8 +247,11 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
                 result["capacity"] = (len(times) * 0.8) / max(1e-6, hi - lo)
                 return result
             bf_before = sum(1 for _, sid, _ in out.rows if sid in bf_set)
+            cpu0 = cpu_times(worker.proc.pid if worker.proc else None)
             sent = await poisson(prod, images, rate, args.seconds, random.Random(args.seed), t0)
             window = time.monotonic() - t0
+            cpu1 = cpu_times(worker.proc.pid if worker.proc else None)
+            result["cpu"] = {k: (cpu1[k] - cpu0[k]) / window for k in cpu0}  # cores busy on average
             bf_after = sum(1 for _, sid, _ in out.rows if sid in bf_set)
             await wait_for(out, [sid for _, sid in sent], 120)
     finally:
@@ -252,7 +275,12 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
     if backlog:
         drained = bf_after - bf_before
         bf_done = sorted(t - t0 for t, sid, _ in out.rows if sid in bf_set)
+        bf_parts: dict[str, list[float]] = defaultdict(list)
+        for sid in bf_set:
+            for k, v in out.parts.get(sid, {}).items():
+                bf_parts[k].append(v)
         result.update({"backlog": backlog, "backfill_done_in_window": drained, "window_s": window,
+                       "backfill_parts_mean_s": {k: sum(v) / max(1, len(bf_done)) for k, v in sorted(bf_parts.items())},
                        "drain_rate": drained / window, "backfill_done_total": len(bf_done),
                        "backlog_series": [(t, backlog - (i + 1)) for i, t in enumerate(bf_done)]})
     return result
@@ -349,9 +377,9 @@ async def main() -> None:
         print(f"capacity {cap['capacity']:.1f} img/s; live at {rate:.1f} img/s; backlog {backlog}", file=sys.stderr)
         for r in range(args.rounds):
             # the machine's capacity moves with the other engineers' load: each round measures its own
-            rnd: dict[str, Any] = {"capacity": (await phase(f"r{r + 1}-capacity", bootstrap, data, images, args, env,
-                                                            burst=args.burst))["capacity"]}
-            print(f"round {r + 1} capacity {rnd['capacity']:.1f} img/s", file=sys.stderr)
+            rnd: dict[str, Any] = {"capacity_before": (await phase(f"r{r + 1}-capacity", bootstrap, data, images, args,
+                                                                   env, burst=args.burst))["capacity"]}
+            print(f"round {r + 1} capacity {rnd['capacity_before']:.1f} img/s", file=sys.stderr)
             for mode in MODES if r % 2 == 0 else MODES[::-1]:
                 rnd[mode] = await phase(f"r{r + 1}-{mode}", bootstrap, data, images, args, envs[mode], rate=rate,
                                         backlog=0 if mode == "alone" else backlog)
@@ -359,6 +387,11 @@ async def main() -> None:
                 print(f"round {r + 1} {mode}: p50 {rnd[mode]['live_p50_s'] * 1000:.0f} ms, "
                       f"p99 {rnd[mode]['live_p99_s'] * 1000:.0f} ms"
                       + (f", drain {rnd[mode]['drain_rate']:.1f} img/s" if mode != "alone" else ""), file=sys.stderr)
+            # and again after it: the round's spare capacity uses the mean of the two bursts
+            rnd["capacity_after"] = (await phase(f"r{r + 1}-capacity-after", bootstrap, data, images, args, env,
+                                                 burst=args.burst))["capacity"]
+            rnd["capacity"] = (rnd["capacity_before"] + rnd["capacity_after"]) / 2
+            print(f"round {r + 1} capacity after {rnd['capacity_after']:.1f} img/s", file=sys.stderr)
             rounds.append(rnd)
     finally:
         if kafka is not None:
@@ -366,7 +399,9 @@ async def main() -> None:
     summary: dict[str, Any] = {"capacity": cap["capacity"], "load": args.load, "live_rate": rate,
                                "seconds": args.seconds, "backlog": backlog, "rounds": []}
     for i, rnd in enumerate(rounds):
-        row: dict[str, Any] = {"round": i + 1, "capacity_img_s": rnd["capacity"]}
+        row: dict[str, Any] = {"round": i + 1, "capacity_img_s": rnd["capacity"],
+                               "capacity_before_img_s": rnd["capacity_before"],
+                               "capacity_after_img_s": rnd["capacity_after"]}
         for mode in MODES:
             res = rnd[mode]
             row[f"{mode}_p50_ms"] = res["live_p50_s"] * 1000

@@ -14,11 +14,11 @@ from agents.lanes import BackfillGate, LaneBatcher, pause_backfill
 Item = tuple[str, int, int]  # (lane, id, priority)
 
 
-def lanes(live_batch: int = 2, backfill_batch: int = 2) -> LaneBatcher[Item]:
+def lanes(live_batch: int = 2, backfill_batch: int = 2, **kw: Any) -> LaneBatcher[Item]:
     cfg = BatchingConfig(max_wait_s=0.02)
     return LaneBatcher(MicroBatcher(BatchingConfig(fixed_batch=live_batch, max_wait_s=cfg.max_wait_s)),
                        MicroBatcher(BatchingConfig(fixed_batch=backfill_batch, max_wait_s=cfg.max_wait_s)),
-                       lane_of=lambda it: it[0], priority_of=lambda it: it[2])
+                       lane_of=lambda it: it[0], priority_of=lambda it: it[2], **kw)
 
 
 def ids(batches: list[Batch[Item]]) -> list[tuple[int, ...]]:
@@ -82,12 +82,17 @@ def test_unknown_lane_is_refused() -> None:
 
 
 def test_random_driving_never_puts_two_backfill_batches_before_output_nor_loses_items() -> None:
-    """A device simulation: batches go to a FIFO before the device; every live batch finds at most
-    one backfill batch ahead of it; every item comes out once."""
+    """A device simulation: released batches wait for one device that takes live batches first
+    (the runner's device queue); some fail in decode, before the device. At most one backfill
+    batch ever waits, none is released while a live batch waits, so a live batch finds at most
+    the one on the device ahead of it; filled batches seat live items first; every item comes
+    out once."""
     rng = random.Random(3)
     for _ in range(50):
-        lb = lanes(live_batch=rng.choice([1, 2, 3]), backfill_batch=rng.choice([1, 2, 4]))
-        fifo: list[Batch[Item]] = []
+        live_batch, fill_to = rng.choice([1, 2, 3]), rng.choice([0, 0, 2, 4])
+        lb = lanes(live_batch=live_batch, backfill_batch=rng.choice([1, 2, 4]), fill_to=fill_to)
+        waiting: list[Batch[Item]] = []
+        on_device: Batch[Item] | None = None
         seen: list[int] = []
         now, n = 0.0, 0
         for _step in range(300):
@@ -97,22 +102,38 @@ def test_random_driving_never_puts_two_backfill_batches_before_output_nor_loses_
             if r < 0.3:
                 out = lb.add(("live", n, rng.randrange(3)), rng.choice("ab"), now)
                 n += 1
-            elif r < 0.6:
+            elif r < 0.55:
                 out = lb.add(("backfill", n, 0), "s", now)
                 n += 1
-            elif r < 0.85 and fifo:
-                done = fifo.pop(0)
-                seen.extend(i for _, i, _ in done.items)
-                lb.device_done(done.items)
+            elif r < 0.7 and on_device is None and waiting:
+                on_device = next((b for b in waiting if b.items[0][0] == "live"), waiting[0])
+                waiting.remove(on_device)
+                lb.device_started(on_device.items)
+                out = lb.poll(now)
+            elif r < 0.75 and waiting:  # a decode failure: out before the device
+                failed = waiting.pop(rng.randrange(len(waiting)))
+                seen.extend(i for _, i, _ in failed.items)
+                lb.device_done(failed.items)
+                out = lb.poll(now)
+            elif r < 0.9 and on_device is not None:
+                seen.extend(i for _, i, _ in on_device.items)
+                lb.device_done(on_device.items)
+                on_device = None
                 out = lb.poll(now)
             else:
                 out = lb.poll(now)
+            live_waiting = any(b.items[0][0] == "live" for b in waiting)
             for batch in out:
                 if batch.items[0][0] == "live":
-                    assert sum(1 for b in fifo if b.items[0][0] == "backfill") <= 1
-                fifo.append(batch)
-            assert sum(1 for b in fifo if b.items[0][0] == "backfill") <= 1
-        for batch in fifo + lb.flush():
+                    riders = [it for it in batch.items if it[0] == "backfill"]
+                    assert len(batch) <= max(live_batch, fill_to) and (not riders or len(batch) <= fill_to)
+                    assert all(it[0] == "live" for it in batch.items[:len(batch) - len(riders)])  # live seats first
+                else:
+                    assert not live_waiting
+                waiting.append(batch)
+            assert sum(1 for b in waiting if b.items[0][0] == "backfill") <= 1
+        rest = waiting + ([on_device] if on_device else []) + lb.flush()
+        for batch in rest:
             seen.extend(i for _, i, _ in batch.items)
         assert sorted(seen) == list(range(n))
 
@@ -124,8 +145,9 @@ def test_pause_rule(queued: int, lag: int, threshold: int, paused: bool) -> None
 
 
 def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_device() -> None:
-    """The runner driving a LaneBatcher: backfill 0 is on the device, backfill 1-3 wait; a live input
-    arriving then goes next, and the backfill resumes after it."""
+    """The runner driving a LaneBatcher: backfill 0 is on the device, backfill 1 decoded and waiting
+    for it, 2-3 held; a live input arriving then goes next, before backfill 1, and the backfill
+    resumes after it."""
     import asyncio
 
     from agents.process import InRecord
@@ -156,10 +178,12 @@ def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_dev
             for i in range(4):
                 r = InRecord("bf", 0, i, b"hang" if i == 0 else b"ok")
                 await runner.submit(r, r, lane="backfill")
-            await until(lambda: proc.order == [("bf", 0)] and lb.backfill_held == 3, "backfill 0 on the device")
+            await until(lambda: proc.order == [("bf", 0)] and lb.backfill_held == 2
+                        and runner._device_q.qsize() == 1,
+                        "backfill 0 on the device, backfill 1 waiting for it")
             live = InRecord("in", 0, 0, b"ok")
             await runner.submit(live, live)
-            await until(lambda: lb.live_queued == 1 and runner.preparing() == 0, "the live batch waiting")
+            await until(lambda: runner._device_q.qsize() == 2, "the live batch waiting for the device too")
             assert runner.free_slots("backfill") == 4 and runner.free_slots() == 63
             proc.release.set()
             await until(lambda: len(acked) == 5, "everything acknowledged")
@@ -327,3 +351,120 @@ def test_backfill_share_must_be_a_share() -> None:
         with pytest.raises(ValueError, match="backfill_share"):
             LaneBatcher(MicroBatcher(BatchingConfig()), MicroBatcher(BatchingConfig()), lane_of=lambda it: "live",
                         backfill_share=share)
+
+
+def test_a_live_batch_alone_before_the_device_takes_held_backfill_into_its_empty_seats() -> None:
+    """fill_to 3: a live batch of 1 that closes with nothing else live about leaves with two held
+    backfill items of its shape class (oldest first); they count as backfill, not live, work."""
+    lb = lanes(live_batch=1, backfill_batch=1, fill_to=3)
+    first = [b for i in range(4) for b in lb.add(("backfill", i, 0), "s", 0.0)]
+    lb.add(("backfill", 9, 0), "other", 0.0)  # another shape class: never mixed in
+    assert ids(first) == [(0,)] and lb.backfill_held == 4
+    [live] = lb.add(("live", 100, 0), "s", 0.001)
+    assert ids([live]) == [(100, 1, 2)] and live.shape_class == "s"
+    assert lb.filled == 2 and lb.backfill_held == 2 and lb.live_queued == 1
+    lb.device_done(first[0].items)
+    assert lb.poll(0.002) == []  # the live batch (with its riders) is before the output lane
+    lb.device_done(live.items)
+    assert lb.live_queued == 0
+    assert ids(lb.poll(0.003)) == [(3,)]
+
+
+def test_no_filling_while_other_live_work_waits_nor_past_the_memory_budget() -> None:
+    lb = lanes(live_batch=1, backfill_batch=1, fill_to=2)
+    first = [b for i in range(3) for b in lb.add(("backfill", i, 0), "s", 0.0)]
+    [live1] = lb.add(("live", 100, 0), "s", 0.001)
+    assert ids([live1]) == [(100, 1)]  # filled: nothing else live about
+    [live2] = lb.add(("live", 101, 0), "s", 0.002)
+    assert ids([live2]) == [(101,)]  # live1 is still before the device: its seat is not spare
+    assert lb.filled == 1 and lb.backfill_held == 1
+    lb.device_done(first[0].items)
+    lb.device_done(live1.items)
+    lb.device_done(live2.items)
+    budget = LaneBatcher(MicroBatcher(BatchingConfig(fixed_batch=1)), MicroBatcher(BatchingConfig(fixed_batch=1)),
+                         lane_of=lambda it: it[0], fill_to=4, nbytes_of=lambda it: it[1], memory_budget_bytes=100)
+    head = budget.add(("backfill", 10, 0), "s", 0.0)  # on the device: the next ones are held
+    for size in (70, 20, 5):
+        budget.add(("backfill", size, 0), "s", 0.0)
+    [live] = budget.add(("live", 50, 0), "s", 0.001, nbytes=50)
+    assert [i for _, i, _ in live.items] == [50, 20, 5] and live.nbytes == 75  # 70 would not fit
+    assert budget.backfill_held == 1
+    budget.device_done(head[0].items)
+
+
+def test_fill_to_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="fill_to"):
+        lanes(fill_to=-1)
+
+
+def test_without_wait_for_live_a_backfill_batch_waits_only_for_the_previous_one() -> None:
+    lb = lanes(live_batch=2, backfill_batch=1, wait_for_live=False)
+    lb.add(("live", 100, 0), "s", 0.0)  # waits for a batch mate
+    first = [b for i in range(2) for b in lb.add(("backfill", i, 0), "s", 0.0)]
+    assert ids(first) == [(0,)]  # goes although a live item waits: it waits for at most this one batch
+    assert lb.add(("live", 101, 0), "s", 0.001) and lb.poll(0.002) == []  # backfill 0 not through yet
+    lb.device_done(first[0].items)
+    assert ids(lb.poll(0.003)) == [(1,)]  # the live batch is still before the device: one batch ahead
+
+
+def test_the_runner_carries_backfill_riders_in_a_live_batch_and_acknowledges_every_input() -> None:
+    """fill_to 3: backfill 0 is on the device, 1 waits for it, 2-3 are held; a live input arriving
+    leaves with 2 and 3 in its empty seats and goes before 1, its output runs in the live output
+    threads, and every input of both lanes is acknowledged once with every slot given back."""
+    import asyncio
+    import threading
+
+    from agents.process import InRecord
+    from agents.runner import BatchRunner, RunnerConfig
+    from tests.test_runner import FakeClock, FakeProcessor, FakeSink, until
+
+    class Recording(FakeProcessor):
+        def __init__(self) -> None:
+            super().__init__()
+            self.batches: list[tuple[tuple[str, int], ...]] = []
+            self.output_threads: dict[tuple[tuple[str, int], ...], str] = {}
+
+        def device(self, state: Any) -> Any:
+            self.batches.append(tuple((j.record.topic, j.record.offset) for j in state.items))
+            return super().device(state)
+
+        def output(self, state: Any, *, max_record_bytes: int | None = None) -> Any:
+            key = tuple((j.record.topic, j.record.offset) for j in state.items)
+            self.output_threads[key] = threading.current_thread().name.rsplit("_", 1)[0]
+            return super().output(state, max_record_bytes=max_record_bytes)
+
+    async def go() -> tuple[Recording, list[tuple[str, int]], BatchRunner]:
+        one = BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=1)
+        lb: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p[0].lane,
+                                           fill_to=3)
+        proc, acked = Recording(), []
+
+        async def ack(ev: InRecord) -> None:
+            acked.append((ev.topic, ev.offset))
+
+        runner = BatchRunner(proc, FakeSink(auto=True), lb, ack=ack, clock=FakeClock(step=0.001),
+                             config=RunnerConfig(watchdog_interval_s=0.01, backfill_in_flight=8, backfill_threads=1))
+        await runner.start()
+        try:
+            for i in range(4):
+                r = InRecord("bf", 0, i, b"hang" if i == 0 else b"ok")
+                await runner.submit(r, r, lane="backfill")
+            await until(lambda: proc.batches == [(("bf", 0),)] and lb.backfill_held == 2
+                        and runner._device_q.qsize() == 1,
+                        "backfill 0 on the device, backfill 1 waiting for it")
+            live = InRecord("in", 0, 0, b"ok")
+            await runner.submit(live, live)
+            await until(lambda: lb.filled == 2, "the live batch filled")
+            proc.release.set()
+            await until(lambda: len(acked) == 5, "everything acknowledged")
+            assert runner.free_slots("backfill") == 8 and runner.free_slots() == 64
+            assert lb.live_queued == 0 and lb.pending == 0
+        finally:
+            await runner.stop()
+        return proc, acked, runner
+
+    proc, acked, runner = asyncio.run(go())
+    assert proc.batches == [(("bf", 0),), (("in", 0), ("bf", 2), ("bf", 3)), (("bf", 1),)]
+    assert proc.output_threads[(("in", 0), ("bf", 2), ("bf", 3))] == "lightbox-output"
+    assert sorted(acked) == [("bf", 0), ("bf", 1), ("bf", 2), ("bf", 3), ("in", 0)]
+    assert runner.stats.processed == 5
