@@ -205,7 +205,7 @@ def stage_cpu(processor: Any, files: Sequence[Path], presets: Sequence[Preset], 
                 ctx.memo.clear()
                 for stage in (correct, render):
                     c0 = time.thread_time()
-                    run_lane(ctx, [stage], "device")
+                    run_lane(ctx, [stage], stage.lane)
                     spent[stage.name if stage is correct else "render"] += time.thread_time() - c0
             for key, v in spent.items():
                 samples[name][key].append(v / len(files) * 1000)

@@ -95,7 +95,7 @@ def child(inputs: Path, repeats: int) -> dict[str, float]:
             ctx.memo.clear()
             for name, stage in stages.items():
                 c0 = time.thread_time()
-                run_lane(ctx, [stage], "device")
+                run_lane(ctx, [stage], stage.lane)
                 spent[name] += time.thread_time() - c0
             if not all(r.ok for r in ctx.results):
                 raise SystemExit(f"a stage failed: {[r.error for r in ctx.results if not r.ok]}")

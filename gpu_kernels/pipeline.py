@@ -65,13 +65,16 @@ __all__ = [
 
 def default_stages(decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
                    segmenter: Segmenter | None = None, classical: Segmenter | None = None) -> list[Stage]:
-    """The stage list, in order. A stage's lane decides which runner thread runs it."""
+    """The stage list, in order. A stage's lane decides which runner thread runs it: render and
+    shadow run in the device lane when the retoucher or the encoder is on a GPU (the canvas stays
+    there), else in the output lane's threads (several batches at once, the device thread free)."""
+    canvas: Lane = "device" if "gpu" in (retoucher.device, encoder.device) else "output"
     return [
         DecodeStage(decoder),
         SegmentStage(segmenter, classical),
         CorrectStage(retoucher),
-        RenderStage(retoucher),
-        ShadowStage(retoucher.device),  # presets with shadow = "contact"
+        RenderStage(retoucher, lane=canvas),
+        ShadowStage(retoucher.device, lane=canvas),  # presets with shadow = "contact"
         EncodeStage(encoder),  # device lane for a GPU encoder, output lane for the CPU one
         QualityStage(),
         ComplianceStage(),  # marketplace rules per variant

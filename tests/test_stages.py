@@ -44,7 +44,7 @@ class Boom(Stage):
     """Raises (not a LightboxError) in the step of one preset only."""
 
     name = "boom"
-    lane = "device"
+    lane = "output"
 
     def __init__(self, preset: str) -> None:
         self.preset = preset
@@ -151,17 +151,17 @@ class FakeGpuEncoder:
 def test_encode_runs_in_the_device_lane_for_a_gpu_encoder_and_the_output_lane_for_the_cpu_one() -> None:
     cpu = cpu_pipeline()
     assert names(cpu.lane("decode")) == ["decode"]
-    device = names(cpu.lane("device"))
-    assert device[:3] == ["segment", "correct", "preset"] and "encode" not in device
-    assert names(cpu.lane("output"))[0] == "encode" and "quality" in names(cpu.lane("output"))
+    # all CPU: the device thread segments and corrects; render, shadow and encode run in the output threads
+    assert names(cpu.lane("device")) == ["segment", "correct"]
+    assert names(cpu.lane("output"))[:3] == ["preset", "shadow", "encode"] and "quality" in names(cpu.lane("output"))
     gpu = cpu_pipeline(encoder=FakeGpuEncoder())
     assert isinstance(FakeGpuEncoder(), Encoder)
-    assert names(gpu.lane("device"))[-1] == "encode"  # after render (and any stage that edits the canvas)
+    # a GPU encoder: the canvas stays in the device lane, render and shadow before encode there
+    assert names(gpu.lane("device")) == ["segment", "correct", "preset", "shadow", "encode"]
     assert "encode" not in names(gpu.lane("output")) and "quality" in names(gpu.lane("output"))
-    # everything else sits in the same lane for both encoders
     assert names(cpu.stages) == names(gpu.stages)
-    assert {s.name: s.lane for s in cpu.stages if s.name != "encode"} == {
-        s.name: s.lane for s in gpu.stages if s.name != "encode"}
+    assert {s.name: s.lane for s in cpu.stages if s.name not in ("preset", "shadow", "encode")} == {
+        s.name: s.lane for s in gpu.stages if s.name not in ("preset", "shadow", "encode")}
 
 
 def test_a_list_that_goes_back_to_an_earlier_lane_is_refused() -> None:
@@ -180,8 +180,8 @@ def test_lanes_run_separately_and_the_device_lane_does_no_cpu_encode(catalog: li
     pipe.run_lane(ctx, "decode")
     assert sorted(ctx.images) == [0, 1] and not ctx.corrected
     pipe.run_lane(ctx, "device")
-    assert sorted(ctx.rendered) == [(0, "thumb_webp"), (1, "thumb_webp")] and not ctx.encoded
-    assert not any(s.stage.startswith("encode:") for s in jobs[0].spans.spans)
+    assert sorted(ctx.corrected) == [0, 1] and not ctx.rendered and not ctx.encoded  # render: output lane on the CPU
+    assert not any(s.stage.startswith(("encode:", "preset:")) for s in jobs[0].spans.spans)
     pipe.run_lane(ctx, "output")
     results = ctx.finalize()
     assert all(r.ok and r.variants[0].data[:4] == b"RIFF" for r in results)  # WebP

@@ -1,7 +1,7 @@
 """Render (DESIGN.md step 6): per preset, one batched crop + resize + pad + sharpen over every
-image that asked for it (span ``preset:<name>``). When the correct stage coloured only a window
-of an image, the mask is cropped to the same window (the subject box and the placement move with
-it, so the canvas shows the same pixels)."""
+image that asked for it (span ``preset:<name>``); device lane on a GPU, output lane on the CPU.
+When the correct stage coloured only a window of an image, the mask is cropped to the same window
+(the subject box and the placement move with it, so the canvas shows the same pixels)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from gpu_kernels.backends import Retoucher
 from gpu_kernels.presets import Preset
-from gpu_kernels.stages.base import BatchContext, Stage, Step
+from gpu_kernels.stages.base import BatchContext, Lane, Stage, Step
 from gpu_kernels.stages.correct import crop_mask, window_of
 
 __all__ = ["RenderStage"]
@@ -19,8 +19,12 @@ __all__ = ["RenderStage"]
 class RenderStage(Stage):
     name = "preset"
 
-    def __init__(self, retoucher: Retoucher) -> None:
+    def __init__(self, retoucher: Retoucher, lane: Lane | None = None) -> None:
         self.retoucher, self.device = retoucher, retoucher.device
+        # on a GPU next to the correct stage it reads from; the CPU twin runs in the output lane's
+        # threads, so the one device thread does only segment and correct and several batches
+        # render at once (the backfill lane's in its own, lower-priority threads)
+        self.lane: Lane = lane or ("device" if self.device == "gpu" else "output")
 
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
         for preset in ctx.presets():

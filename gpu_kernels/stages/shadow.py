@@ -26,7 +26,7 @@ import numpy as np
 
 from gpu_kernels.backends import Array
 from gpu_kernels.presets import Preset
-from gpu_kernels.stages.base import BatchContext, Stage, Step, to_host
+from gpu_kernels.stages.base import BatchContext, Lane, Stage, Step, to_host
 from schemas.errors import per_item
 
 __all__ = ["ShadowConfig", "ShadowStage", "canvas_box", "contact_shadow", "shadow_profiles"]
@@ -155,14 +155,15 @@ def contact_shadow(image: Array, cfg: ShadowConfig | None = None,
 
 
 class ShadowStage(Stage):
-    """Device lane, after render and before encode; one step (span ``shadow:<preset>``) per preset
-    with ``shadow = "contact"``. Keeps each canvas' subject box (before the shadow) in
-    ``ctx.memo["canvas_box", item, preset]`` for the compliance stage."""
+    """Render's lane (device on a GPU, output on the CPU), after render and before encode; one step
+    (span ``shadow:<preset>``) per preset with ``shadow = "contact"``. Keeps each canvas' subject box
+    (before the shadow) in ``ctx.memo["canvas_box", item, preset]`` for the compliance stage."""
 
     name = "shadow"
 
-    def __init__(self, device: str, config: ShadowConfig | None = None) -> None:
+    def __init__(self, device: str, config: ShadowConfig | None = None, lane: Lane | None = None) -> None:
         self.device, self.config = device, config or ShadowConfig()
+        self.lane: Lane = lane or ("device" if device == "gpu" else "output")  # the render's before it
 
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
         for preset in ctx.presets():
