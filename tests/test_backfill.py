@@ -239,17 +239,29 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
     """A backlog of 48 on the backfill topic is being worked through; 3 live events published then
     come out after at most the few backfill inputs the worker already held (backfill_in_flight),
     long before the backlog is done."""
+    import numpy as np
+    from PIL import Image
+
+    from agents.backfill import FETCH_BYTES
     from lightbox.demo import WorkerProcess, collect_outputs
     from streams.producer import ImageProducer
 
     held = 4
     asyncio.run(ensure_topics(settings))
-    backlog = [catalog[i % len(catalog)] for i in range(48)]
+    # the first backlog image travels inline and is larger than one backfill fetch: the brokers
+    # still hand it over whole
+    big = tmp_path / "big-inline.jpg"
+    with Image.open(catalog[0]) as im:
+        pixels = np.asarray(im.convert("RGB").resize((1600, 1600))).astype(np.int16)
+    noise = np.random.default_rng(5).integers(-6, 7, pixels.shape)
+    Image.fromarray(np.clip(pixels + noise, 0, 255).astype(np.uint8)).save(big, quality=95)
+    assert big.stat().st_size > FETCH_BYTES
+    backlog = [big] + [catalog[i % len(catalog)] for i in range(1, 48)]
 
     async def publish(topic: str, files: list[Path], tag: str) -> set[str]:
         """All sent, then one wait: the live three reach the worker together."""
         async with ImageProducer(settings.kafka_bootstrap, topic) as prod:
-            events = [prod.event_for_file(f, presets=["thumb_webp"], inline=False, sku=f"{tag}-{i}")
+            events = [prod.event_for_file(f, presets=["thumb_webp"], inline=f == big, sku=f"{tag}-{i}")
                       for i, f in enumerate(files)]
             await prod.flush([await prod.publish(ev) for ev in events])
             return {ev["event_id"] for ev in events}
