@@ -88,9 +88,9 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
 
     One runner, two lanes: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
     :class:`~agents.backfill.BackfillConsumer` on the backfill topic that gets only spare capacity
-    (:mod:`agents.lanes`: a backfill batch goes to the device only when no live item waits; the
-    backfill partitions are paused while live work is queued or the live lag is over
-    ``backfill_max_live_lag``)."""
+    (:mod:`agents.lanes`: a backfill batch is released only while no live batch waits for the
+    device, and the device serves live batches first; the backfill partitions are paused while
+    live work is queued or the live lag is over ``backfill_max_live_lag``)."""
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
