@@ -40,7 +40,7 @@ __all__ = ["BackfillConsumer", "BackfillEvent"]
 
 log = logging.getLogger(__name__)
 
-#: bytes the backfill consumer asks of one partition per fetch (module docstring)
+#: bytes the backfill consumer asks of one partition per fetch (small on purpose: see BackfillConsumer.run)
 FETCH_BYTES = 256 << 10
 
 

@@ -200,7 +200,8 @@ class LaneBatcher(Generic[T]):
                 self._waiting[lane] = max(0, self._waiting[lane] - 1)
             self._in_pipe[lane] = max(0, self._in_pipe[lane] - 1)
             for item in items:
-                self._items_in_pipe[self._lane(item)] = max(0, self._items_in_pipe[self._lane(item)] - 1)
+                of = self._lane(item)
+                self._items_in_pipe[of] = max(0, self._items_in_pipe[of] - 1)
             if lane == BACKFILL and self._service > 0 and self.backfill_share < 1:
                 self._not_before = self.clock() + self._service * (1 / self.backfill_share - 1)
         self._service = 0.0  # a failed batch reports no service time: no gap
@@ -213,8 +214,9 @@ class LaneBatcher(Generic[T]):
         return lane
 
     def _count(self, batch: Batch[T], sign: int) -> None:
-        self._in_pipe[self._lane(batch.items[0])] += sign
-        self._waiting[self._lane(batch.items[0])] += sign
+        lane = self._lane(batch.items[0])  # a filled live batch is a live batch
+        self._in_pipe[lane] += sign
+        self._waiting[lane] += sign
         for item in batch.items:
             self._items_in_pipe[self._lane(item)] += sign
 
@@ -250,7 +252,7 @@ class LaneBatcher(Generic[T]):
     def _release(self, live: list[Batch[T]], now: float) -> list[Batch[T]]:
         out = []
         for i, batch in enumerate(live):
-            # the device would go idle after this batch: its empty seats are spare capacity
+            # nothing live waits behind this batch: its empty seats are spare capacity
             if self.fill_to and i == len(live) - 1 and not self._waiting[LIVE] and not self.live.pending:
                 batch = self._fill(batch)
             self._count(batch, +1)
