@@ -224,6 +224,11 @@ Pair = tuple[_Item, Any]  # an input and its Prepared job
 Sent = tuple[_Item, OutRecord]
 
 
+def _lane_of(pairs: Sequence[Pair]) -> str:
+    """A batch's input lane: its first item's (a live batch with backfill riders is live)."""
+    return pairs[0][0].lane if pairs else "live"
+
+
 class Batcher(Protocol[T_contra]):
     """What the runner drives: :class:`~agents.batching.MicroBatcher`, or :class:`~agents.lanes.LaneBatcher`
     for live and backfill lanes. ``device_done(items)``: a batch left the device lane (done or failed);
@@ -268,6 +273,8 @@ class BatchRunner:
         self._device_q: asyncio.PriorityQueue[tuple[int, int, tuple[list[Pair], Any, float]]] = (
             asyncio.PriorityQueue(depth + 1))
         self._device_seq = 0
+        # a lane batcher is told when a batch goes onto the device (a plain MicroBatcher is not)
+        self._device_started: Callable[[Sequence[Pair]], None] | None = getattr(batcher, "device_started", None)
         self._output_q: asyncio.Queue[tuple[list[Pair], Any]] = asyncio.Queue(depth)
         self._send_q: asyncio.Queue[list[Sent]] = asyncio.Queue()  # bounded by max_in_flight
         own = self.config.backfill_threads > 0  # the backfill lane's own prepare and output threads
@@ -518,16 +525,15 @@ class BatchRunner:
             seconds = self.clock() - t0
             self.observer.batch_done("decode", len(pairs), seconds)
             self._device_seq += 1
-            rank = 0 if not pairs or pairs[0][0].lane == "live" else 1
+            rank = 0 if _lane_of(pairs) == "live" else 1
             await self._device_q.put((rank, self._device_seq, (pairs, state, seconds)))
 
     async def _device_loop(self) -> None:
         while True:
             _, _, (pairs, state, decode_s) = await self._device_q.get()
             self.observer.lane_progress("device", self._device_q.qsize())
-            started = getattr(self.batcher, "device_started", None)
-            if started is not None:
-                started(pairs)  # the lane batcher may let the next backfill batch decode meanwhile
+            if self._device_started is not None:
+                self._device_started(pairs)  # the lane batcher may let the next backfill batch decode meanwhile
                 self._wake.set()
             t0 = self.clock()
             try:
@@ -557,7 +563,7 @@ class BatchRunner:
             await live.acquire()
             pairs, state = await self._output_q.get()
             self.observer.lane_progress("output", self._output_q.qsize())
-            lane = pairs[0][0].lane if pairs else "live"
+            lane = _lane_of(pairs)
             if self._out_slots[lane] is live:
                 self._spawn(self._output(lane, pairs, state))
             else:

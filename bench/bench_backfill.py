@@ -52,6 +52,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_batching as bb  # its /proc CPU meters
 
 from lightbox.demo import WorkerProcess
 from schemas.events import EventCodecs
@@ -195,23 +198,6 @@ async def poisson(prod: ImageProducer, images: list[Path], rate: float, seconds:
     return sent
 
 
-def cpu_times(pid: int | None) -> dict[str, float]:
-    """CPU seconds so far (Linux /proc): the whole machine busy and idle, and the worker process."""
-    tick = os.sysconf("SC_CLK_TCK")
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    out = {"machine_busy": (sum(fields[:8]) - idle) / tick, "machine_idle": idle / tick, "worker": 0.0}
-    if pid is not None:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read().rsplit(")", 1)[1].split()
-            out["worker"] = (int(stat[11]) + int(stat[12])) / tick  # utime + stime
-        except OSError:
-            pass
-    return out
-
-
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -247,11 +233,13 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
                 result["capacity"] = (len(times) * 0.8) / max(1e-6, hi - lo)
                 return result
             bf_before = sum(1 for _, sid, _ in out.rows if sid in bf_set)
-            cpu0 = cpu_times(worker.proc.pid if worker.proc else None)
+            pid = worker.proc.pid if worker.proc else 0
+            busy0, worker0 = bb._busy_s(), bb._proc_cpu_s(pid)
             sent = await poisson(prod, images, rate, args.seconds, random.Random(args.seed), t0)
             window = time.monotonic() - t0
-            cpu1 = cpu_times(worker.proc.pid if worker.proc else None)
-            result["cpu"] = {k: (cpu1[k] - cpu0[k]) / window for k in cpu0}  # cores busy on average
+            busy = (bb._busy_s() - busy0) / window  # cores busy on average, the whole machine
+            result["cpu"] = {"machine_busy": busy, "machine_idle": (os.cpu_count() or 1) - busy,
+                             "worker": (bb._proc_cpu_s(pid) - worker0) / window}
             bf_after = sum(1 for _, sid, _ in out.rows if sid in bf_set)
             await wait_for(out, [sid for _, sid in sent], 120)
     finally:

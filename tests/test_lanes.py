@@ -10,6 +10,7 @@ import pytest
 
 from agents.batching import Batch, BatchingConfig, MicroBatcher
 from agents.lanes import BackfillGate, LaneBatcher, pause_backfill
+from tests.test_runner import FakeClock  # seconds that move only when told to
 
 Item = tuple[str, int, int]  # (lane, id, priority)
 
@@ -194,18 +195,8 @@ def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_dev
     assert asyncio.run(go()) == [("bf", 0), ("in", 0), ("bf", 1), ("bf", 2), ("bf", 3)]
 
 
-class StepClock:
-    """Seconds that move only when told to."""
-
-    def __init__(self) -> None:
-        self.t = 500.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def test_gate_fills_the_window_only_after_live_work_has_been_quiet_for_idle_s() -> None:
-    clock = StepClock()
+    clock = FakeClock()
     gate = BackfillGate(idle_s=0.5, busy_cap=2, clock=clock)  # binary-exact times
     assert gate.room(False, held=0, limit=16) == 16  # no live work ever seen: the whole window
     assert gate.room(False, held=10, limit=16) == 6
@@ -220,7 +211,7 @@ def test_gate_fills_the_window_only_after_live_work_has_been_quiet_for_idle_s() 
 
 
 def test_gate_with_no_busy_cap_and_no_idle_time_is_the_plain_pause_rule() -> None:
-    clock = StepClock()
+    clock = FakeClock()
     gate = BackfillGate(idle_s=0.0, busy_cap=0, clock=clock)
     assert gate.room(True, held=0, limit=16) == 0
     assert gate.room(False, held=3, limit=16) == 13  # same instant, live gone: no wait
@@ -230,9 +221,9 @@ def test_gate_with_no_busy_cap_and_no_idle_time_is_the_plain_pause_rule() -> Non
 
 def test_gate_refuses_negative_settings() -> None:
     with pytest.raises(ValueError, match="idle_s"):
-        BackfillGate(idle_s=-1.0, busy_cap=0, clock=StepClock())
+        BackfillGate(idle_s=-1.0, busy_cap=0, clock=FakeClock())
     with pytest.raises(ValueError, match="busy_cap"):
-        BackfillGate(idle_s=0.0, busy_cap=-1, clock=StepClock())
+        BackfillGate(idle_s=0.0, busy_cap=-1, clock=FakeClock())
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread niceness here")
@@ -323,7 +314,7 @@ def test_backfill_prepare_and_output_run_in_their_own_threads_and_never_hold_up_
 def test_backfill_share_leaves_a_gap_after_each_backfill_batch_that_live_batches_use() -> None:
     """share 0.5: a backfill batch that took 0.25 s is followed by 0.25 s in which no backfill batch
     starts; a live batch arriving then goes at once; a failed batch (no service time) leaves no gap."""
-    clock = StepClock()
+    clock = FakeClock()
     one = BatchingConfig(fixed_batch=1, max_wait_s=0.02)
     lb: LaneBatcher[Item] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda it: it[0],
                                         backfill_share=0.5, clock=clock)

@@ -9,14 +9,7 @@ import pytest
 
 from lightbox.ratelimit import TokenBucket
 from lightbox.replay import Checkpoint, ReplayProgress, job_id
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from tests.test_runner import FakeClock  # seconds that move only when told to
 
 
 # -- token bucket ----------------------------------------------------------------------------
