@@ -32,11 +32,10 @@ from typing import Any
 import faust
 
 from agents.backfill import BackfillConsumer, BackfillEvent
-from agents.batching import MicroBatcher
 from agents.lanes import LaneBatcher
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerFailed, RunnerObserver
-from agents.wiring import backfill_batching, batching_config, build_processor, runner_config
+from agents.wiring import batching_config, build_processor, lane_batcher, runner_config
 from streams.app import create_app, input_topic
 from streams.settings import Settings
 from streams.sink import KafkaSink
@@ -97,15 +96,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     batching = batching_config(settings, device)
     config = runner_config(settings, batching)
     proc = processor or build_processor(settings, device)
-    lanes: LaneBatcher[Pair] = LaneBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
-                                           lane_of=lambda pair: pair[0].lane, priority_of=_priority,
-                                           backfill_share=settings.backfill_device_share,
-                                           wait_for_live=settings.backfill_wait_for_live,
-                                           pipelined=settings.backfill_pipelined,
-                                           fill_to=min(settings.backfill_fill_to, batching.max_batch),
-                                           nbytes_of=lambda pair: pair[1].nbytes,
-                                           memory_budget_bytes=batching.memory_budget_bytes)
-    worker.lanes = lanes
+    lanes = worker.lanes = lane_batcher(settings, batching)
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     backfill = BackfillConsumer(settings, lanes, lambda: worker.runner, lambda: _live_lag(app, settings, last_live))
     worker.backfill = backfill
@@ -150,11 +141,6 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
             last_live.pop(tp, None)
 
     return worker
-
-
-def _priority(pair: Pair) -> int:
-    event = getattr(pair[1], "event", None)
-    return int(event.get("priority", 0) or 0) if isinstance(event, dict) else 0
 
 
 def _live_lag(app: faust.App, settings: Settings, last_live: dict[Any, int]) -> int:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agents.batching import BatchingConfig
+from agents.batching import BatchingConfig, MicroBatcher
+from agents.lanes import LaneBatcher
 from agents.process import BatchProcessor
-from agents.runner import RunnerConfig
+from agents.runner import Pair, RunnerConfig
 from gpu_kernels.backends import Retoucher, Segmenter
 from gpu_kernels.codec import make_decoder, make_encoder
 from gpu_kernels.fetch import Fetcher, FetchPolicy
@@ -121,3 +122,18 @@ def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
                         prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
                         backfill_threads=settings.backfill_threads, backfill_nice=settings.backfill_nice,
                         delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)
+
+
+def lane_batcher(settings: Settings, batching: BatchingConfig) -> LaneBatcher[Pair]:
+    """The runner's batcher: live and backfill lanes (agents/lanes.py), live buckets by the event's priority."""
+    return LaneBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
+                       lane_of=lambda pair: pair[0].lane, priority_of=_priority,
+                       backfill_share=settings.backfill_device_share, wait_for_live=settings.backfill_wait_for_live,
+                       pipelined=settings.backfill_pipelined,
+                       fill_to=min(settings.backfill_fill_to, batching.max_batch),
+                       nbytes_of=lambda pair: pair[1].nbytes, memory_budget_bytes=batching.memory_budget_bytes)
+
+
+def _priority(pair: Pair) -> int:
+    event = getattr(pair[1], "event", None)
+    return int(event.get("priority", 0) or 0) if isinstance(event, dict) else 0

@@ -16,6 +16,12 @@ on fresh topics and a fresh worker (``lightbox worker``, device cpu), with Poiss
   backfill batch is released only once every released batch has left the device);
 * ``candidate`` — the same backlog, the worker's default backfill settings (or ``--candidate-env``).
 
+``--baseline-env`` replaces the first policy with other settings (``--baseline-env ""``: the
+defaults), to compare two settings side by side, e.g. the in-process lane against
+``--candidate-env LIGHTBOX_BACKFILL_PROCESS=true`` (the lane in a process of its own). The CPU use
+per phase is the machine's (cores busy) and the worker process's; a backfill process is not
+counted in the latter.
+
 The phases alternate (odd rounds alone, baseline, candidate; even rounds the reverse), so a slow
 spell of the shared machine hits both sides; each round's ratios use that round's own alone run.
 
@@ -340,6 +346,9 @@ async def main() -> None:
     ap.add_argument("--backfill-in-flight", type=int, default=16)
     ap.add_argument("--candidate-env", type=env_arg, default={},
                     help="extra worker settings for the candidate, e.g. LIGHTBOX_BACKFILL_NICE=19")
+    ap.add_argument("--baseline-env", type=env_arg, default=None,
+                    help="the baseline's worker settings instead of the first policy (BASELINE_ENV), to compare "
+                         "two settings side by side, e.g. LIGHTBOX_BACKFILL_PIPELINED=true")
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--out", type=Path, default=Path("out/bench_backfill"))
     args = ap.parse_args()
@@ -350,7 +359,8 @@ async def main() -> None:
     ROOT = args.out / "images"
     env = {"LIGHTBOX_MAX_BATCH": str(args.max_batch), "LIGHTBOX_BACKFILL_MAX_BATCH": str(args.backfill_max_batch),
            "LIGHTBOX_BACKFILL_IN_FLIGHT": str(args.backfill_in_flight)}
-    envs = {"alone": env, "baseline": env | BASELINE_ENV, "candidate": env | args.candidate_env}
+    baseline = BASELINE_ENV if args.baseline_env is None else args.baseline_env
+    envs = {"alone": env, "baseline": env | baseline, "candidate": env | args.candidate_env}
 
     from lightbox.kafka_local import LocalKafka
 

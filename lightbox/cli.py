@@ -234,6 +234,7 @@ def worker(
         if val is not None:
             overrides[key] = val
     settings = Settings(**overrides)
+    split = settings.backfill_enabled and settings.backfill_process  # the backfill lane in a child process
     import logging.config
 
     from faust import Worker
@@ -256,7 +257,8 @@ def worker(
         obs = Observability(settings)
         device = settings.resolved_device()
         processor = build_processor(settings, device)
-        retouch = build_worker(settings, processor=processor, observer=obs.telemetry)
+        live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
+        retouch = build_worker(live, processor=processor, observer=obs.telemetry)
         obs.attach(retouch.app, device=device, model=processor.model_version, version=__version__,
                    backfill=retouch.backfill)
     except KafkaSecurityError:
@@ -273,6 +275,19 @@ def worker(
     say(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
         f"on {settings.kafka_bootstrap}, device {device}"
         + (f", metrics on :{obs.server.port}" if obs.server is not None else ""))
+    child = None
+    if split:
+        from agents import backfill_process
+
+        child = backfill_process.spawn(overrides, loglevel)
+        say(f"backfill lane: process {child.pid} ({settings.backfill_topic}), CPU priority +{settings.backfill_nice}"
+            + (", idle class" if settings.backfill_sched_idle else ""))
+
+        @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
+        async def watch_backfill() -> None:
+            if (exc := backfill_process.watch(child)) is not None:
+                retouch.fail(exc)
+
     code: Any = 0
     try:
         runner = Worker(retouch.app, loglevel=loglevel.upper(), quiet=True, logging_config=logs)
@@ -282,8 +297,39 @@ def worker(
     except SystemExit as exc:
         code = exc.code
     finally:
+        if child is not None:
+            backfill_process.stop(child, settings.shutdown_timeout_s + 5)
         obs.close()
     raise typer.Exit(retouch.exit_code or (code if isinstance(code, int) else 1))
+
+
+@app.command("backfill-worker")
+def backfill_worker(
+    bootstrap: Bootstrap = None,
+    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="log level")] = "warning",
+) -> None:
+    """Run the backfill lane alone: consume the backfill topic (group <group id>.backfill) and
+    publish its outputs, at a CPU priority LIGHTBOX_BACKFILL_NICE lower and (Linux, unless
+    LIGHTBOX_BACKFILL_SCHED_IDLE=false) only on cores nothing else wants, with no live input.
+    `lightbox worker` starts one itself with LIGHTBOX_BACKFILL_PROCESS=true and stops it on its way
+    out. SIGTERM/Ctrl-C: in-flight work finishes and is committed, exit 0; exit 70 on a fail-stop."""
+    settings = Settings(kafka_bootstrap=_bootstrap(bootstrap))
+    from agents.backfill_process import lower_priority
+
+    lower_priority(settings.backfill_nice, settings.backfill_sched_idle)  # before any thread: they inherit it
+    import logging.config
+
+    from agents.backfill_process import EXIT_FAIL_STOP, run
+    from agents.logs import logging_config
+    from agents.wiring import build_processor
+
+    logging.config.dictConfig(logging_config(settings.log_format, loglevel))
+    try:
+        processor = build_processor(settings, settings.resolved_device())
+    except Exception as exc:
+        err.print(f"lightbox backfill worker could not start: {type(exc).__name__}: {exc}")
+        raise typer.Exit(EXIT_FAIL_STOP) from None
+    raise typer.Exit(asyncio.run(run(settings, processor)))
 
 
 # ---------------------------------------------------------------------------------- produce

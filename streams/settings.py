@@ -138,7 +138,14 @@ class Settings(BaseSettings):
     backfill_threads: int = Field(1, ge=0, description="prepare and output threads of the backfill lane's own, at a "
                                                        "lower CPU priority (0: it shares the live lane's threads)")
     backfill_nice: int = Field(10, ge=0, le=19, description="how much lower the backfill threads' CPU priority is "
-                                                            "(Linux niceness, per thread; 0: the same as live)")
+                                                            "(Linux niceness, per thread; 0: the same as live); "
+                                                            "with backfill_process, the backfill process's")
+    backfill_process: bool = Field(False, description="run the backfill lane in a child process of its own (`lightbox "
+                                                      "backfill-worker`) at the lower CPU priority: on a CPU worker "
+                                                      "its work then never holds the interpreter lock live work needs")
+    backfill_sched_idle: bool = Field(True, description="the backfill process runs in the kernel's idle scheduling "
+                                                        "class (Linux SCHED_IDLE): only on cores live work leaves "
+                                                        "idle")
     backfill_device_share: float = Field(1.0, gt=0, le=1, description="the most of the decode and device lanes' "
                                                                        "time the backfill takes: after a backfill "
                                                                        "batch of d s, none starts for d*(1/share-1) s "

@@ -4,6 +4,7 @@ range), live-first workers, redrive, and audit over the backfill lane."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -359,3 +360,124 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
     lags = asyncio.run(go())
     assert lags == {(s.backfill_topic, 0): 4, (s.backfill_topic, 1): 3} | {
         (s.backfill_topic, p): 0 for p in range(2, s.topic_partitions)}
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is ``pid`` (from /proc: no procps needed)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.append(int(entry.name))
+    return out
+
+
+async def sources_until(settings: Settings, wanted: set[str], timeout_s: float) -> set[str]:
+    """Source event ids of the outputs (processed and dead letters) until ``wanted`` are all there."""
+    from streams.consume import read_events
+
+    seen: set[str] = set()
+
+    async def go() -> None:
+        async for _kind, ev in read_events(settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic]):
+            seen.add(ev["source_event_id"])
+            if seen >= wanted:
+                return
+
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(go(), timeout_s)
+    return seen
+
+
+def _gone(pid: int, timeout_s: float) -> bool:
+    """``pid`` ended (gone, or a zombie nobody reaped yet) within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _nice(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
+def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings: Settings, catalog: list[Path],
+                                                                       tmp_path: Path) -> None:
+    """LIGHTBOX_BACKFILL_PROCESS=true: the worker starts `lightbox backfill-worker` at a lower CPU
+    priority; live and backfill inputs each come out once; the child's death fail-stops the worker
+    (exit 70); a SIGTERM to the worker stops both cleanly (exit 0), and the audit of both topics is clean."""
+    from lightbox.audit import run_audit
+    from lightbox.demo import WorkerProcess, collect_outputs
+    from streams.producer import ImageProducer
+
+    asyncio.run(ensure_topics(settings))
+
+    async def publish(topic: str, files: list[Path], tag: str) -> set[str]:
+        async with ImageProducer(settings.kafka_bootstrap, topic) as prod:
+            events = [prod.event_for_file(f, presets=["thumb_webp"], sku=f"{tag}-{i}") for i, f in enumerate(files)]
+            await prod.flush([await prod.publish(ev) for ev in events])
+            return {ev["event_id"] for ev in events}
+
+    def start(log: str) -> tuple[WorkerProcess, int]:
+        worker = WorkerProcess(worker_env(settings, [catalog[0].parent], LIGHTBOX_BACKFILL_PROCESS="true",
+                                          LIGHTBOX_BACKFILL_NICE="7"), tmp_path / log).start()
+        assert worker.proc is not None
+        deadline = time.monotonic() + 60
+        while not (kids := _children(worker.proc.pid)) and worker.running() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(kids) == 1, worker.log_tail()
+        return worker, kids[0]
+
+    ids = asyncio.run(publish(settings.backfill_topic, catalog[:6], "BF"))
+    ids |= asyncio.run(publish(settings.input_topic, catalog[:3], "LIVE"))
+    worker, child = start("worker-1.log")
+    try:
+        assert b"backfill-worker" in Path(f"/proc/{child}/cmdline").read_bytes()
+        assert worker.proc is not None
+        processed, dead = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.output_topic,
+                                                                                 settings.dlq_topic],
+                                                      len(ids), 180, worker.running))
+        assert not dead and sorted(e["source_event_id"] for e in processed) == sorted(ids), worker.log_tail()
+        # (the child lowers its priority itself, first thing: by now it has)
+        assert _nice(child) == min(19, _nice(worker.proc.pid) + 7)
+        assert os.sched_getscheduler(child) == os.SCHED_IDLE and os.sched_getscheduler(worker.proc.pid) != os.SCHED_IDLE
+        os.kill(child, signal.SIGKILL)  # the backfill lane is gone: the worker must not go on without it
+        assert worker.proc.wait(60) == 70, worker.log_tail()
+        assert "backfill process" in worker.log_tail(80)
+    finally:
+        worker.stop()
+
+    more = asyncio.run(publish(settings.backfill_topic, catalog[6:8], "BF2"))
+    more |= asyncio.run(publish(settings.input_topic, catalog[3:4], "LIVE2"))
+    worker, child = start("worker-2.log")
+    try:  # a restarted worker may repeat the first one's last outputs (at least once): wait for the set
+        seen = asyncio.run(sources_until(settings, ids | more, 180))
+        assert seen >= ids | more, worker.log_tail()
+    finally:
+        code = worker.stop()
+    assert code == 0, worker.log_tail()
+    assert _gone(child, 10), "the backfill process outlived its worker"
+    assert "backfill worker stopped" in worker.log_tail(80)
+    worker, child = start("worker-3.log")  # a worker killed outright: the kernel tells the child (SIGTERM)
+    assert worker.proc is not None
+    deadline = time.monotonic() + 60  # once it has lowered its priority it has asked for the signal too
+    while _nice(child) == _nice(worker.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    worker.proc.kill()
+    worker.proc.wait(10)
+    assert _gone(child, 30), "the backfill process outlived a killed worker"
+    report = asyncio.run(run_audit(settings.kafka_bootstrap, [settings.input_topic, settings.backfill_topic],
+                                   [settings.output_topic, settings.dlq_topic]))
+    # the first worker's outputs may repeat after its fail-stop (at least once): none missing, none conflicting
+    assert report.missing == [] and report.conflicts == [] and report.inputs == len(ids) + len(more)

@@ -1,0 +1,162 @@
+"""The backfill lane in a process of its own (``LIGHTBOX_BACKFILL_PROCESS=true``), for CPU workers.
+
+Why: a CPU worker's lanes are Python threads of one process, and they share its interpreter lock.
+``bench/bench_contention.py`` runs the device lane next to a second thread that runs the same
+pipeline, and next to a second process: the thread slowed it down 1.4-1.6×, the process 1.06×.
+So in one process the backfill's decode, segment, correct and render hold the lock that live work
+waits for, whatever their threads' CPU priority, and a core stays partly idle. In a process of its
+own, at a lower CPU priority (``backfill_nice``) and in the kernel's idle scheduling class
+(``backfill_sched_idle``, Linux), the backfill takes only what the cores leave: the kernel, not the
+interpreter, puts live work first. Measured (bench_backfill.py, 60-s round, 2 cores): nice 10
+alone drained 31.5 img/s but live p99 went 1.82×; nice 19, 26.3 img/s and 1.52×; nice 19 and
+SCHED_IDLE, 30.0 img/s (96 % of the spare capacity) and 1.06×.
+
+Starvation: under SCHED_IDLE the child gets no CPU while live work takes every core. Its consumer
+can then miss heartbeats and lose its backfill partitions to another worker; what it held is
+redone there (at least once, same output ids). Nothing is lost; live traffic that fills every
+core has no spare capacity to give anyway.
+
+- The parent, ``lightbox worker``, consumes only the live topic. It starts the child
+  (:func:`spawn`), fail-stops if the child ends by itself (:func:`watch`), and on its own way
+  out stops the child with SIGTERM and waits for it (:func:`stop`).
+- The child, ``lightbox backfill-worker`` (:func:`run`), is a runner whose live lane stays empty,
+  fed by the same :class:`~agents.backfill.BackfillConsumer` and group (``<group_id>.backfill``)
+  as an in-process backfill lane; no Faust. It lowers its own CPU priority before it starts
+  any thread (every thread inherits it), and asks the kernel for SIGTERM when the parent dies
+  (Linux), so it never outlives its worker. SIGTERM or SIGINT: intake stops, in-flight work
+  finishes and is committed (up to ``shutdown_timeout_s``), exit 0. A fail-stop of its runner, or
+  a consumer loop that fails, exits 70.
+
+What this gives up: the in-process rules read live work inside the worker (a backfill batch is
+released only while no live batch waits for the device; the backfill partitions are paused while
+live work is queued or the live lag is over ``backfill_max_live_lag``). The child cannot see the
+parent's live work, so it relies on the CPU priority alone. Fit for a CPU worker, where the cores
+are the device; a GPU worker keeps the lane in its process, where the device queue puts live first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from agents.backfill import BackfillConsumer, BackfillEvent
+from agents.process import BatchProcessor
+from agents.runner import BatchRunner, RunnerObserver
+from agents.wiring import batching_config, lane_batcher, runner_config
+from streams.settings import Settings
+from streams.sink import KafkaSink
+
+__all__ = ["EXIT_FAIL_STOP", "lower_priority", "run", "spawn", "stop", "watch"]
+
+log = logging.getLogger(__name__)
+
+EXIT_FAIL_STOP = 70
+PARENT_ENV = "LIGHTBOX_BACKFILL_PARENT_PID"  # set by spawn: the worker the child belongs to
+_PR_SET_PDEATHSIG = 1
+
+
+def lower_priority(nice: int, idle: bool) -> None:
+    """This process's CPU priority ``nice`` lower and, with ``idle``, in the kernel's idle
+    scheduling class (Linux ``SCHED_IDLE``: it runs only where no other thread wants the core, and a
+    waking live thread preempts it at once); and SIGTERM when the parent dies. Call it before any
+    thread starts: on Linux both are per thread, and new threads inherit the caller's."""
+    if nice > 0 and hasattr(os, "nice"):
+        with contextlib.suppress(OSError):
+            os.nice(nice)
+    if idle and hasattr(os, "SCHED_IDLE"):
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        parent = os.environ.get(PARENT_ENV, "")
+        if parent.isdigit() and os.getppid() != int(parent):  # it died before we asked: stop now
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+async def run(settings: Settings, processor: BatchProcessor, observer: RunnerObserver | None = None) -> int:
+    """The backfill lane alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see the module docstring."""
+    device = settings.resolved_device()
+    batching = batching_config(settings, device)
+    # the whole process runs at the lower priority: the backfill uses the lanes' own threads
+    config = dataclasses.replace(runner_config(settings, batching), backfill_threads=0)
+    lanes = lane_batcher(settings, batching)
+    holder: dict[str, BatchRunner] = {}
+    backfill = BackfillConsumer(settings, lanes, lambda: holder.get("runner"), lambda: 0)
+    stopping = asyncio.Event()
+
+    async def ack(event: Any) -> None:
+        assert isinstance(event, BackfillEvent)
+        backfill.ack(event)
+
+    runner = holder["runner"] = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config,
+                                            observer=observer, on_fatal=lambda _exc: stopping.set())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    code = 0
+    await runner.start()
+    pulling = asyncio.create_task(backfill.run(), name="lightbox-backfill")
+    waiting = asyncio.create_task(stopping.wait())
+    try:
+        await asyncio.wait({pulling, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        if pulling.done() and not pulling.cancelled() and pulling.exception() is not None:
+            code = EXIT_FAIL_STOP  # logged by the loop
+    finally:
+        for task in (pulling, waiting):
+            task.cancel()
+        await asyncio.gather(pulling, waiting, return_exceptions=True)
+    if runner.failure is not None:
+        code = EXIT_FAIL_STOP
+    elif code == 0:
+        drained = await runner.drain(settings.shutdown_timeout_s)
+        log.warning("lightbox backfill worker stopping: %s", "in-flight work finished and committed" if drained
+                    else f"{runner.in_flight} inputs left for redelivery")
+    await backfill.close()  # commits what the runner acknowledged, leaves the group
+    with contextlib.suppress(Exception):
+        await runner.stop()
+    s = runner.stats
+    log.warning("lightbox backfill worker stopped: %d processed, %d dead letters, %d batches",
+                s.processed, s.dead_letters, s.batches)
+    return code
+
+
+def spawn(overrides: Mapping[str, Any], loglevel: str) -> subprocess.Popen[bytes]:
+    """Start ``lightbox backfill-worker`` with this process's environment plus the command line's
+    ``overrides`` (settings names), its own metrics off (the port is the parent's)."""
+    env = dict(os.environ)
+    env.update({f"LIGHTBOX_{key.upper()}": str(value) for key, value in overrides.items()})
+    env["LIGHTBOX_METRICS_PORT"] = "0"
+    env[PARENT_ENV] = str(os.getpid())
+    return subprocess.Popen([sys.executable, "-m", "lightbox.cli", "backfill-worker", "--loglevel", loglevel],
+                            env=env)
+
+
+def watch(child: subprocess.Popen[bytes]) -> BaseException | None:
+    """Why the worker must fail-stop: the child ended with a non-zero code. (Exit 0 is a clean stop,
+    e.g. Ctrl-C reaching both processes; its partitions went back to the group.)"""
+    code = child.poll()
+    return None if not code else RuntimeError(f"the backfill process (pid {child.pid}) exited with {code}")
+
+
+def stop(child: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """SIGTERM, then wait up to ``timeout_s`` (it drains), then kill; its exit code (None: killed)."""
+    if child.poll() is None:
+        child.send_signal(signal.SIGTERM)
+        try:
+            return child.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            log.error("the backfill process did not stop within %.0f s; killing it", timeout_s)
+            child.kill()
+            child.wait()
+            return None
+    return child.returncode
