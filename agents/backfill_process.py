@@ -2,14 +2,16 @@
 
 Why: a CPU worker's lanes are Python threads of one process, and they share its interpreter lock.
 ``bench/bench_contention.py`` runs the device lane next to a second thread that runs the same
-pipeline, and next to a second process: the thread slowed it down 1.4-1.6×, the process 1.06×.
+pipeline, and next to a second process: the thread slowed it down 1.4-1.5×, the process 1.05-1.09×.
 So in one process the backfill's decode, segment, correct and render hold the lock that live work
 waits for, whatever their threads' CPU priority, and a core stays partly idle. In a process of its
 own, at a lower CPU priority (``backfill_nice``) and in the kernel's idle scheduling class
 (``backfill_sched_idle``, Linux), the backfill takes only what the cores leave: the kernel, not the
-interpreter, puts live work first. Measured (bench_backfill.py, 60-s round, 2 cores): nice 10
-alone drained 31.5 img/s but live p99 went 1.82×; nice 19, 26.3 img/s and 1.52×; nice 19 and
-SCHED_IDLE, 30.0 img/s (96 % of the spare capacity) and 1.06×.
+interpreter, puts live work first. Measured (bench_backfill.py, 2 cores): in single 60-s rounds,
+nice 10 alone drained 31.5 img/s but live p99 went 1.82×; nice 19, 26.3 img/s and 1.52×; nice 19
+and SCHED_IDLE, 30.0 img/s (96 % of the spare capacity) and 1.06×. Over two 120-s rounds with
+the defaults (nice 10, SCHED_IDLE): 96 % of the spare capacity, but live p99 1.29× (README,
+"Backfills"): off by default.
 
 Starvation: under SCHED_IDLE the child gets no CPU while live work takes every core. Its consumer
 can then miss heartbeats and lose its backfill partitions to another worker; what it held is

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -70,6 +71,7 @@ from streams.settings import Settings
 
 PRESET = "thumb_webp"
 ROOT = Path(".")  # the images' folder: file:// is allowed only under it (set in main)
+BROKER_PID = 0  # the local broker's process (its CPU use per phase), 0: an outside broker
 #: the first policy: backfill shares the live threads at the same priority, fills its window
 #: whenever no live work is queued, and waits for every released batch to leave the device
 BASELINE_ENV = {"LIGHTBOX_BACKFILL_THREADS": "0", "LIGHTBOX_BACKFILL_NICE": "0", "LIGHTBOX_BACKFILL_IDLE_MS": "0",
@@ -122,6 +124,16 @@ async def follow(bootstrap: str, topic: str, out: Outputs, stop: asyncio.Event) 
                     out.parts[ev["source_event_id"]] = breakdown(ev["latency_us"], ev["spans"])
     finally:
         await consumer.stop()
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (a worker's backfill process), from /proc."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
 
 
 def small_images(folder: Path, side: int) -> list[Path]:
@@ -240,12 +252,17 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
                 return result
             bf_before = sum(1 for _, sid, _ in out.rows if sid in bf_set)
             pid = worker.proc.pid if worker.proc else 0
+            others = {"backfill_process": children(pid), "broker": [BROKER_PID] if BROKER_PID else [],
+                      "bench": [os.getpid()]}
             busy0, worker0 = bb._busy_s(), bb._proc_cpu_s(pid)
+            others0 = {k: sum(bb._proc_cpu_s(p) for p in pids) for k, pids in others.items()}
             sent = await poisson(prod, images, rate, args.seconds, random.Random(args.seed), t0)
             window = time.monotonic() - t0
             busy = (bb._busy_s() - busy0) / window  # cores busy on average, the whole machine
             result["cpu"] = {"machine_busy": busy, "machine_idle": (os.cpu_count() or 1) - busy,
-                             "worker": (bb._proc_cpu_s(pid) - worker0) / window}
+                             "worker": (bb._proc_cpu_s(pid) - worker0) / window,
+                             **{k: (sum(bb._proc_cpu_s(p) for p in pids) - others0[k]) / window
+                                for k, pids in others.items()}}
             bf_after = sum(1 for _, sid, _ in out.rows if sid in bf_set)
             await wait_for(out, [sid for _, sid in sent], 120)
     finally:
@@ -367,6 +384,8 @@ async def main() -> None:
     bootstrap = os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP")
     kafka = None if bootstrap else LocalKafka.start()
     bootstrap = bootstrap or kafka.bootstrap  # type: ignore[union-attr]
+    global BROKER_PID
+    BROKER_PID = kafka.pid if kafka is not None else 0
     rounds: list[dict[str, Any]] = []
     try:
         cap = await phase("capacity", bootstrap, data, images, args, env, burst=args.burst)

@@ -6,7 +6,9 @@ core idle, against about 12 ms on its own. This bench separates the two usual su
 thread shares the interpreter lock (GIL) with the measured one; a second process shares only the
 cores. If the thread slows the device lane down much more than the process does, the lanes of
 one worker process are bound by the GIL, not by the cores, and more threads in one worker cannot
-take the spare CPU.
+take the spare CPU. A fourth mode, ``idle``, runs one tenant process per core in the kernel's idle
+scheduling class (Linux ``SCHED_IDLE``, as ``LIGHTBOX_BACKFILL_PROCESS`` runs the backfill): every
+core is busy, and the measured thread must take one back from a tenant.
 
 Setup: the classical segmenter and the CPU retoucher and encoder (as ``bench_backfill.py``),
 24 sample images at ``--side`` pixels, preset thumb_webp. Measured: wall ms per image of the
@@ -34,7 +36,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the lightbox command se
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-MODES = ("alone", "thread", "process")
+MODES = ("alone", "thread", "process", "idle")
 
 
 def pipeline() -> Any:
@@ -73,8 +75,11 @@ def lanes_ms(pipe: Any, files: list[Path], batch: int) -> tuple[float, float]:
     return dev / len(files) * 1000, out / len(files) * 1000
 
 
-def churn(files: list[Path], stop: Any) -> None:
-    """The competing tenant: the whole pipeline over ``files``, batches of 4, until ``stop`` is set."""
+def churn(files: list[Path], stop: Any, idle: bool = False) -> None:
+    """The competing tenant: the whole pipeline over ``files``, batches of 4, until ``stop`` is set
+    (``idle``: in the kernel's idle scheduling class, as a backfill process runs)."""
+    if idle:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     pipe = pipeline()
     while not stop.is_set():
         lanes_ms(pipe, files, 4)
@@ -84,15 +89,20 @@ def measure(mode: str, pipe: Any, files: list[Path], batch: int) -> tuple[float,
     if mode == "alone":
         return lanes_ms(pipe, files, batch)
     stop: Any = threading.Event() if mode == "thread" else mp.get_context("spawn").Event()
-    target = (threading.Thread if mode == "thread" else mp.get_context("spawn").Process)(
-        target=churn, args=(files, stop), daemon=True)
-    target.start()
+    if mode == "thread":
+        tenants: list[Any] = [threading.Thread(target=churn, args=(files, stop), daemon=True)]
+    else:  # idle: one per core, so that the measured thread must take a core from one of them
+        tenants = [mp.get_context("spawn").Process(target=churn, args=(files, stop, mode == "idle"), daemon=True)
+                   for _ in range(1 if mode == "process" else os.cpu_count() or 1)]
+    for tenant in tenants:
+        tenant.start()
     try:
-        time.sleep(1.5 if mode == "process" else 0.3)  # the process imports and warms up first
+        time.sleep(0.3 if mode == "thread" else 2.0)  # a process imports and warms up first
         return lanes_ms(pipe, files, batch)
     finally:
         stop.set()
-        target.join(30)
+        for tenant in tenants:
+            tenant.join(30)
 
 
 def main() -> None:
