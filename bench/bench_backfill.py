@@ -19,8 +19,9 @@ on fresh topics and a fresh worker (``lightbox worker``, device cpu), with Poiss
 ``--baseline-env`` replaces the first policy with other settings (``--baseline-env ""``: the
 defaults), to compare two settings side by side, e.g. the in-process lane against
 ``--candidate-env LIGHTBOX_BACKFILL_PROCESS=true`` (the lane in a process of its own). The CPU use
-per phase is the machine's (cores busy) and the worker process's; a backfill process is not
-counted in the latter.
+per phase is the machine's (cores busy), the worker process's (a backfill process apart), the
+backfill process's, the local broker's and this bench's; ``worker_runqueue`` is how long the
+worker's threads were runnable but waiting for a core (in cores, from ``/proc/<pid>/task/*/schedstat``).
 
 The phases alternate (odd rounds alone, baseline, candidate; even rounds the reverse), so a slow
 spell of the shared machine hits both sides; each round's ratios use that round's own alone run.
@@ -124,6 +125,21 @@ async def follow(bootstrap: str, topic: str, out: Outputs, stop: asyncio.Event) 
                     out.parts[ev["source_event_id"]] = breakdown(ev["latency_us"], ev["spans"])
     finally:
         await consumer.stop()
+
+
+def sched_s(pid: int) -> dict[int, tuple[float, float]]:
+    """Per thread of ``pid``: seconds on a CPU and seconds runnable but waiting for one (/proc schedstat)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            run, wait = task.joinpath("schedstat").read_text().split()[:2]
+            out[int(task.name)] = (int(run) / 1e9, int(wait) / 1e9)
+    return out
+
+
+def runqueue_wait(before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]) -> float:
+    """Seconds the threads alive at both samples waited runnable for a CPU in between."""
+    return sum(after[t][1] - before[t][1] for t in after.keys() & before.keys())
 
 
 def children(pid: int) -> list[int]:
@@ -254,13 +270,15 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
             pid = worker.proc.pid if worker.proc else 0
             others = {"backfill_process": children(pid), "broker": [BROKER_PID] if BROKER_PID else [],
                       "bench": [os.getpid()]}
-            busy0, worker0 = bb._busy_s(), bb._proc_cpu_s(pid)
+            busy0, worker0, sched0 = bb._busy_s(), bb._proc_cpu_s(pid), sched_s(pid)
             others0 = {k: sum(bb._proc_cpu_s(p) for p in pids) for k, pids in others.items()}
             sent = await poisson(prod, images, rate, args.seconds, random.Random(args.seed), t0)
             window = time.monotonic() - t0
             busy = (bb._busy_s() - busy0) / window  # cores busy on average, the whole machine
             result["cpu"] = {"machine_busy": busy, "machine_idle": (os.cpu_count() or 1) - busy,
                              "worker": (bb._proc_cpu_s(pid) - worker0) / window,
+                             # the worker's threads, runnable but waiting for a core (cores' worth)
+                             "worker_runqueue": runqueue_wait(sched0, sched_s(pid)) / window,
                              **{k: (sum(bb._proc_cpu_s(p) for p in pids) - others0[k]) / window
                                 for k, pids in others.items()}}
             bf_after = sum(1 for _, sid, _ in out.rows if sid in bf_set)
