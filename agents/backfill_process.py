@@ -92,16 +92,15 @@ async def run(settings: Settings, processor: BatchProcessor, observer: RunnerObs
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
     config = dataclasses.replace(runner_config(settings, batching), backfill_threads=0)
     lanes = lane_batcher(settings, batching)
-    holder: dict[str, BatchRunner] = {}
-    backfill = BackfillConsumer(settings, lanes, lambda: holder.get("runner"), lambda: 0)
     stopping = asyncio.Event()
 
     async def ack(event: Any) -> None:
         assert isinstance(event, BackfillEvent)
         backfill.ack(event)
 
-    runner = holder["runner"] = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config,
-                                            observer=observer, on_fatal=lambda _exc: stopping.set())
+    runner = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config, observer=observer,
+                         on_fatal=lambda _exc: stopping.set())
+    backfill = BackfillConsumer(settings, lanes, lambda: runner, lambda: 0)  # no live lag to see
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
