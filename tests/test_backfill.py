@@ -362,13 +362,18 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
         (s.backfill_topic, p): 0 for p in range(2, s.topic_partitions)}
 
 
+def _stat(pid: int | str) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name: state, ppid, … (OSError: gone)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _children(pid: int) -> list[int]:
     """Live processes whose parent is ``pid`` (from /proc: no procps needed)."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                fields = _stat(entry.name)
             except OSError:
                 continue
             if int(fields[1]) == pid and fields[0] != "Z":
@@ -398,7 +403,7 @@ def _gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            if _stat(pid)[0] == "Z":
                 return True
         except OSError:
             return True
@@ -407,7 +412,7 @@ def _gone(pid: int, timeout_s: float) -> bool:
 
 
 def _nice(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    return int(_stat(pid)[16])
 
 
 @pytest.mark.slow
