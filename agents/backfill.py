@@ -54,12 +54,14 @@ class BackfillEvent:
 
 
 class BackfillConsumer:
-    """See the module docstring. ``runner()`` is the worker's runner (None until it started);
-    ``live_lag()`` the live records waiting in the brokers."""
+    """See the module docstring. ``runner()`` is the runner this consumer feeds (None until it
+    started); ``live_work()`` the worker's live work: ``(queued, lag)``, live inputs queued in the
+    worker and live records waiting in the brokers (:attr:`agents.retouch.RetouchWorker.live_work`;
+    in a backfill process, what its worker shares: :class:`agents.backfill_process.LiveSignal`)."""
 
     def __init__(self, settings: Settings, lanes: LaneBatcher[Any], runner: Callable[[], Any],
-                 live_lag: Callable[[], int], clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings, self.lanes, self._runner, self._live_lag = settings, lanes, runner, live_lag
+                 live_work: Callable[[], tuple[int, int]], clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self.lanes, self._runner, self._live_work = settings, lanes, runner, live_work
         self.gate = BackfillGate(idle_s=settings.backfill_idle_ms / 1000, busy_cap=settings.backfill_busy_in_flight,
                                  clock=clock)
         self.group_id = f"{settings.group_id}.backfill"
@@ -149,8 +151,8 @@ class BackfillConsumer:
                 room = 0
                 if runner is not None:
                     free, limit = runner.free_slots(BACKFILL), runner.config.backfill_in_flight
-                    queued = runner.preparing("live") + self.lanes.live_queued
-                    live_active = pause_backfill(queued, self._live_lag(), s.backfill_max_live_lag)
+                    queued, lag = self._live_work()
+                    live_active = pause_backfill(queued, lag, s.backfill_max_live_lag)
                     room = min(free, self.gate.room(live_active, held=limit - free, limit=limit))
                 pause = room == 0
                 if pause and assigned:

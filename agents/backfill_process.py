@@ -29,11 +29,19 @@ core has no spare capacity to give anyway.
   finishes and is committed (up to ``shutdown_timeout_s``), exit 0. A fail-stop of its runner, or
   a consumer loop that fails, exits 70.
 
-What this gives up: the in-process rules read live work inside the worker (a backfill batch is
-released only while no live batch waits for the device; the backfill partitions are paused while
-live work is queued or the live lag is over ``backfill_max_live_lag``). The child cannot see the
-parent's live work, so it relies on the CPU priority alone. Fit for a CPU worker, where the cores
-are the device; a GPU worker keeps the lane in its process, where the device queue puts live first.
+Live work, seen from the child: the parent writes its live work (live inputs queued in it, live
+records waiting in the brokers) every ``backfill_check_ms`` into a few bytes of memory the two share
+(:class:`LiveSignal`), and the child's consumer pauses the backfill partitions and holds at most
+``backfill_busy_in_flight`` inputs while there is some, as the in-process lane does. What the child
+cannot see is the parent's device queue: a released backfill batch does not wait for a live batch
+there; the CPU priority puts live first instead. Fit for a CPU worker, where the cores are the
+device; a GPU worker keeps the lane in its process, where the device queue puts live first.
+
+OpenCV's thread pool: in this mode both processes use one OpenCV thread (unless
+``OPENCV_FOR_THREADS_NUM`` is set): the parallelism is the two processes. With OpenCV's default (a
+thread per core) the live process's parallel loops wait for chunks queued behind the child on the
+other core; measured (bench_backfill.py, one 60-s round): the worker's threads waited for a core
+0.40 cores' worth instead of 0.92, live p99 1.14× instead of 1.53×, the drain unchanged.
 """
 
 from __future__ import annotations
@@ -43,10 +51,13 @@ import contextlib
 import ctypes
 import dataclasses
 import logging
+import mmap
 import os
 import signal
+import struct
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,13 +68,62 @@ from agents.wiring import batching_config, lane_batcher, runner_config
 from streams.settings import Settings
 from streams.sink import KafkaSink
 
-__all__ = ["EXIT_FAIL_STOP", "lower_priority", "run", "spawn", "stop", "watch"]
+__all__ = ["EXIT_FAIL_STOP", "LiveSignal", "lower_priority", "one_opencv_thread", "run", "spawn", "stop", "watch"]
 
 log = logging.getLogger(__name__)
 
 EXIT_FAIL_STOP = 70
 PARENT_ENV = "LIGHTBOX_BACKFILL_PARENT_PID"  # set by spawn: the worker the child belongs to
+LIVE_FD_ENV = "LIGHTBOX_BACKFILL_LIVE_FD"  # set by spawn: the file descriptor of the LiveSignal
+OPENCV_THREADS_ENV = "OPENCV_FOR_THREADS_NUM"  # OpenCV's own: its thread pool's size, read at import
 _PR_SET_PDEATHSIG = 1
+
+
+class LiveSignal:
+    """The worker's live work, shared with its backfill process: ``(queued, lag)`` as two 64-bit
+    integers in an anonymous shared memory file (Linux ``memfd``; a deleted temporary file
+    elsewhere) that the child inherits by its descriptor. The worker writes, the child reads; a
+    read during a write may pair one write's ``queued`` with the previous ``lag``, which only
+    shifts a pause by one check."""
+
+    _FORMAT = struct.Struct("=qq")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._map = mmap.mmap(fd, self._FORMAT.size)
+
+    @classmethod
+    def create(cls) -> LiveSignal:
+        """A new signal, reading ``(0, 0)``; its descriptor is inheritable (pass it with ``pass_fds``)."""
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("lightbox-live-work", 0)
+        else:  # no memfd: a temporary file, already deleted
+            with tempfile.TemporaryFile() as tmp:
+                fd = os.dup(tmp.fileno())
+        os.ftruncate(fd, cls._FORMAT.size)
+        os.set_inheritable(fd, True)
+        return cls(fd)
+
+    def write(self, queued: int, lag: int) -> None:
+        self._FORMAT.pack_into(self._map, 0, queued, lag)
+
+    def read(self) -> tuple[int, int]:
+        queued, lag = self._FORMAT.unpack_from(self._map, 0)
+        return queued, lag
+
+    def close(self) -> None:
+        self._map.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def one_opencv_thread() -> None:
+    """OpenCV in this process on one thread, unless ``OPENCV_FOR_THREADS_NUM`` says otherwise (see
+    the module docstring)."""
+    if OPENCV_THREADS_ENV not in os.environ:
+        import cv2
+
+        cv2.setNumThreads(1)
 
 
 def lower_priority(nice: int, idle: bool) -> None:
@@ -100,7 +160,9 @@ async def run(settings: Settings, processor: BatchProcessor, observer: RunnerObs
 
     runner = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config, observer=observer,
                          on_fatal=lambda _exc: stopping.set())
-    backfill = BackfillConsumer(settings, lanes, lambda: runner, lambda: 0)  # no live lag to see
+    fd = os.environ.get(LIVE_FD_ENV, "")
+    signal_ = LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no worker's live work to see
+    backfill = BackfillConsumer(settings, lanes, lambda: runner, signal_.read if signal_ else lambda: (0, 0))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
@@ -131,15 +193,18 @@ async def run(settings: Settings, processor: BatchProcessor, observer: RunnerObs
     return code
 
 
-def spawn(overrides: Mapping[str, Any], loglevel: str) -> subprocess.Popen[bytes]:
+def spawn(overrides: Mapping[str, Any], loglevel: str, live: LiveSignal) -> subprocess.Popen[bytes]:
     """Start ``lightbox backfill-worker`` with this process's environment plus the command line's
-    ``overrides`` (settings names), its own metrics off (the port is the parent's)."""
+    ``overrides`` (settings names), its own metrics off (the port is the parent's), reading the
+    worker's live work from ``live``, on one OpenCV thread (unless ``OPENCV_FOR_THREADS_NUM`` is set)."""
     env = dict(os.environ)
     env.update({f"LIGHTBOX_{key.upper()}": str(value) for key, value in overrides.items()})
     env["LIGHTBOX_METRICS_PORT"] = "0"
     env[PARENT_ENV] = str(os.getpid())
+    env[LIVE_FD_ENV] = str(live.fd)
+    env.setdefault(OPENCV_THREADS_ENV, "1")
     return subprocess.Popen([sys.executable, "-m", "lightbox.cli", "backfill-worker", "--loglevel", loglevel],
-                            env=env)
+                            env=env, pass_fds=(live.fd,))
 
 
 def watch(child: subprocess.Popen[bytes]) -> BaseException | None:

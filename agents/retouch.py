@@ -57,6 +57,8 @@ class RetouchWorker:
         self.runner: BatchRunner | None = None
         self.lanes: LaneBatcher[Pair] | None = None
         self.backfill: BackfillConsumer | None = None
+        #: ``(queued, lag)``: live inputs queued in the worker, live records waiting in the brokers
+        self.live_work: Callable[[], tuple[int, int]] = lambda: (0, 0)
 
     @property
     def exit_code(self) -> int:
@@ -98,7 +100,8 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     proc = processor or build_processor(settings, device)
     lanes = worker.lanes = lane_batcher(settings, batching)
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
-    backfill = BackfillConsumer(settings, lanes, lambda: worker.runner, lambda: _live_lag(app, settings, last_live))
+    worker.live_work = functools.partial(_live_work, worker, settings, last_live)
+    backfill = BackfillConsumer(settings, lanes, lambda: worker.runner, worker.live_work)
     worker.backfill = backfill
 
     @app.agent(input_topic(app, settings), name="lightbox.retouch")
@@ -141,6 +144,14 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
             last_live.pop(tp, None)
 
     return worker
+
+
+def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
+    """Live inputs queued in the worker (in the prepare lane, the batcher, or a batch not yet through
+    the device) and live records waiting in the brokers: what pauses the backfill lane."""
+    runner, lanes = worker.runner, worker.lanes
+    queued = 0 if runner is None or lanes is None else runner.preparing("live") + lanes.live_queued
+    return queued, _live_lag(worker.app, settings, last_live)
 
 
 def _live_lag(app: faust.App, settings: Settings, last_live: dict[Any, int]) -> int:

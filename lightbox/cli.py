@@ -279,7 +279,9 @@ def worker(
     if split:
         from agents import backfill_process
 
-        child = backfill_process.spawn(overrides, loglevel)
+        backfill_process.one_opencv_thread()
+        live_work = backfill_process.LiveSignal.create()
+        child = backfill_process.spawn(overrides, loglevel, live_work)
         say(f"backfill lane: process {child.pid} ({settings.backfill_topic}), CPU priority +{settings.backfill_nice}"
             + (", idle class" if settings.backfill_sched_idle else ""))
 
@@ -287,6 +289,10 @@ def worker(
         async def watch_backfill() -> None:
             if (exc := backfill_process.watch(child)) is not None:
                 retouch.fail(exc)
+
+        @retouch.app.timer(interval=settings.backfill_check_ms / 1000)  # type: ignore[untyped-decorator]
+        async def share_live_work() -> None:
+            live_work.write(*retouch.live_work())
 
     code: Any = 0
     try:

@@ -334,8 +334,7 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
             await prod.stop()
         one = BatchingConfig(fixed_batch=1)
         lanes: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p)
-        consumer = BackfillConsumer(s, lanes, runner=lambda: None,
-                                    live_lag=lambda: 0)
+        consumer = BackfillConsumer(s, lanes, runner=lambda: None, live_work=lambda: (0, 0))
         task = asyncio.create_task(consumer.run())
         obs = Observability(s)
         obs._backfill = consumer
@@ -360,6 +359,73 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
     lags = asyncio.run(go())
     assert lags == {(s.backfill_topic, 0): 4, (s.backfill_topic, 1): 3} | {
         (s.backfill_topic, p): 0 for p in range(2, s.topic_partitions)}
+
+
+def test_the_backfill_consumer_holds_back_while_the_shared_live_work_says_live_inputs_wait(settings: Settings) -> None:
+    """What a backfill process does with its worker's live work (``LiveSignal``): while live inputs
+    are queued, the consumer takes at most ``backfill_busy_in_flight`` backfill inputs; once live
+    work is gone, the rest up to its window. Real broker; the runner only records what it is handed."""
+    from types import SimpleNamespace
+
+    from agents.backfill import BackfillConsumer
+    from agents.backfill_process import LiveSignal
+    from agents.batching import BatchingConfig, MicroBatcher
+    from agents.lanes import LaneBatcher
+
+    asyncio.run(ensure_topics(settings))
+    s = settings.model_copy(update={"backfill_busy_in_flight": 2, "backfill_in_flight": 16, "backfill_idle_ms": 0})
+
+    class Recorder:  # holds what it is handed: free slots shrink with every input
+        config = SimpleNamespace(backfill_in_flight=16)
+
+        def __init__(self) -> None:
+            self.handed: list[int] = []
+
+        def free_slots(self, lane: str) -> int:
+            return 16 - len(self.handed)
+
+        async def submit(self, event: Any, rec: Any, lane: str) -> None:
+            self.handed.append(rec.offset)
+
+        def revoke(self, tps: Any) -> None:
+            pass
+
+    async def go() -> tuple[int, int]:
+        from aiokafka import AIOKafkaProducer
+
+        prod = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        await prod.start()
+        try:
+            for _ in range(10):
+                await prod.send_and_wait(s.backfill_topic, b"x", partition=0)
+        finally:
+            await prod.stop()
+        one = BatchingConfig(fixed_batch=1)
+        live, runner = LiveSignal.create(), Recorder()
+        live.write(3, 0)  # the worker has live inputs queued
+        consumer = BackfillConsumer(s, LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p),
+                                    runner=lambda: runner, live_work=live.read)
+        task = asyncio.create_task(consumer.run())
+        try:
+            for _ in range(300):  # the group forms and fetches (a hang guard, not a speed bound)
+                if runner.handed:
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(2.0)  # ~40 more checks: none may take a third input
+            busy = len(runner.handed)
+            live.write(0, 0)  # live work gone
+            for _ in range(100):
+                if len(runner.handed) == 10:
+                    break
+                await asyncio.sleep(0.1)
+            return busy, len(runner.handed)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await consumer.close()
+            live.close()
+
+    assert asyncio.run(go()) == (2, 10)
 
 
 def _stat(pid: int | str) -> list[str]:

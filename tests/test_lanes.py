@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -459,3 +462,41 @@ def test_the_runner_carries_backfill_riders_in_a_live_batch_and_acknowledges_eve
     assert proc.output_threads[(("in", 0), ("bf", 2), ("bf", 3))] == "lightbox-output"
     assert sorted(acked) == [("bf", 0), ("bf", 1), ("bf", 2), ("bf", 3), ("in", 0)]
     assert runner.stats.processed == 5
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="POSIX: the child inherits the descriptor")
+def test_the_live_signal_reaches_the_backfill_process_as_the_worker_writes_it() -> None:
+    """The worker's live work crosses to its backfill process through the shared memory: a child
+    started the way ``spawn`` starts one (the descriptor passed, its number in the environment)
+    reads each value the parent writes after it started."""
+    from agents.backfill_process import LIVE_FD_ENV, LiveSignal
+
+    live = LiveSignal.create()
+    assert live.read() == (0, 0)
+    script = (
+        "import os, sys, time\n"
+        "from agents.backfill_process import LIVE_FD_ENV, LiveSignal\n"
+        "signal = LiveSignal(int(os.environ[LIVE_FD_ENV]))\n"
+        "print('ready', signal.read(), flush=True)\n"
+        "for want in [(3, 0), (0, 41), (0, 0)]:\n"
+        "    deadline = time.monotonic() + 30\n"
+        "    while signal.read() != want and time.monotonic() < deadline:\n"
+        "        time.sleep(0.005)\n"
+        "    print('saw', signal.read(), flush=True)\n"
+        "    sys.stdin.readline()\n"
+    )
+    env = {**os.environ, LIVE_FD_ENV: str(live.fd), "PYTHONPATH": str(Path(__file__).parents[1])}
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, pass_fds=(live.fd,), text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline().split() == ["ready", "(0,", "0)"]
+        for queued, lag in [(3, 0), (0, 41), (0, 0)]:
+            live.write(queued, lag)
+            assert child.stdout.readline().strip() == f"saw ({queued}, {lag})"
+            child.stdin.write("\n")
+            child.stdin.flush()
+        assert child.wait(30) == 0
+    finally:
+        child.kill()
+        live.close()
