@@ -62,9 +62,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from agents.backfill import BackfillConsumer, BackfillEvent
+from agents.observe import REFRESH_S, Observability
 from agents.process import BatchProcessor
-from agents.runner import BatchRunner, RunnerObserver
+from agents.runner import BatchRunner
 from agents.wiring import batching_config, lane_batcher, runner_config
+from lightbox import __version__
 from streams.settings import Settings
 from streams.sink import KafkaSink
 
@@ -145,8 +147,9 @@ def lower_priority(nice: int, idle: bool) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def run(settings: Settings, processor: BatchProcessor, observer: RunnerObserver | None = None) -> int:
-    """The backfill lane alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see the module docstring."""
+async def run(settings: Settings, processor: BatchProcessor, obs: Observability | None = None) -> int:
+    """The backfill lane alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see the module docstring.
+    ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
     device = settings.resolved_device()
     batching = batching_config(settings, device)
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
@@ -158,11 +161,13 @@ async def run(settings: Settings, processor: BatchProcessor, observer: RunnerObs
         assert isinstance(event, BackfillEvent)
         backfill.ack(event)
 
-    runner = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config, observer=observer,
-                         on_fatal=lambda _exc: stopping.set())
+    runner = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config,
+                         observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set())
     fd = os.environ.get(LIVE_FD_ENV, "")
     signal_ = LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no worker's live work to see
     backfill = BackfillConsumer(settings, lanes, lambda: runner, signal_.read if signal_ else lambda: (0, 0))
+    if obs is not None:
+        obs.describe(device=device, model=processor.model_version, version=__version__, backfill=backfill)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
@@ -170,14 +175,17 @@ async def run(settings: Settings, processor: BatchProcessor, observer: RunnerObs
     await runner.start()
     pulling = asyncio.create_task(backfill.run(), name="lightbox-backfill")
     waiting = asyncio.create_task(stopping.wait())
+    tasks = {pulling, waiting}
+    if obs is not None:
+        tasks.add(asyncio.create_task(_refresh(obs), name="lightbox-backfill-metrics"))
     try:
         await asyncio.wait({pulling, waiting}, return_when=asyncio.FIRST_COMPLETED)
         if pulling.done() and not pulling.cancelled() and pulling.exception() is not None:
             code = EXIT_FAIL_STOP  # logged by the loop
     finally:
-        for task in (pulling, waiting):
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(pulling, waiting, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
     if runner.failure is not None:
         code = EXIT_FAIL_STOP
     elif code == 0:
@@ -193,13 +201,21 @@ async def run(settings: Settings, processor: BatchProcessor, observer: RunnerObs
     return code
 
 
-def spawn(overrides: Mapping[str, Any], loglevel: str, live: LiveSignal) -> subprocess.Popen[bytes]:
+async def _refresh(obs: Observability) -> None:
+    """The backfill lag in the metrics, and readiness while the consumer holds partitions."""
+    while True:
+        with contextlib.suppress(Exception):  # a broker away: the next round
+            obs.health.assigned = await obs.refresh_backfill() > 0
+        await asyncio.sleep(REFRESH_S)
+
+
+def spawn(overrides: Mapping[str, Any], loglevel: str, live: LiveSignal, metrics_port: int) -> subprocess.Popen[bytes]:
     """Start ``lightbox backfill-worker`` with this process's environment plus the command line's
-    ``overrides`` (settings names), its own metrics off (the port is the parent's), reading the
-    worker's live work from ``live``, on one OpenCV thread (unless ``OPENCV_FOR_THREADS_NUM`` is set)."""
+    ``overrides`` (settings names), its metrics on ``metrics_port`` (0: off), reading the worker's
+    live work from ``live``, on one OpenCV thread (unless ``OPENCV_FOR_THREADS_NUM`` is set)."""
     env = dict(os.environ)
     env.update({f"LIGHTBOX_{key.upper()}": str(value) for key, value in overrides.items()})
-    env["LIGHTBOX_METRICS_PORT"] = "0"
+    env["LIGHTBOX_METRICS_PORT"] = str(metrics_port)
     env[PARENT_ENV] = str(os.getpid())
     env[LIVE_FD_ENV] = str(live.fd)
     env.setdefault(OPENCV_THREADS_ENV, "1")

@@ -53,16 +53,21 @@ class Observability:
         self._backfill: BackfillConsumer | None = None
         self._backfill_held: set[tuple[str, int]] = set()
 
-    def attach(self, app: faust.App, *, device: str, model: str, version: str,
-               backfill: BackfillConsumer | None = None) -> None:
-        """Hook to ``app`` (before it starts): the processor is built, so the model is loaded.
-        ``backfill``: the backfill lane's consumer, whose lag is exported beside the live one's."""
+    def describe(self, *, device: str, model: str, version: str,
+                 backfill: BackfillConsumer | None = None) -> None:
+        """What the process runs (the processor is built, so the model is loaded). ``backfill``:
+        the backfill lane's consumer, whose lag is exported beside the live one's."""
         self._device = device
         self._backfill = backfill
         self.metrics.set_info(version=version, model=model, device=device)
         self.health.model_loaded = True
         if device != "gpu":
             self.metrics.registry.unregister(self.metrics.device_memory)  # GPU only
+
+    def attach(self, app: faust.App, *, device: str, model: str, version: str,
+               backfill: BackfillConsumer | None = None) -> None:
+        """:meth:`describe`, and hook to ``app`` (before it starts)."""
+        self.describe(device=device, model=model, version=version, backfill=backfill)
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]
         def on_assigned(sender: Any, *args: Any, signal: Any = None, **kwargs: Any) -> None:
@@ -94,6 +99,11 @@ class Observability:
                 continue
             if end is not None and pos is not None:
                 self.metrics.consumer_lag.labels(tp.topic, str(tp.partition)).set(max(0, end - pos))
+        await self.refresh_backfill()
+
+    async def refresh_backfill(self) -> int:
+        """The backfill consumer's lag per partition it holds, and the device memory pool in use
+        (what a backfill process refreshes itself, with no Faust app); how many partitions it holds."""
         if self._backfill is not None:
             lags = await self._backfill.lag()
             for topic, part in self._backfill_held - lags.keys():  # moved to another worker
@@ -104,6 +114,7 @@ class Observability:
             self._backfill_held = set(lags)
         if self._device == "gpu" and (used := device_memory_bytes()) is not None:
             self.metrics.device_memory.set(used)
+        return len(self._backfill_held)
 
     def close(self) -> None:
         """Flush spans and stop serving."""

@@ -281,9 +281,10 @@ def worker(
 
         backfill_process.one_opencv_thread()
         live_work = backfill_process.LiveSignal.create()
-        child = backfill_process.spawn(overrides, loglevel, live_work)
+        port = settings.resolved_backfill_metrics_port()
+        child = backfill_process.spawn(overrides, loglevel, live_work, port)
         say(f"backfill lane: process {child.pid} ({settings.backfill_topic}), CPU priority +{settings.backfill_nice}"
-            + (", idle class" if settings.backfill_sched_idle else ""))
+            + (", idle class" if settings.backfill_sched_idle else "") + (f", metrics on :{port}" if port else ""))
 
         @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
         async def watch_backfill() -> None:
@@ -327,15 +328,24 @@ def backfill_worker(
 
     from agents.backfill_process import EXIT_FAIL_STOP, run
     from agents.logs import logging_config
+    from agents.observe import Observability
     from agents.wiring import build_processor
 
     logging.config.dictConfig(logging_config(settings.log_format, loglevel))
+    obs = None
     try:
+        obs = Observability(settings)
         processor = build_processor(settings, settings.resolved_device())
     except Exception as exc:
         err.print(f"lightbox backfill worker could not start: {type(exc).__name__}: {exc}")
+        if obs is not None:
+            obs.close()
         raise typer.Exit(EXIT_FAIL_STOP) from None
-    raise typer.Exit(asyncio.run(run(settings, processor)))
+    try:
+        code = asyncio.run(run(settings, processor, obs))
+    finally:
+        obs.close()
+    raise typer.Exit(code)
 
 
 # ---------------------------------------------------------------------------------- produce

@@ -143,6 +143,9 @@ class Settings(BaseSettings):
     backfill_process: bool = Field(False, description="run the backfill lane in a child process of its own (`lightbox "
                                                       "backfill-worker`) at the lower CPU priority: on a CPU worker "
                                                       "its work then never holds the interpreter lock live work needs")
+    backfill_metrics_port: int | None = Field(None, ge=0, le=65535, description="with backfill_process, the backfill "
+                                                                      "process's /metrics port (unset: metrics_port "
+                                                                      "+ 1, off with it; 0: off)")
     backfill_sched_idle: bool = Field(True, description="the backfill process runs in the kernel's idle scheduling "
                                                         "class (Linux SCHED_IDLE): only on cores live work leaves "
                                                         "idle")
@@ -161,6 +164,11 @@ class Settings(BaseSettings):
     backfill_fill_to: int = Field(0, ge=0, description="a live batch that closes smaller than this while no other "
                                                        "live work waits for the device takes held backfill inputs "
                                                        "of its shape class into its empty seats (0: never)")
+
+    def resolved_backfill_metrics_port(self) -> int:
+        if self.backfill_metrics_port is not None:
+            return self.backfill_metrics_port
+        return self.metrics_port + 1 if 0 < self.metrics_port < 65535 else 0
 
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":

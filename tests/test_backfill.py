@@ -477,6 +477,34 @@ def _gone(pid: int, timeout_s: float) -> bool:
     return False
 
 
+def _free_port_pair() -> int:
+    """A port ``p`` such that ``p`` and ``p + 1`` are both free now."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as a, socket.socket() as b:
+            a.bind(("127.0.0.1", 0))
+            p = a.getsockname()[1]
+            try:
+                b.bind(("127.0.0.1", p + 1))
+            except OSError:
+                continue
+            return int(p)
+    raise RuntimeError("no two adjacent free ports")
+
+
+def _metric_lines(port: int, series: str) -> list[float]:
+    """Values of ``series`` (name and labels exactly as exposed) on ``port``'s /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    return [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(series + " ")]
+
+
+PROCESSED = 'lightbox_images_total{outcome="processed"}'
+
+
 def _nice(pid: int) -> int:
     return int(_stat(pid)[16])
 
@@ -500,9 +528,12 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
             await prod.flush([await prod.publish(ev) for ev in events])
             return {ev["event_id"] for ev in events}
 
+    port = _free_port_pair()  # the worker's /metrics, and the backfill process's on the next port
+
     def start(log: str) -> tuple[WorkerProcess, int]:
         worker = WorkerProcess(worker_env(settings, [catalog[0].parent], LIGHTBOX_BACKFILL_PROCESS="true",
-                                          LIGHTBOX_BACKFILL_NICE="7"), tmp_path / log).start()
+                                          LIGHTBOX_BACKFILL_NICE="7", LIGHTBOX_METRICS_PORT=str(port)),
+                               tmp_path / log).start()
         assert worker.proc is not None
         deadline = time.monotonic() + 60
         while not (kids := _children(worker.proc.pid)) and worker.running() and time.monotonic() < deadline:
@@ -523,6 +554,14 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
         # (the child lowers its priority itself, first thing: by now it has)
         assert _nice(child) == min(19, _nice(worker.proc.pid) + 7)
         assert os.sched_getscheduler(child) == os.SCHED_IDLE and os.sched_getscheduler(worker.proc.pid) != os.SCHED_IDLE
+        # each process counts its own lane's outputs; the backfill lag is on the backfill process's port
+        lag = f'lightbox_consumer_lag{{partition="0",topic="{settings.backfill_topic}"}}'
+        want = {port: [3.0], port + 1: [6.0], -1: [0.0]}  # -1: the lag, refreshed every 5 s
+        deadline = time.monotonic() + 30
+        while (got := {port: _metric_lines(port, PROCESSED), port + 1: _metric_lines(port + 1, PROCESSED),
+                       -1: _metric_lines(port + 1, lag)}) != want and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert got == want, worker.log_tail()
         os.kill(child, signal.SIGKILL)  # the backfill lane is gone: the worker must not go on without it
         assert worker.proc.wait(60) == 70, worker.log_tail()
         assert "backfill process" in worker.log_tail(80)
