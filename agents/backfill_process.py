@@ -1,4 +1,5 @@
-"""The backfill lane in a process of its own (``LIGHTBOX_BACKFILL_PROCESS=true``), for CPU workers.
+"""The backfill lane in a process of its own (``LIGHTBOX_BACKFILL_PROCESS``: ``auto``, the default,
+means on a CPU worker on Linux).
 
 Why: a CPU worker's lanes are Python threads of one process, and they share its interpreter lock.
 ``bench/bench_contention.py`` runs the device lane next to a second thread that runs the same
@@ -9,9 +10,9 @@ own, at a lower CPU priority (``backfill_nice``) and in the kernel's idle schedu
 (``backfill_sched_idle``, Linux), the backfill takes only what the cores leave: the kernel, not the
 interpreter, puts live work first. Measured (bench_backfill.py, 2 cores): in single 60-s rounds,
 nice 10 alone drained 31.5 img/s but live p99 went 1.82×; nice 19, 26.3 img/s and 1.52×; nice 19
-and SCHED_IDLE, 30.0 img/s (96 % of the spare capacity) and 1.06×. Over two 120-s rounds with
-the defaults (nice 10, SCHED_IDLE): 96 % of the spare capacity, but live p99 1.29× (README,
-"Backfills"): off by default.
+and SCHED_IDLE, 30.0 img/s (96 % of the spare capacity) and 1.06×. Over two 120-s rounds, nice
+10 and SCHED_IDLE alone: 96 % of the spare capacity, but live p99 1.29×; with the worker's live
+work shared and one OpenCV thread each (below): 95 % and live p99 1.00× (README, "Backfills").
 
 Starvation: under SCHED_IDLE the child gets no CPU while live work takes every core. Its consumer
 can then miss heartbeats and lose its backfill partitions to another worker; what it held is

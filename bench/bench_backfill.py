@@ -17,8 +17,9 @@ on fresh topics and a fresh worker (``lightbox worker``, device cpu), with Poiss
 * ``candidate`` — the same backlog, the worker's default backfill settings (or ``--candidate-env``).
 
 ``--baseline-env`` replaces the first policy with other settings (``--baseline-env ""``: the
-defaults), to compare two settings side by side, e.g. the in-process lane against
-``--candidate-env LIGHTBOX_BACKFILL_PROCESS=true`` (the lane in a process of its own). The CPU use
+defaults), to compare two settings side by side, e.g. ``--baseline-env LIGHTBOX_BACKFILL_PROCESS=false``
+(the lane in the worker's process) against the defaults (on a CPU worker on Linux, the lane in a
+process of its own). The CPU use
 per phase is the machine's (cores busy), the worker process's (a backfill process apart), the
 backfill process's, the local broker's and this bench's; ``worker_runqueue`` is how long the
 worker's threads were runnable but waiting for a core (in cores, from ``/proc/<pid>/task/*/schedstat``).
@@ -73,11 +74,12 @@ from streams.settings import Settings
 PRESET = "thumb_webp"
 ROOT = Path(".")  # the images' folder: file:// is allowed only under it (set in main)
 BROKER_PID = 0  # the local broker's process (its CPU use per phase), 0: an outside broker
-#: the first policy: backfill shares the live threads at the same priority, fills its window
-#: whenever no live work is queued, and waits for every released batch to leave the device
+#: the first policy: backfill shares the live threads (in the worker's process) at the same
+#: priority, fills its window whenever no live work is queued, and waits for every released batch
+#: to leave the device
 BASELINE_ENV = {"LIGHTBOX_BACKFILL_THREADS": "0", "LIGHTBOX_BACKFILL_NICE": "0", "LIGHTBOX_BACKFILL_IDLE_MS": "0",
                 "LIGHTBOX_BACKFILL_BUSY_IN_FLIGHT": "0", "LIGHTBOX_BACKFILL_PIPELINED": "false",
-                "LIGHTBOX_BACKFILL_FILL_TO": "0"}
+                "LIGHTBOX_BACKFILL_FILL_TO": "0", "LIGHTBOX_BACKFILL_PROCESS": "false"}
 MODES = ("alone", "baseline", "candidate")
 
 

@@ -234,7 +234,6 @@ def worker(
         if val is not None:
             overrides[key] = val
     settings = Settings(**overrides)
-    split = settings.backfill_enabled and settings.backfill_process  # the backfill lane in a child process
     import logging.config
 
     from faust import Worker
@@ -256,6 +255,7 @@ def worker(
         created = asyncio.run(ensure_topics(settings))
         obs = Observability(settings)
         device = settings.resolved_device()
+        split = settings.backfill_enabled and settings.resolved_backfill_process(device)  # in a child process
         processor = build_processor(settings, device)
         live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
         retouch = build_worker(live, processor=processor, observer=obs.telemetry)
@@ -318,8 +318,10 @@ def backfill_worker(
     """Run the backfill lane alone: consume the backfill topic (group <group id>.backfill) and
     publish its outputs, at a CPU priority LIGHTBOX_BACKFILL_NICE lower and (Linux, unless
     LIGHTBOX_BACKFILL_SCHED_IDLE=false) only on cores nothing else wants, with no live input.
-    `lightbox worker` starts one itself with LIGHTBOX_BACKFILL_PROCESS=true and stops it on its way
-    out. SIGTERM/Ctrl-C: in-flight work finishes and is committed, exit 0; exit 70 on a fail-stop."""
+    `lightbox worker` starts one itself on a CPU worker on Linux (LIGHTBOX_BACKFILL_PROCESS=auto, the
+    default; true/false force it), shares its live work with it, and stops it on its way out; its
+    metrics are on the worker's port + 1. SIGTERM/Ctrl-C: in-flight work finishes and is committed,
+    exit 0; exit 70 on a fail-stop."""
     settings = Settings(kafka_bootstrap=_bootstrap(bootstrap))
     from agents.backfill_process import lower_priority
 

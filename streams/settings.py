@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -140,9 +141,10 @@ class Settings(BaseSettings):
     backfill_nice: int = Field(10, ge=0, le=19, description="how much lower the backfill threads' CPU priority is "
                                                             "(Linux niceness, per thread; 0: the same as live); "
                                                             "with backfill_process, the backfill process's")
-    backfill_process: bool = Field(False, description="run the backfill lane in a child process of its own (`lightbox "
-                                                      "backfill-worker`) at the lower CPU priority: on a CPU worker "
-                                                      "its work then never holds the interpreter lock live work needs")
+    backfill_process: bool | Literal["auto"] = Field(
+        "auto", description="run the backfill lane in a child process of its own (`lightbox backfill-worker`) at the "
+        "lower CPU priority, so its work never holds the interpreter lock live work needs (auto: on a CPU worker on "
+        "Linux; a GPU worker keeps it in its process, where the device queue puts live first)")
     backfill_metrics_port: int | None = Field(None, ge=0, le=65535, description="with backfill_process, the backfill "
                                                                       "process's /metrics port (unset: metrics_port "
                                                                       "+ 1, off with it; 0: off)")
@@ -164,6 +166,12 @@ class Settings(BaseSettings):
     backfill_fill_to: int = Field(0, ge=0, description="a live batch that closes smaller than this while no other "
                                                        "live work waits for the device takes held backfill inputs "
                                                        "of its shape class into its empty seats (0: never)")
+
+    def resolved_backfill_process(self, device: str) -> bool:
+        """Whether the backfill lane runs in a process of its own on ``device`` (``backfill_process``)."""
+        if self.backfill_process == "auto":
+            return device == "cpu" and sys.platform.startswith("linux")
+        return bool(self.backfill_process)
 
     def resolved_backfill_metrics_port(self) -> int:
         if self.backfill_metrics_port is not None:

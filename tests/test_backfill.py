@@ -236,10 +236,13 @@ def test_redrive_round_trip(settings: Settings, catalog: list[Path], tmp_path: P
 
 
 @pytest.mark.slow
-def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: list[Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", ["false", "true"], ids=["in-process", "backfill-process"])
+def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: list[Path], tmp_path: Path,
+                                                 process: str) -> None:
     """A backlog of 48 on the backfill topic is being worked through; 3 live events published then
     come out after at most the few backfill inputs the worker already held (backfill_in_flight),
-    long before the backlog is done."""
+    long before the backlog is done. Both ways of running the lane: in the worker's process, and in
+    a backfill process of its own (the CPU default on Linux), which sees the worker's live work."""
     import numpy as np
     from PIL import Image
 
@@ -269,7 +272,8 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
 
     backfill_ids = asyncio.run(publish(settings.backfill_topic, backlog, "BF"))
     worker = WorkerProcess(worker_env(settings, [catalog[0].parent], LIGHTBOX_BACKFILL_IN_FLIGHT=str(held),
-                                      LIGHTBOX_BACKFILL_MAX_BATCH="1", LIGHTBOX_MAX_BATCH="2"),
+                                      LIGHTBOX_BACKFILL_MAX_BATCH="1", LIGHTBOX_MAX_BATCH="2",
+                                      LIGHTBOX_BACKFILL_PROCESS=process),
                            tmp_path / "worker.log").start()
     try:
         first, _ = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.output_topic], 3, 180,
@@ -297,7 +301,10 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
     between = [e for e in backfill if arrived <= at(e) <= last_live]
     after = [e for e in backfill if at(e) > last_live]
     # the live events waited only for backfill inputs already in the worker (a batch of one each)
-    assert len(between) <= held + 1, (len(between), worker.log_tail())
+    if process == "false":  # one runner: the live inputs queued behind at most what it held
+        assert len(between) <= held + 1, (len(between), worker.log_tail())
+    # (in a backfill process the lane goes on beside live work, at the idle priority: 7 outputs here
+    # the one time it was printed; the live inputs wait for none of them)
     assert len(after) >= len(backlog) // 2, (len(after), len(between))
 
     # lightbox audit covers the backfill lane: every input of both topics has exactly one output

@@ -500,3 +500,28 @@ def test_the_live_signal_reaches_the_backfill_process_as_the_worker_writes_it() 
     finally:
         child.kill()
         live.close()
+
+
+def test_the_backfill_process_is_the_cpu_default_on_linux_and_its_metrics_sit_on_the_next_port(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LIGHTBOX_BACKFILL_PROCESS=auto`` (the default): a process of its own on a CPU worker on
+    Linux, never on a GPU worker; true/false force it. Its metrics: the worker's port + 1, off with
+    the worker's, or its own setting."""
+    from streams.settings import Settings
+
+    linux = sys.platform.startswith("linux")
+    monkeypatch.delenv("LIGHTBOX_BACKFILL_PROCESS", raising=False)
+    s = Settings(metrics_port=9464)
+    assert s.backfill_process == "auto"
+    assert (s.resolved_backfill_process("cpu"), s.resolved_backfill_process("gpu")) == (linux, False)
+    for forced, want in (("true", True), ("false", False)):
+        monkeypatch.setenv("LIGHTBOX_BACKFILL_PROCESS", forced)
+        assert {Settings().resolved_backfill_process(d) for d in ("cpu", "gpu")} == {want}
+    monkeypatch.setenv("LIGHTBOX_BACKFILL_PROCESS", "sometimes")
+    with pytest.raises(ValueError, match="backfill_process"):
+        Settings()
+    monkeypatch.delenv("LIGHTBOX_BACKFILL_PROCESS")
+    assert s.resolved_backfill_metrics_port() == 9465
+    assert Settings(metrics_port=0).resolved_backfill_metrics_port() == 0
+    assert Settings(metrics_port=9464, backfill_metrics_port=9500).resolved_backfill_metrics_port() == 9500
+    assert Settings(metrics_port=9464, backfill_metrics_port=0).resolved_backfill_metrics_port() == 0
