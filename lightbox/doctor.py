@@ -134,6 +134,28 @@ def _model() -> Check:
     return Check("model", "ok", f"u2netp sha256 {digest[:12]}… verified ({path})")
 
 
+def _backfill() -> Check:
+    """Where a worker here runs its backfill lane (``LIGHTBOX_BACKFILL_PROCESS``, the device)."""
+    import os
+
+    from streams.settings import Settings
+
+    settings = Settings()
+    device = settings.resolved_device()
+    if not settings.backfill_enabled:
+        return Check("backfill lane", "ok", "off (LIGHTBOX_BACKFILL_ENABLED=false)")
+    if not settings.resolved_backfill_process(device):
+        where = "the device queue puts live first" if device == "gpu" else "threads at a lower CPU priority"
+        return Check("backfill lane", "ok", f"in the worker's process ({device}: {where})")
+    port = settings.resolved_backfill_metrics_port()
+    detail = (f"a process of its own beside each worker, CPU priority +{settings.backfill_nice}"
+              + (f", metrics on :{port}" if port else ""))
+    if settings.backfill_sched_idle and not hasattr(os, "SCHED_IDLE"):
+        return Check("backfill lane", "warn", detail + "; no idle scheduling class on this system",
+                     "live work is then kept first by the CPU priority alone")
+    return Check("backfill lane", "ok", detail + (", idle class" if settings.backfill_sched_idle else ""))
+
+
 def _broker(bootstrap: str, timeout_s: float = 2.0) -> Check:
     first = bootstrap.split(",")[0].strip()
     host, _, port = first.rpartition(":")
@@ -149,7 +171,7 @@ def _broker(bootstrap: str, timeout_s: float = 2.0) -> Check:
 def run_checks(bootstrap: str) -> list[Check]:
     """Every check, in the order a new user needs them."""
     checks: list[Callable[[], Check]] = [_python, _lightbox, _java, _maven, _dali, _gpu, _onnxruntime, _model,
-                                         lambda: _broker(bootstrap)]
+                                         _backfill, lambda: _broker(bootstrap)]
     out = []
     for check in checks:
         try:

@@ -119,3 +119,20 @@ def test_tail_and_report_read_processed_events(kafka_bootstrap: str, settings, t
     assert result.exit_code == 0, result.output
     assert "decode" in result.output and "render" in result.output and "1 processed images" in result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(("env", "says"), [
+    ({"LIGHTBOX_BACKFILL_PROCESS": "false"}, "in the worker's process (cpu: threads at a lower CPU priority)"),
+    ({"LIGHTBOX_BACKFILL_PROCESS": "true", "LIGHTBOX_METRICS_PORT": "9500"},
+     "a process of its own beside each worker, CPU priority +10, metrics on :9501"),
+    ({"LIGHTBOX_BACKFILL_ENABLED": "false"}, "off (LIGHTBOX_BACKFILL_ENABLED=false)"),
+])
+def test_doctor_says_where_the_backfill_lane_runs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+                                                  says: str) -> None:
+    from lightbox.doctor import _backfill
+
+    monkeypatch.setenv("LIGHTBOX_DEVICE", "cpu")
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    check = _backfill()
+    assert check.name == "backfill lane" and check.status == "ok" and check.detail.startswith(says), check
