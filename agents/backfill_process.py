@@ -165,8 +165,8 @@ async def run(settings: Settings, processor: BatchProcessor, obs: Observability 
     runner = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config,
                          observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set())
     fd = os.environ.get(LIVE_FD_ENV, "")
-    signal_ = LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no worker's live work to see
-    backfill = BackfillConsumer(settings, lanes, lambda: runner, signal_.read if signal_ else lambda: (0, 0))
+    live = LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no worker's live work to see
+    backfill = BackfillConsumer(settings, lanes, lambda: runner, live.read if live is not None else lambda: (0, 0))
     if obs is not None:
         obs.describe(device=device, model=processor.model_version, version=__version__, backfill=backfill)
     loop = asyncio.get_running_loop()
