@@ -71,7 +71,8 @@ from lightbox import __version__
 from streams.settings import Settings
 from streams.sink import KafkaSink
 
-__all__ = ["EXIT_FAIL_STOP", "LiveSignal", "lower_priority", "one_opencv_thread", "run", "spawn", "stop", "watch"]
+__all__ = ["EXIT_FAIL_STOP", "LiveSignal", "check_port", "lower_priority", "one_opencv_thread", "run", "spawn", "stop",
+           "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,23 @@ class LiveSignal:
         self._map.close()
         with contextlib.suppress(OSError):
             os.close(self.fd)
+
+
+def check_port(port: int) -> None:
+    """OSError naming the setting if the backfill process's metrics ``port`` is taken now (the worker
+    asks before it joins its group, rather than fail-stop when the child cannot serve it)."""
+    if not port:
+        return
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the metrics server binds
+        try:
+            sock.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise OSError(exc.errno, f"the backfill process's metrics port {port}: {exc.strerror} (set "
+                                     "LIGHTBOX_BACKFILL_METRICS_PORT to a free port, or 0 for none; by default "
+                                     "it is LIGHTBOX_METRICS_PORT + 1)") from exc
 
 
 def one_opencv_thread() -> None:

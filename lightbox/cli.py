@@ -256,6 +256,10 @@ def worker(
         obs = Observability(settings)
         device = settings.resolved_device()
         split = settings.backfill_enabled and settings.resolved_backfill_process(device)  # in a child process
+        if split:
+            from agents.backfill_process import check_port
+
+            check_port(settings.resolved_backfill_metrics_port())
         processor = build_processor(settings, device)
         live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
         retouch = build_worker(live, processor=processor, observer=obs.telemetry)

@@ -516,6 +516,27 @@ def _nice(pid: int) -> int:
     return int(_stat(pid)[16])
 
 
+def test_a_worker_whose_backfill_process_cannot_have_its_metrics_port_exits_before_joining(
+        settings: Settings, tmp_path: Path) -> None:
+    """The backfill process's metrics port (the worker's + 1) is taken: the worker says which
+    setting to change and exits 70 before it starts a child or joins its group."""
+    import socket
+
+    from lightbox.demo import WorkerProcess
+
+    port = _free_port_pair()
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", port + 1))
+        taken.listen()
+        worker = WorkerProcess(worker_env(settings, [tmp_path], LIGHTBOX_BACKFILL_PROCESS="true",
+                                          LIGHTBOX_METRICS_PORT=str(port)), tmp_path / "worker.log").start()
+        assert worker.proc is not None
+        assert worker.proc.wait(120) == 70, worker.log_tail()
+    log = worker.log_tail()
+    assert "could not start" in log and f"metrics port {port + 1}" in log and "LIGHTBOX_BACKFILL_METRICS_PORT" in log
+    assert "backfill lane: process" not in log  # no child was started
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc (Linux)")
 def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings: Settings, catalog: list[Path],
