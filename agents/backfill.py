@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.lanes import BACKFILL, BackfillGate, LaneBatcher, pause_backfill
+from agents.lanes import BACKFILL, BackfillGate, pause_backfill
 from agents.process import InRecord
 from streams.security import aiokafka_kwargs
 from streams.settings import Settings
@@ -59,9 +59,9 @@ class BackfillConsumer:
     worker and live records waiting in the brokers (:attr:`agents.retouch.RetouchWorker.live_work`;
     in a backfill process, what its worker shares: :class:`agents.backfill_process.LiveSignal`)."""
 
-    def __init__(self, settings: Settings, lanes: LaneBatcher[Any], runner: Callable[[], Any],
-                 live_work: Callable[[], tuple[int, int]], clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings, self.lanes, self._runner, self._live_work = settings, lanes, runner, live_work
+    def __init__(self, settings: Settings, runner: Callable[[], Any], live_work: Callable[[], tuple[int, int]],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings, self._runner, self._live_work = settings, runner, live_work
         self.gate = BackfillGate(idle_s=settings.backfill_idle_ms / 1000, busy_cap=settings.backfill_busy_in_flight,
                                  clock=clock)
         self.group_id = f"{settings.group_id}.backfill"

@@ -184,7 +184,7 @@ async def run(settings: Settings, processor: BatchProcessor, obs: Observability 
                          observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set())
     fd = os.environ.get(LIVE_FD_ENV, "")
     live = LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no worker's live work to see
-    backfill = BackfillConsumer(settings, lanes, lambda: runner, live.read if live is not None else lambda: (0, 0))
+    backfill = BackfillConsumer(settings, lambda: runner, live.read if live is not None else lambda: (0, 0))
     if obs is not None:
         obs.describe(device=device, model=processor.model_version, version=__version__, backfill=backfill)
     loop = asyncio.get_running_loop()

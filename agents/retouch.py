@@ -101,7 +101,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     lanes = worker.lanes = lane_batcher(settings, batching)
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     worker.live_work = functools.partial(_live_work, worker, settings, last_live)
-    backfill = BackfillConsumer(settings, lanes, lambda: worker.runner, worker.live_work)
+    backfill = BackfillConsumer(settings, lambda: worker.runner, worker.live_work)
     worker.backfill = backfill
 
     @app.agent(input_topic(app, settings), name="lightbox.retouch")

@@ -322,8 +322,6 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
     from types import SimpleNamespace
 
     from agents.backfill import BackfillConsumer
-    from agents.batching import BatchingConfig, MicroBatcher
-    from agents.lanes import LaneBatcher
     from agents.observe import Observability
 
     asyncio.run(ensure_topics(settings))
@@ -339,9 +337,7 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
                 await prod.send_and_wait(s.backfill_topic, b"x", partition=i % 2)
         finally:
             await prod.stop()
-        one = BatchingConfig(fixed_batch=1)
-        lanes: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p)
-        consumer = BackfillConsumer(s, lanes, runner=lambda: None, live_work=lambda: (0, 0))
+        consumer = BackfillConsumer(s, runner=lambda: None, live_work=lambda: (0, 0))
         task = asyncio.create_task(consumer.run())
         obs = Observability(s)
         obs._backfill = consumer
@@ -376,8 +372,6 @@ def test_the_backfill_consumer_holds_back_while_the_shared_live_work_says_live_i
 
     from agents.backfill import BackfillConsumer
     from agents.backfill_process import LiveSignal
-    from agents.batching import BatchingConfig, MicroBatcher
-    from agents.lanes import LaneBatcher
 
     asyncio.run(ensure_topics(settings))
     s = settings.model_copy(update={"backfill_busy_in_flight": 2, "backfill_in_flight": 16, "backfill_idle_ms": 0})
@@ -407,11 +401,9 @@ def test_the_backfill_consumer_holds_back_while_the_shared_live_work_says_live_i
                 await prod.send_and_wait(s.backfill_topic, b"x", partition=0)
         finally:
             await prod.stop()
-        one = BatchingConfig(fixed_batch=1)
         live, runner = LiveSignal.create(), Recorder()
         live.write(3, 0)  # the worker has live inputs queued
-        consumer = BackfillConsumer(s, LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p),
-                                    runner=lambda: runner, live_work=live.read)
+        consumer = BackfillConsumer(s, runner=lambda: runner, live_work=live.read)
         task = asyncio.create_task(consumer.run())
         try:
             for _ in range(300):  # the group forms and fetches (a hang guard, not a speed bound)
