@@ -256,10 +256,11 @@ def worker(
         obs = Observability(settings)
         device = settings.resolved_device()
         split = settings.backfill_enabled and settings.resolved_backfill_process(device)  # in a child process
+        port = settings.resolved_backfill_metrics_port() if split else 0
         if split:
             from agents.backfill_process import check_port
 
-            check_port(settings.resolved_backfill_metrics_port())
+            check_port(port)
         processor = build_processor(settings, device)
         live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
         retouch = build_worker(live, processor=processor, observer=obs.telemetry)
@@ -285,10 +286,8 @@ def worker(
 
         backfill_process.one_opencv_thread()
         live_work = backfill_process.LiveSignal.create()
-        port = settings.resolved_backfill_metrics_port()
         child = backfill_process.spawn(overrides, loglevel, live_work, port)
-        say(f"backfill lane: process {child.pid} ({settings.backfill_topic}), CPU priority +{settings.backfill_nice}"
-            + (", idle class" if settings.backfill_sched_idle else "") + (f", metrics on :{port}" if port else ""))
+        say(f"backfill lane: process {child.pid} ({settings.backfill_topic}), {settings.describe_backfill_process()}")
 
         @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
         async def watch_backfill() -> None:

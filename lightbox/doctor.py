@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import os
 import shutil
 import socket
 import subprocess
@@ -136,8 +137,6 @@ def _model() -> Check:
 
 def _backfill() -> Check:
     """Where a worker here runs its backfill lane (``LIGHTBOX_BACKFILL_PROCESS``, the device)."""
-    import os
-
     from streams.settings import Settings
 
     settings = Settings()
@@ -147,13 +146,11 @@ def _backfill() -> Check:
     if not settings.resolved_backfill_process(device):
         where = "the device queue puts live first" if device == "gpu" else "threads at a lower CPU priority"
         return Check("backfill lane", "ok", f"in the worker's process ({device}: {where})")
-    port = settings.resolved_backfill_metrics_port()
-    detail = (f"a process of its own beside each worker, CPU priority +{settings.backfill_nice}"
-              + (f", metrics on :{port}" if port else ""))
+    detail = f"a process of its own beside each worker, {settings.describe_backfill_process()}"
     if settings.backfill_sched_idle and not hasattr(os, "SCHED_IDLE"):
         return Check("backfill lane", "warn", detail + "; no idle scheduling class on this system",
                      "live work is then kept first by the CPU priority alone")
-    return Check("backfill lane", "ok", detail + (", idle class" if settings.backfill_sched_idle else ""))
+    return Check("backfill lane", "ok", detail)
 
 
 def _broker(bootstrap: str, timeout_s: float = 2.0) -> Check:

@@ -178,6 +178,14 @@ class Settings(BaseSettings):
             return self.backfill_metrics_port
         return self.metrics_port + 1 if 0 < self.metrics_port < 65535 else 0
 
+    def describe_backfill_process(self) -> str:
+        """How the backfill process runs (the worker's start line, ``lightbox doctor``): its CPU
+        priority, its metrics port, and the idle class where the system has one."""
+        port = self.resolved_backfill_metrics_port()
+        idle = self.backfill_sched_idle and hasattr(os, "SCHED_IDLE")
+        return (f"CPU priority +{self.backfill_nice}" + (f", metrics on :{port}" if port else "")
+                + (", idle class" if idle else ""))
+
     def resolved_device(self) -> Literal["cpu", "gpu"]:
         if self.device != "auto":
             return self.device
