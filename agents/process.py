@@ -26,14 +26,14 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from blobio.fetch import Fetcher, FetchPolicy
+from blobio.store import make_store, variant_key
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec.sniff import DEFAULT_MAX_FRAMES, DEFAULT_MAX_SCANS, ImageInfo, sniff
-from gpu_kernels.fetch import Fetcher, FetchPolicy
 from gpu_kernels.pipeline import BatchContext, Job, JobResult, RetouchPipeline, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
 from gpu_kernels.stages.base import Lane
-from gpu_kernels.store import make_store, variant_key
 from schemas.errors import (
     FatalError,
     FetchFailed,
@@ -128,7 +128,7 @@ def _describe(exc: BaseException) -> str:
 
 
 class VariantStore(Protocol):
-    """Where variant bytes go when they leave the event (``gpu_kernels.store.OutputStore`` has
+    """Where variant bytes go when they leave the event (``blobio.store.OutputStore`` has
     this shape). ``put`` is idempotent and returns the URI; it raises ``StoreUnavailable`` once
     its retry budget is spent."""
 
@@ -161,7 +161,7 @@ class BatchProcessor:
     ``offload="always"`` sends every variant there (today's ``--output-dir``), ``"oversize"``
     only when an event would exceed ``max_record_bytes``; with ``"always"``, variants up to
     ``inline_max_bytes`` keep their bytes inline too. ``output_dir`` is shorthand for a ``file://``
-    store (``gpu_kernels.store``) with ``offload="always"``."""
+    store (``blobio.store``) with ``offload="always"``."""
 
     def __init__(self, pipeline: RetouchPipeline, presets: PresetBook, codecs: EventCodecs, *,
                  worker_id: str, pipeline_version: str, model_version: str = "none",

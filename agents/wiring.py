@@ -8,13 +8,13 @@ from agents.batching import BatchingConfig, MicroBatcher
 from agents.lanes import LaneBatcher
 from agents.process import BatchProcessor
 from agents.runner import Pair, RunnerConfig
+from blobio.fetch import Fetcher, FetchPolicy
+from blobio.store import make_store
 from gpu_kernels.backends import Retoucher, Segmenter
 from gpu_kernels.codec import make_decoder, make_encoder
-from gpu_kernels.fetch import Fetcher, FetchPolicy
 from gpu_kernels.pipeline import RetouchPipeline
 from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
-from gpu_kernels.store import make_store
 from schemas.codec import FileSchemaStore
 from schemas.errors import ProcessingFailed
 from schemas.events import EventCodecs

@@ -8,10 +8,10 @@ Starts s3proxy (or uses ``LIGHTBOX_S3_ENDPOINT`` with ``AWS_ACCESS_KEY_ID``/``AW
 an existing bucket ``LIGHTBOX_S3_BUCKET``), uploads the sample catalog (``lightbox.samples``: JPEG, PNG,
 WebP at catalog sizes), then times, side by side in alternating rounds:
 
-- fetch: the worker's :class:`~gpu_kernels.fetch.Fetcher` reading every ``s3://`` URI (byte limit and
+- fetch: the worker's :class:`~blobio.fetch.Fetcher` reading every ``s3://`` URI (byte limit and
   allow-list checks included), with 1 and more threads (the prepare lane's pool); baseline: the same
   Fetcher reading the same files through ``file://`` from local disk.
-- store: :class:`~gpu_kernels.store.ObjectOutputStore` writing each image as a new content-addressed
+- store: :class:`~blobio.store.ObjectOutputStore` writing each image as a new content-addressed
   variant (HEAD + PUT), then again (a replay: HEAD only); baseline: the same store class on a local folder.
 
 Prints best-of-rounds img/s and MB/s per case and writes them as JSON. On a shared machine the
@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from gpu_kernels.fetch import Fetcher, FetchPolicy
-from gpu_kernels.store import ObjectOutputStore, make_store, variant_key
+from blobio.fetch import Fetcher, FetchPolicy
+from blobio.store import ObjectOutputStore, make_store, variant_key
 from lightbox.samples import make_catalog
 
 

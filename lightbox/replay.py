@@ -212,7 +212,7 @@ class FolderSource:
 class PrefixSource:
     """Image objects under an object-store prefix (``s3://bucket/prefix/``, ``gs://…``, ``az://container/…``).
 
-    The store is opened as the workers' fetcher opens it (:func:`gpu_kernels.fetch.objects.open_bucket`:
+    The store is opened as the workers' fetcher opens it (:func:`blobio.fetch.objects.open_bucket`:
     credentials from the cloud's standard environment, ``endpoint`` for an S3-compatible server). The
     prefix names whole path segments (``photos/2024`` lists ``photos/2024/…``, not ``photos/2024-01/…``).
     Kept: objects with an image suffix (:data:`streams.producer.IMAGE_SUFFIXES`, any case), or those
@@ -229,8 +229,8 @@ class PrefixSource:
                  codecs: EventCodecs | None = None) -> None:
         from urllib.parse import unquote, urlsplit
 
-        from gpu_kernels.fetch.objects import open_bucket
-        from gpu_kernels.fetch.policy import BUCKET_SCHEMES
+        from blobio.fetch.objects import open_bucket
+        from blobio.fetch.policy import BUCKET_SCHEMES
 
         parts = urlsplit(url)
         self.scheme, self.bucket = parts.scheme.lower(), parts.netloc
@@ -282,7 +282,7 @@ class PrefixSource:
         import obstore
         from obstore.exceptions import BaseError
 
-        from gpu_kernels.fetch.objects import classify
+        from blobio.fetch.objects import classify
 
         keys: list[str] = []
         other = markers = 0

@@ -62,8 +62,8 @@ def variant_reader(settings: Settings) -> Callable[[str, str], bytes]:
     from dataclasses import replace
 
     from agents.wiring import build_fetcher
-    from gpu_kernels.fetch import Fetcher
-    from gpu_kernels.store import store_location
+    from blobio.fetch import Fetcher
+    from blobio.store import store_location
 
     fetcher = build_fetcher(settings)
     allow, roots = store_location(settings.output_store_url())

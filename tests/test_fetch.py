@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu_kernels.fetch import Fetcher, FetchPolicy, fetch_source
-from gpu_kernels.fetch.policy import IPAddress
+from blobio.fetch import Fetcher, FetchPolicy, fetch_source
+from blobio.fetch.policy import IPAddress
 from schemas.errors import FetchFailed, LightboxError, TooLarge
 
 SECRET = b"root:*:19000:0:99999:7:::\nsecret-token-abc\n"
@@ -301,7 +301,7 @@ def test_transient_failures_are_retried_with_backoff_then_reported(origin: Origi
     origin.routes["/down"] = (500, {}, b"")
     sleeps: list[float] = []
     policy = FetchPolicy(max_bytes=1 << 20, allow=(f"127.0.0.1:{origin.port}",), retries=3, backoff_s=0.2)
-    from gpu_kernels.fetch.web import fetch_http
+    from blobio.fetch.web import fetch_http
 
     assert fetch_http(origin.url("/flaky"), policy, sleep=sleeps.append) == JPEG_ISH
     assert calls["n"] == 3 and len(sleeps) == 2 and sleeps[1] > sleeps[0] * 0.5

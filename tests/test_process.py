@@ -285,7 +285,7 @@ def test_an_event_over_the_limit_without_a_store_is_output_too_large(
 def test_an_event_over_the_limit_moves_its_largest_variants_to_the_store(catalog: list[Path], tmp_path: Path) -> None:
     import hashlib
 
-    from gpu_kernels.store import make_store
+    from blobio.store import make_store
 
     proc = build_processor(Settings(device="cpu", segmenter="classical"))
     proc.store, proc.offload = make_store((tmp_path / "cdn").as_uri()), "oversize"

@@ -225,9 +225,9 @@ def test_quality_report_measures_flags_and_puts_flagged_images_first(tmp_path: A
     its row comes first (red marker), the clean one after it (green marker)."""
     from PIL import Image
 
-    from gpu_kernels.quality_report import THUMB, assess, write_quality_report
     from gpu_kernels.segment import ClassicalSegmenter
     from gpu_kernels.segment.samples import make_composite
+    from lightbox.quality_report import THUMB, assess, write_quality_report
 
     clean = make_composite("coffee", "ellipse", "plain").image
     cut = np.ascontiguousarray(make_composite("coffee", "ellipse", "plain", frac=0.9).image[300:, 450:])

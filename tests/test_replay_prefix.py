@@ -16,7 +16,7 @@ import obstore
 import pytest
 from typer.testing import CliRunner
 
-from gpu_kernels.fetch import Fetcher, FetchPolicy, split_uri
+from blobio.fetch import Fetcher, FetchPolicy, split_uri
 from lightbox.cli import app
 from lightbox.replay import REPLAY_SEQ_HEADER, Defaults, PrefixSource, ReplayError, run_replay
 from schemas.events import EventCodecs

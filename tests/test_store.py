@@ -16,7 +16,7 @@ from PIL import Image
 
 from agents.process import InRecord, Prepared
 from agents.wiring import build_processor
-from gpu_kernels.store import make_store, variant_key
+from blobio.store import make_store, variant_key
 from schemas.errors import FatalError, StoreUnavailable
 from schemas.events import EventCodecs
 from schemas.paths import safe_component

@@ -1,6 +1,6 @@
 """Stage 1: fetch the encoded image of a ProductImageEvent (inline bytes or a URI).
 
-Closed by default (see :mod:`gpu_kernels.fetch.policy`): ``file://`` only under configured roots,
+Closed by default (see :mod:`blobio.fetch.policy`): ``file://`` only under configured roots,
 ``s3://`` ``gs://`` ``az://`` only for allow-listed buckets (obstore), ``http(s)://`` only for
 allow-listed hosts and never to private or metadata addresses. Every failure is ``FETCH_FAILED`` with
 a reason first in the message: not found, denied, timeout, too large, malformed, unreachable, server
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from gpu_kernels.fetch.errors import fetch_error, show_uri
-from gpu_kernels.fetch.local import read_file_uri
-from gpu_kernels.fetch.objects import BucketCache, read_object
-from gpu_kernels.fetch.policy import FetchPolicy
-from gpu_kernels.fetch.web import Resolver, fetch_http, system_resolver
+from blobio.fetch.errors import fetch_error, show_uri
+from blobio.fetch.local import read_file_uri
+from blobio.fetch.objects import BucketCache, read_object
+from blobio.fetch.policy import FetchPolicy
+from blobio.fetch.web import Resolver, fetch_http, system_resolver
 from schemas.errors import TooLarge
 
 __all__ = ["FetchPolicy", "Fetcher", "fetch_source", "split_uri"]

@@ -11,8 +11,8 @@ import os
 import stat
 from pathlib import Path
 
-from gpu_kernels.fetch.errors import Reason, fetch_error
-from gpu_kernels.fetch.policy import FetchPolicy
+from blobio.fetch.errors import Reason, fetch_error
+from blobio.fetch.policy import FetchPolicy
 
 __all__ = ["read_file_uri"]
 

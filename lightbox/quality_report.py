@@ -4,7 +4,7 @@ flags a seller would care about, flagged images first.
 Library: :func:`assess` (one image through a segmenter and a retoucher into a preset, measured),
 :func:`write_quality_report` (the PNG). Command (a folder of photos, or the sample catalog)::
 
-    python -m gpu_kernels.quality_report report.png [DIR] [--preset taobao_main] [--limit N]
+    python -m lightbox.quality_report report.png [DIR] [--preset taobao_main] [--limit N]
 
 Measures (from :mod:`gpu_kernels.quality`): the subject's share of the photo, its components,
 holes enclosed by the mask, enclosed pure-white islands (>= 16 px) in the output, the a*/b* of

@@ -20,7 +20,7 @@ from urllib.parse import unquote, urlsplit
 import obstore
 from obstore.exceptions import BaseError
 
-from gpu_kernels.fetch.objects import classify, open_bucket
+from blobio.fetch.objects import classify, open_bucket
 from schemas.errors import StoreUnavailable
 from schemas.paths import safe_component
 

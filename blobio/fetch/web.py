@@ -26,8 +26,8 @@ import urllib3
 from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError, ProtocolError, SSLError
 from urllib3.exceptions import TimeoutError as Urllib3Timeout
 
-from gpu_kernels.fetch.errors import fetch_error, show_uri
-from gpu_kernels.fetch.policy import FetchPolicy, IPAddress, address_refusal
+from blobio.fetch.errors import fetch_error, show_uri
+from blobio.fetch.policy import FetchPolicy, IPAddress, address_refusal
 
 __all__ = ["Resolver", "fetch_http", "system_resolver"]
 

@@ -14,8 +14,8 @@ from typing import Any
 import obstore
 from obstore.exceptions import BaseError, InvalidPathError, PermissionDeniedError, UnauthenticatedError
 
-from gpu_kernels.fetch.errors import Reason, fetch_error
-from gpu_kernels.fetch.policy import FetchPolicy
+from blobio.fetch.errors import Reason, fetch_error
+from blobio.fetch.policy import FetchPolicy
 
 __all__ = ["BucketCache", "classify", "open_bucket", "read_object"]
 
