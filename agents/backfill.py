@@ -56,7 +56,7 @@ class BackfillEvent:
 class BackfillConsumer:
     """See the module docstring. ``runner()`` is the runner this consumer feeds (None until it
     started); ``live_work()`` the worker's live work: ``(queued, lag)``, live inputs queued in the
-    worker and live records waiting in the brokers (:attr:`agents.retouch.RetouchWorker.live_work`;
+    worker and live records waiting in the brokers (:attr:`agents.worker.RetouchWorker.live_work`;
     in a backfill process, what its worker shares: :class:`agents.backfill_process.LiveSignal`)."""
 
     def __init__(self, settings: Settings, runner: Callable[[], Any], live_work: Callable[[], tuple[int, int]],

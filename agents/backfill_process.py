@@ -19,10 +19,11 @@ can then miss heartbeats and lose its backfill partitions to another worker; wha
 redone there (at least once, same output ids). Nothing is lost; live traffic that fills every
 core has no spare capacity to give anyway.
 
-- The parent, ``lightbox worker``, consumes only the live topic. It starts the child
-  (:func:`spawn`), fail-stops if the child ends by itself (:func:`watch`), and on its own way
-  out stops the child with SIGTERM and waits for it (:func:`stop`).
-- The child, ``lightbox backfill-worker`` (:func:`run`), is a runner whose live lane stays empty,
+- The parent, ``lightbox worker`` (:func:`agents.worker.run_worker`), consumes only the live topic.
+  It starts the child (:func:`spawn`), fail-stops if the child ends by itself (:func:`watch`), and
+  on its own way out stops the child with SIGTERM and waits for it (:func:`stop`).
+- The child, ``python -m agents.worker backfill-worker`` (:func:`agents.worker.run_backfill`), is
+  a runner whose live lane stays empty,
   fed by the same :class:`~agents.backfill.BackfillConsumer` and group (``<group_id>.backfill``)
   as an in-process backfill lane; no Faust. It lowers its own CPU priority before it starts
   any thread (every thread inherits it), and asks the kernel for SIGTERM when the parent dies
@@ -47,10 +48,8 @@ other core; measured (bench_backfill.py, one 60-s round): the worker's threads w
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ctypes
-import dataclasses
 import logging
 import mmap
 import os
@@ -62,21 +61,10 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from agents.backfill import BackfillConsumer, BackfillEvent
-from agents.observe import REFRESH_S, Observability
-from agents.process import BatchProcessor
-from agents.runner import BatchRunner
-from agents.wiring import batching_config, lane_batcher, runner_config
-from lightbox import __version__
-from streams.settings import Settings
-from streams.sink import KafkaSink
-
-__all__ = ["EXIT_FAIL_STOP", "LiveSignal", "check_port", "lower_priority", "one_opencv_thread", "run", "spawn", "stop",
-           "watch"]
+__all__ = ["LiveSignal", "check_port", "lower_priority", "one_opencv_thread", "spawn", "stop", "watch"]
 
 log = logging.getLogger(__name__)
 
-EXIT_FAIL_STOP = 70
 PARENT_ENV = "LIGHTBOX_BACKFILL_PARENT_PID"  # set by spawn: the worker the child belongs to
 LIVE_FD_ENV = "LIGHTBOX_BACKFILL_LIVE_FD"  # set by spawn: the file descriptor of the LiveSignal
 OPENCV_THREADS_ENV = "OPENCV_FOR_THREADS_NUM"  # OpenCV's own: its thread pool's size, read at import
@@ -166,79 +154,19 @@ def lower_priority(nice: int, idle: bool) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-async def run(settings: Settings, processor: BatchProcessor, obs: Observability | None = None) -> int:
-    """The backfill lane alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see the module docstring.
-    ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
-    device = settings.resolved_device()
-    batching = batching_config(settings, device)
-    # the whole process runs at the lower priority: the backfill uses the lanes' own threads
-    config = dataclasses.replace(runner_config(settings, batching), backfill_threads=0)
-    lanes = lane_batcher(settings, batching)
-    stopping = asyncio.Event()
-
-    async def ack(event: Any) -> None:
-        assert isinstance(event, BackfillEvent)
-        backfill.ack(event)
-
-    runner = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config,
-                         observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set())
-    fd = os.environ.get(LIVE_FD_ENV, "")
-    live = LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no worker's live work to see
-    backfill = BackfillConsumer(settings, lambda: runner, live.read if live is not None else lambda: (0, 0))
-    if obs is not None:
-        obs.describe(device=device, model=processor.model_version, version=__version__, backfill=backfill)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    code = 0
-    await runner.start()
-    pulling = asyncio.create_task(backfill.run(), name="lightbox-backfill")
-    waiting = asyncio.create_task(stopping.wait())
-    tasks = {pulling, waiting}
-    if obs is not None:
-        tasks.add(asyncio.create_task(_refresh(obs), name="lightbox-backfill-metrics"))
-    try:
-        await asyncio.wait({pulling, waiting}, return_when=asyncio.FIRST_COMPLETED)
-        if pulling.done() and not pulling.cancelled() and pulling.exception() is not None:
-            code = EXIT_FAIL_STOP  # logged by the loop
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    if runner.failure is not None:
-        code = EXIT_FAIL_STOP
-    elif code == 0:
-        drained = await runner.drain(settings.shutdown_timeout_s)
-        log.warning("lightbox backfill worker stopping: %s", "in-flight work finished and committed" if drained
-                    else f"{runner.in_flight} inputs left for redelivery")
-    await backfill.close()  # commits what the runner acknowledged, leaves the group
-    with contextlib.suppress(Exception):
-        await runner.stop()
-    s = runner.stats
-    log.warning("lightbox backfill worker stopped: %d processed, %d dead letters, %d batches",
-                s.processed, s.dead_letters, s.batches)
-    return code
-
-
-async def _refresh(obs: Observability) -> None:
-    """The backfill lag in the metrics, and readiness while the consumer holds partitions."""
-    while True:
-        with contextlib.suppress(Exception):  # a broker away: the next round
-            obs.health.assigned = await obs.refresh_backfill() > 0
-        await asyncio.sleep(REFRESH_S)
-
-
 def spawn(overrides: Mapping[str, Any], loglevel: str, live: LiveSignal, metrics_port: int) -> subprocess.Popen[bytes]:
-    """Start ``lightbox backfill-worker`` with this process's environment plus the command line's
-    ``overrides`` (settings names), its metrics on ``metrics_port`` (0: off), reading the worker's
-    live work from ``live``, on one OpenCV thread (unless ``OPENCV_FOR_THREADS_NUM`` is set)."""
+    """Start the backfill child (``python -m agents.worker backfill-worker``) with this process's
+    environment plus the command line's ``overrides`` (settings names), its metrics on
+    ``metrics_port`` (0: off), reading the worker's live work from ``live``, on one OpenCV
+    thread (unless ``OPENCV_FOR_THREADS_NUM`` is set)."""
     env = dict(os.environ)
     env.update({f"LIGHTBOX_{key.upper()}": str(value) for key, value in overrides.items()})
     env["LIGHTBOX_METRICS_PORT"] = str(metrics_port)
     env[PARENT_ENV] = str(os.getpid())
     env[LIVE_FD_ENV] = str(live.fd)
     env.setdefault(OPENCV_THREADS_ENV, "1")
-    return subprocess.Popen([sys.executable, "-m", "lightbox.cli", "backfill-worker", "--loglevel", loglevel],
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # as `lightbox` sets it for itself (before numpy starts)
+    return subprocess.Popen([sys.executable, "-m", "agents.worker", "backfill-worker", "--loglevel", loglevel],
                             env=env, pass_fds=(live.fd,))
 
 

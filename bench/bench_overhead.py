@@ -489,7 +489,10 @@ def null_worker() -> int:
     """``lightbox worker`` with :class:`NullLanes` (same Faust app, runner and sink)."""
     from faust import Worker
 
-    from agents.retouch import build_worker
+    try:
+        from agents.worker import build_worker
+    except ImportError:  # a tree from before agents/worker.py
+        from agents.retouch import build_worker  # type: ignore[no-redef]
     from streams.app import ensure_topics
     from streams.settings import Settings
 

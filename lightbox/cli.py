@@ -224,93 +224,19 @@ def worker(
                                                             "put file:// URIs in events instead of bytes")] = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="log level")] = "warning",
 ) -> None:
-    """Run one retouch worker (one per GPU) in the consumer group: consume ProductImageEvents,
-    publish one ProcessedImageEvent or DeadLetterEvent per input. SIGTERM/Ctrl-C: in-flight work
-    finishes and is committed, exit 0. Exit 70 when the worker cannot go on (fail-stop: it leaves the
-    group first, so its partitions move at once)."""
+    """Run one retouch worker in the consumer group (one per GPU).
+
+    Consumes ProductImageEvents and publishes one ProcessedImageEvent or DeadLetterEvent per input.
+    SIGTERM/Ctrl-C: in-flight work finishes and is committed, exit 0. Exit 70 when the worker cannot
+    go on (fail-stop: it leaves the group first, so its partitions move at once)."""
     overrides: dict[str, Any] = {"kafka_bootstrap": _bootstrap(bootstrap)}
     for key, val in (("device", device), ("max_batch", max_batch), ("segmenter", segmenter),
                      ("output_dir", output_dir)):
         if val is not None:
             overrides[key] = val
-    settings = Settings(**overrides)
-    import logging.config
+    from agents.worker import run_worker
 
-    from faust import Worker
-
-    from agents.logs import logging_config
-    from agents.observe import Observability
-    from agents.retouch import EXIT_FAIL_STOP, build_worker
-    from agents.wiring import build_processor
-    from lightbox import __version__
-    from streams.app import ensure_topics
-    from streams.security import KafkaSecurityError
-
-    logs = logging_config(settings.log_format, loglevel)
-    logging.config.dictConfig(logs)  # Faust's Worker applies the same again when it starts
-    logging.captureWarnings(True)
-    say = logging.getLogger("lightbox.worker").warning if settings.log_format == "json" else err.print
-    obs = None
-    try:  # before joining the group: a worker that cannot start never holds partitions
-        created = asyncio.run(ensure_topics(settings))
-        obs = Observability(settings)
-        device = settings.resolved_device()
-        split = settings.backfill_enabled and settings.resolved_backfill_process(device)  # in a child process
-        port = settings.resolved_backfill_metrics_port() if split else 0
-        if split:
-            from agents.backfill_process import check_port
-
-            check_port(port)
-        processor = build_processor(settings, device)
-        live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
-        retouch = build_worker(live, processor=processor, observer=obs.telemetry)
-        obs.attach(retouch.app, device=device, model=processor.model_version, version=__version__,
-                   backfill=retouch.backfill)
-    except KafkaSecurityError:
-        if obs is not None:
-            obs.close()
-        raise  # a configuration error: main() prints one line and exits 2
-    except Exception as exc:
-        say(f"lightbox worker could not start: {type(exc).__name__}: {exc}")
-        if obs is not None:
-            obs.close()
-        raise typer.Exit(EXIT_FAIL_STOP) from None
-    if created:
-        say(f"created topics: {', '.join(created)}")
-    say(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
-        f"on {settings.kafka_bootstrap}, device {device}"
-        + (f", metrics on :{obs.server.port}" if obs.server is not None else ""))
-    child = None
-    if split:
-        from agents import backfill_process
-
-        backfill_process.one_opencv_thread()
-        live_work = backfill_process.LiveSignal.create()
-        child = backfill_process.spawn(overrides, loglevel, live_work, port)
-        say(f"backfill lane: process {child.pid} ({settings.backfill_topic}), {settings.describe_backfill_process()}")
-
-        @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
-        async def watch_backfill() -> None:
-            if (exc := backfill_process.watch(child)) is not None:
-                retouch.fail(exc)
-
-        @retouch.app.timer(interval=settings.backfill_check_ms / 1000)  # type: ignore[untyped-decorator]
-        async def share_live_work() -> None:
-            live_work.write(*retouch.live_work())
-
-    code: Any = 0
-    try:
-        runner = Worker(retouch.app, loglevel=loglevel.upper(), quiet=True, logging_config=logs)
-        if not runner.stdout.isatty():
-            runner.spinner = None  # it writes cursor codes even into files
-        runner.execute_from_commandline()
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        if child is not None:
-            backfill_process.stop(child, settings.shutdown_timeout_s + 5)
-        obs.close()
-    raise typer.Exit(retouch.exit_code or (code if isinstance(code, int) else 1))
+    raise typer.Exit(run_worker(Settings(**overrides), overrides, loglevel))
 
 
 @app.command("backfill-worker")
@@ -318,39 +244,17 @@ def backfill_worker(
     bootstrap: Bootstrap = None,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="log level")] = "warning",
 ) -> None:
-    """Run the backfill lane alone: consume the backfill topic (group <group id>.backfill) and
-    publish its outputs, at a CPU priority LIGHTBOX_BACKFILL_NICE lower and (Linux, unless
-    LIGHTBOX_BACKFILL_SCHED_IDLE=false) only on cores nothing else wants, with no live input.
-    `lightbox worker` starts one itself on a CPU worker on Linux (LIGHTBOX_BACKFILL_PROCESS=auto, the
-    default; true/false force it), shares its live work with it, and stops it on its way out; its
-    metrics are on the worker's port + 1. SIGTERM/Ctrl-C: in-flight work finishes and is committed,
-    exit 0; exit 70 on a fail-stop."""
-    settings = Settings(kafka_bootstrap=_bootstrap(bootstrap))
-    from agents.backfill_process import lower_priority
+    """Run the backfill tier alone, beside the live workers.
 
-    lower_priority(settings.backfill_nice, settings.backfill_sched_idle)  # before any thread: they inherit it
-    import logging.config
+    Consumes the backfill topic (group <group id>.backfill) and publishes its outputs, at a CPU
+    priority LIGHTBOX_BACKFILL_NICE lower and (Linux, unless LIGHTBOX_BACKFILL_SCHED_IDLE=false) only
+    on cores nothing else wants, with no live input. `lightbox worker` starts one itself on a CPU
+    worker on Linux (LIGHTBOX_BACKFILL_PROCESS=auto, the default; true/false force it), shares its
+    live work with it, and stops it on its way out; its metrics are on the worker's port + 1.
+    SIGTERM/Ctrl-C: in-flight work finishes and is committed, exit 0; exit 70 on a fail-stop."""
+    from agents.worker import run_backfill_worker
 
-    from agents.backfill_process import EXIT_FAIL_STOP, run
-    from agents.logs import logging_config
-    from agents.observe import Observability
-    from agents.wiring import build_processor
-
-    logging.config.dictConfig(logging_config(settings.log_format, loglevel))
-    obs = None
-    try:
-        obs = Observability(settings)
-        processor = build_processor(settings, settings.resolved_device())
-    except Exception as exc:
-        err.print(f"lightbox backfill worker could not start: {type(exc).__name__}: {exc}")
-        if obs is not None:
-            obs.close()
-        raise typer.Exit(EXIT_FAIL_STOP) from None
-    try:
-        code = asyncio.run(run(settings, processor, obs))
-    finally:
-        obs.close()
-    raise typer.Exit(code)
+    raise typer.Exit(run_backfill_worker(Settings(kafka_bootstrap=_bootstrap(bootstrap)), loglevel))
 
 
 # ---------------------------------------------------------------------------------- produce
