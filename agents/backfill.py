@@ -10,8 +10,8 @@ paused set after the position moved past them, so they are lost to the stream. a
 room for.
 
 The loop, every ``backfill_check_ms``: live work is about while it is queued in the worker or the
-live lag is over ``backfill_max_live_lag`` (:func:`agents.lanes.pause_backfill`); the
-:class:`~agents.lanes.BackfillGate` then says how many more backfill inputs the worker may hold
+live lag is over ``backfill_max_live_lag`` (:func:`agents.tiers.pause_backfill`); the
+:class:`~agents.tiers.BackfillGate` then says how many more backfill inputs the worker may hold
 (``backfill_busy_in_flight`` while live work is about or was within ``backfill_idle_ms``, else
 ``backfill_in_flight``). With no room the backfill partitions are paused, else resumed and at most
 that many records pulled (polling even while paused, so the group keeps the consumer).
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.lanes import BACKFILL, BackfillGate, pause_backfill
 from agents.process import InRecord
+from agents.tiers import BACKFILL, BackfillGate, pause_backfill
 from streams.security import aiokafka_kwargs
 from streams.settings import Settings
 
@@ -171,7 +171,7 @@ class BackfillConsumer:
                                                            for k, v in (r.headers or ())],
                                        timestamp_ms=r.timestamp)
                         assert runner is not None
-                        await runner.submit(BackfillEvent(r.topic, r.partition, r.offset), rec, lane=BACKFILL)
+                        await runner.submit(BackfillEvent(r.topic, r.partition, r.offset), rec, tier=BACKFILL)
                 now = asyncio.get_running_loop().time()
                 if now - last_commit >= 1.0:
                     last_commit = now

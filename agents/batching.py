@@ -292,7 +292,7 @@ class MicroBatcher(Generic[T]):
 
     def device_done(self, items: Sequence[T]) -> None:
         """The driver's notice that a batch left the device lane; a single batcher needs none
-        (:class:`agents.lanes.LaneBatcher` does)."""
+        (:class:`agents.tiers.TierBatcher` does)."""
 
     def allowed_size(self, now: float) -> int:
         """Batch size a bucket closes at, given the arrival rate measured up to ``now``."""

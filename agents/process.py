@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -150,7 +150,6 @@ class BatchState:
     items: list[Prepared]
     ctx: BatchContext
     error: LightboxError | None = None
-    lanes_done: list[Lane] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -258,7 +257,6 @@ class BatchProcessor:
                 state.error = ProcessingFailed(f"fatal error in the {lane} lane", stage=lane)
             except Exception as exc:  # the stages catch per item; this is the last line of defence
                 state.error = exc if isinstance(exc, LightboxError) else ProcessingFailed(_describe(exc), stage=lane)
-        state.lanes_done.append(lane)
         return state
 
     # -- output lane -------------------------------------------------------------------------
@@ -289,11 +287,6 @@ class BatchProcessor:
     def run(self, batch: Sequence[Prepared], *, max_record_bytes: int | None = None) -> list[OutRecord]:
         """Every lane in order (offline use, tests)."""
         return self.output(self.device(self.decode(batch)), max_record_bytes=max_record_bytes)
-
-    def finish(self, batch: Sequence[Prepared], state: BatchState) -> list[OutRecord]:
-        """Device + output lanes in one call: the pre-lane runner's entry point, kept until the
-        lane runner replaces it."""
-        return self.output(self.device(state))
 
     # -- records -----------------------------------------------------------------------------
     def processed(self, p: Prepared, res: JobResult, *, max_record_bytes: int | None = None) -> OutRecord:

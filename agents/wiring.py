@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agents.batching import BatchingConfig, MicroBatcher
-from agents.lanes import LaneBatcher
 from agents.process import BatchProcessor
 from agents.runner import Pair, RunnerConfig
+from agents.tiers import TierBatcher
 from blobio.fetch import Fetcher, FetchPolicy
 from blobio.store import make_store
 from gpu_kernels.backends import Retoucher, Segmenter
@@ -124,10 +124,10 @@ def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
                         delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)
 
 
-def lane_batcher(settings: Settings, batching: BatchingConfig) -> LaneBatcher[Pair]:
-    """The runner's batcher: live and backfill lanes (agents/lanes.py), live buckets by the event's priority."""
-    return LaneBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
-                       lane_of=lambda pair: pair[0].lane, priority_of=_priority,
+def tier_batcher(settings: Settings, batching: BatchingConfig) -> TierBatcher[Pair]:
+    """The runner's batcher: live and backfill tiers (agents/tiers.py), live buckets by the event's priority."""
+    return TierBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
+                       tier_of=lambda pair: pair[0].tier, priority_of=_priority,
                        backfill_share=settings.backfill_device_share, wait_for_live=settings.backfill_wait_for_live,
                        pipelined=settings.backfill_pipelined,
                        fill_to=min(settings.backfill_fill_to, batching.max_batch),

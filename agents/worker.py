@@ -46,11 +46,11 @@ import faust
 
 from agents import backfill_process
 from agents.backfill import BackfillConsumer, BackfillEvent
-from agents.lanes import LaneBatcher
 from agents.observe import REFRESH_S, Observability
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
-from agents.wiring import batching_config, build_processor, lane_batcher, runner_config
+from agents.tiers import TierBatcher
+from agents.wiring import batching_config, build_processor, runner_config, tier_batcher
 from streams.app import create_app, input_topic
 from streams.settings import Settings
 from streams.sink import KafkaSink
@@ -83,7 +83,7 @@ class RetouchWorker:
         self.app = app
         self.failure: BaseException | None = None
         self.runner: BatchRunner | None = None
-        self.lanes: LaneBatcher[Pair] | None = None
+        self.tiers: TierBatcher[Pair] | None = None
         self.backfill: BackfillConsumer | None = None
         #: ``(queued, lag)``: live inputs queued in the worker, live records waiting in the brokers
         self.live_work: Callable[[], tuple[int, int]] = lambda: (0, 0)
@@ -115,16 +115,16 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
                  observer: RunnerObserver | None = None) -> RetouchWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
-    One runner, two lanes: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
+    One runner, two tiers: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
     :class:`~agents.backfill.BackfillConsumer` on the backfill topic that gets only spare capacity
-    (:mod:`agents.lanes`: a backfill batch is released only while no live batch waits for the
+    (:mod:`agents.tiers`: a backfill batch is released only while no live batch waits for the
     device, and the device serves live batches first; the backfill partitions are paused while
     live work is queued or the live lag is over ``backfill_max_live_lag``)."""
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
-    config, lanes = _runner_parts(settings, device)
-    worker.lanes = lanes
+    config, tiers = _runner_parts(settings, device)
+    worker.tiers = tiers
     proc = processor or build_processor(settings, device)
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     worker.live_work = functools.partial(_live_work, worker, settings, last_live)
@@ -141,8 +141,8 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
             else:
                 await manual.ack(event)
 
-        runner = worker.runner = BatchRunner(proc, KafkaSink(settings), lanes, ack=ack, config=config,
-                                             observer=observer, on_fatal=worker.fail)  # the live tier's runner
+        runner = worker.runner = BatchRunner(proc, KafkaSink(settings), tiers, ack=ack, config=config,
+                                             observer=observer, on_fatal=worker.fail)
         pulling: asyncio.Task[None] | None = None
         try:
             await runner.start()
@@ -173,17 +173,17 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     return worker
 
 
-def _runner_parts(settings: Settings, device: str) -> tuple[RunnerConfig, LaneBatcher[Pair]]:
+def _runner_parts(settings: Settings, device: str) -> tuple[RunnerConfig, TierBatcher[Pair]]:
     """The runner's configuration and its tiers' batcher, as every worker process builds them."""
     batching = batching_config(settings, device)
-    return runner_config(settings, batching), lane_batcher(settings, batching)
+    return runner_config(settings, batching), tier_batcher(settings, batching)
 
 
 def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
     """Live inputs queued in the worker (in the prepare lane, the batcher, or a batch not yet through
     the device) and live records waiting in the brokers: what pauses the backfill lane."""
-    runner, lanes = worker.runner, worker.lanes
-    queued = 0 if runner is None or lanes is None else runner.preparing("live") + lanes.live_queued
+    runner, tiers = worker.runner, worker.tiers
+    queued = 0 if runner is None or tiers is None else runner.preparing("live") + tiers.live_queued
     return queued, _live_lag(worker.app, settings, last_live)
 
 
@@ -355,7 +355,7 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Obser
     """The backfill lane alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
     ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
     device = settings.resolved_device()
-    config, lanes = _runner_parts(settings, device)
+    config, tiers = _runner_parts(settings, device)
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
     config = dataclasses.replace(config, backfill_threads=0)
     stopping = asyncio.Event()
@@ -364,7 +364,7 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Obser
         assert isinstance(event, BackfillEvent)
         backfill.ack(event)
 
-    runner = BatchRunner(processor, KafkaSink(settings), lanes, ack=ack, config=config,
+    runner = BatchRunner(processor, KafkaSink(settings), tiers, ack=ack, config=config,
                          observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set())
     fd = os.environ.get(backfill_process.LIVE_FD_ENV, "")
     live = backfill_process.LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no live work to see

@@ -21,8 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.batching import BatchingConfig, MicroBatcher
+from agents.intake import log_ids
 from agents.process import InRecord, OutRecord
-from agents.runner import BatchRunner, RunnerConfig, RunnerFailed, _log_ids
+from agents.runner import BatchRunner, RunnerConfig, RunnerFailed
 from schemas.errors import LightboxError, StoreUnavailable
 
 TOPIC = "in"
@@ -355,8 +356,8 @@ def test_a_batch_level_exception_becomes_dead_letters_and_the_lanes_go_on(caplog
 def test_error_logs_name_the_inputs_and_the_traces_they_continue() -> None:
     trace = "4bf92f3577b34da6a3ce929d0e0e4736"
     traced = InRecord(TOPIC, 1, 7, b"ok", headers=[("traceparent", f"00-{trace}-00f067aa0ba902b7-01".encode())])
-    assert _log_ids([traced, rec(0, 3)]) == {"inputs": f"{TOPIC}:1:7,{TOPIC}:0:3", "trace_ids": trace}
-    assert _log_ids([rec(0, 3)]) == {"inputs": f"{TOPIC}:0:3"}  # a malformed traceparent names no trace
+    assert log_ids([traced, rec(0, 3)]) == {"inputs": f"{TOPIC}:1:7,{TOPIC}:0:3", "trace_ids": trace}
+    assert log_ids([rec(0, 3)]) == {"inputs": f"{TOPIC}:0:3"}  # a malformed traceparent names no trace
 
 
 def test_a_fatal_error_fail_stops_without_acknowledging() -> None:
@@ -417,7 +418,7 @@ def test_the_watchdog_fail_stops_a_stuck_device() -> None:
         await h.runner.start()
         try:
             await h.submit(rec(0, 0, b"hang"), rec(0, 1))
-            await until(lambda: any(lane == "device" for lane, _, _ in h.runner._busy.values()), "device busy")
+            await until(lambda: any(lane == "device" for lane, _, _ in h.runner._sup.busy.values()), "device busy")
             await asyncio.sleep(0.05)
             assert not h.runner.failed.is_set()
             clock.advance(101.0)

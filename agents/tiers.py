@@ -1,11 +1,11 @@
-"""Live first: the backfill lane gets only the device's spare capacity. Pure (no asyncio, no Kafka).
+"""Live first: the backfill tier gets only the device's spare capacity. Pure (no asyncio, no Kafka).
 
 A worker consumes two topics: the input topic (live) and the backfill topic. Two things keep the
 backfill out of live traffic's way:
 
-1. :class:`LaneBatcher` — what the runner drives instead of one :class:`~agents.batching.MicroBatcher`
+1. :class:`TierBatcher` — what the runner drives instead of one :class:`~agents.batching.MicroBatcher`
    (same calls: ``add``, ``poll``, ``next_deadline``, ``flush``, ``record_service``, plus
-   ``device_started`` and ``device_done``). It holds one micro-batcher per lane. Live batches
+   ``device_started`` and ``device_done``). It holds one micro-batcher per tier. Live batches
    leave as soon as they close, highest priority first. A closed backfill batch is held back and
    released only when no other backfill batch is waiting for the device, no live batch is
    waiting for it and no live item is waiting in the live batcher for batch-mates. The runner's
@@ -35,7 +35,7 @@ backfill out of live traffic's way:
    backfill topic's partitions are paused while live work is queued in the worker or the live lag
    is above a threshold, so backfill records are not even fetched while live traffic needs the worker.
 3. :class:`BackfillGate` — how many backfill inputs the worker may hold: few (``busy_cap``) while
-   live work is about or was within the last ``idle_s``, the lane's whole window only once live
+   live work is about or was within the last ``idle_s``, the tier's whole window only once live
    traffic has been quiet that long. Backfill already in the worker then finishes behind live work
    (its prepare and output threads run at a lower CPU priority: :mod:`agents.runner`).
 
@@ -54,12 +54,12 @@ from typing import Generic, Literal, TypeVar
 
 from agents.batching import Batch, MicroBatcher
 
-__all__ = ["BACKFILL", "LIVE", "BackfillGate", "LaneBatcher", "pause_backfill"]
+__all__ = ["BACKFILL", "LIVE", "BackfillGate", "TierBatcher", "pause_backfill"]
 
 T = TypeVar("T")
-Lane = Literal["live", "backfill"]
-LIVE: Lane = "live"
-BACKFILL: Lane = "backfill"
+Tier = Literal["live", "backfill"]
+LIVE: Tier = "live"
+BACKFILL: Tier = "backfill"
 
 
 def pause_backfill(live_queued: int, live_lag: int, lag_threshold: int) -> bool:
@@ -74,7 +74,7 @@ class BackfillGate:
 
     ``room(live_active, held, limit)``: how many more backfill inputs may be taken now, given
     whether live work is about (queued in the worker, or lagging in the brokers), how many backfill
-    inputs the worker holds, and the lane's window ``limit``. While live work is about, and until it
+    inputs the worker holds, and the tier's window ``limit``. While live work is about, and until it
     has been quiet for ``idle_s``, the worker holds at most ``busy_cap`` backfill inputs (0: none
     taken while live work is about, the old pause rule); after that, up to ``limit``."""
 
@@ -92,21 +92,21 @@ class BackfillGate:
         return max(0, cap - held)
 
 
-class LaneBatcher(Generic[T]):
-    """See the module docstring. ``lane_of(item)`` is ``"live"`` or ``"backfill"``;
+class TierBatcher(Generic[T]):
+    """See the module docstring. ``tier_of(item)`` is ``"live"`` or ``"backfill"``;
     ``priority_of(item)`` orders live buckets (higher first)."""
 
-    def __init__(self, live: MicroBatcher[T], backfill: MicroBatcher[T], *, lane_of: Callable[[T], str],
+    def __init__(self, live: MicroBatcher[T], backfill: MicroBatcher[T], *, tier_of: Callable[[T], str],
                  priority_of: Callable[[T], int] | None = None, backfill_share: float = 1.0,
                  wait_for_live: bool = True, pipelined: bool = True, fill_to: int = 0,
                  nbytes_of: Callable[[T], int] | None = None, memory_budget_bytes: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not 0 < backfill_share <= 1:
-            raise ValueError(f"LaneBatcher: backfill_share={backfill_share}; expected 0 < share <= 1")
+            raise ValueError(f"TierBatcher: backfill_share={backfill_share}; expected 0 < share <= 1")
         self.live, self.backfill = live, backfill
-        self.lane_of, self.priority_of = lane_of, priority_of or (lambda _item: 0)
+        self.tier_of, self.priority_of = tier_of, priority_of or (lambda _item: 0)
         if fill_to < 0:
-            raise ValueError(f"LaneBatcher: fill_to={fill_to}; expected >= 0 (0: live batches are never filled)")
+            raise ValueError(f"TierBatcher: fill_to={fill_to}; expected >= 0 (0: live batches are never filled)")
         self.backfill_share, self.wait_for_live, self.clock = backfill_share, wait_for_live, clock
         self.pipelined, self.fill_to, self.nbytes_of = pipelined, fill_to, nbytes_of or (lambda _item: 0)
         self.memory_budget_bytes = memory_budget_bytes
@@ -148,7 +148,7 @@ class LaneBatcher(Generic[T]):
 
     # -- MicroBatcher's interface --------------------------------------------------------------
     def add(self, item: T, shape_class: Hashable, now: float, nbytes: int = 0) -> list[Batch[T]]:
-        if self._lane(item) == BACKFILL:
+        if self._tier(item) == BACKFILL:
             self._held.extend(self.backfill.add(item, shape_class, now, nbytes))
             return self._release(self.live.poll(now), now)
         return self._release(self.live.add(item, shape_class, now, nbytes, priority=self.priority_of(item)), now)
@@ -177,7 +177,7 @@ class LaneBatcher(Generic[T]):
         return out
 
     def record_service(self, batch_size: int, seconds: float) -> None:
-        """The device's service time, whichever lane the batch came from: both lanes learn it (the
+        """The device's service time, whichever tier the batch came from: both tiers learn it (the
         next ``device_done`` is that batch's: a backfill batch's sets the gap after it)."""
         self._service = seconds
         self.live.record_service(batch_size, seconds)
@@ -186,39 +186,39 @@ class LaneBatcher(Generic[T]):
     def device_started(self, items: Sequence[T]) -> None:
         """A released batch went onto the device: the next backfill batch may be decoded meanwhile."""
         if items:
-            lane = self._lane(items[0])
-            self._waiting[lane] = max(0, self._waiting[lane] - 1)
+            tier = self._tier(items[0])
+            self._waiting[tier] = max(0, self._waiting[tier] - 1)
             self._started.add(id(items[0]))
 
     def device_done(self, items: Sequence[T]) -> None:
         """A batch left the device lane (done, or failed on it or before it)."""
         if items:
-            lane = self._lane(items[0])  # a filled live batch is a live batch
+            tier = self._tier(items[0])  # a filled live batch is a live batch
             if id(items[0]) in self._started:
                 self._started.discard(id(items[0]))
             else:  # failed before the device
-                self._waiting[lane] = max(0, self._waiting[lane] - 1)
-            self._in_pipe[lane] = max(0, self._in_pipe[lane] - 1)
+                self._waiting[tier] = max(0, self._waiting[tier] - 1)
+            self._in_pipe[tier] = max(0, self._in_pipe[tier] - 1)
             for item in items:
-                of = self._lane(item)
+                of = self._tier(item)
                 self._items_in_pipe[of] = max(0, self._items_in_pipe[of] - 1)
-            if lane == BACKFILL and self._service > 0 and self.backfill_share < 1:
+            if tier == BACKFILL and self._service > 0 and self.backfill_share < 1:
                 self._not_before = self.clock() + self._service * (1 / self.backfill_share - 1)
         self._service = 0.0  # a failed batch reports no service time: no gap
 
     # -- internals ------------------------------------------------------------------------------
-    def _lane(self, item: T) -> str:
-        lane = self.lane_of(item)
-        if lane not in (LIVE, BACKFILL):
-            raise ValueError(f"LaneBatcher: lane_of returned {lane!r}; expected 'live' or 'backfill'")
-        return lane
+    def _tier(self, item: T) -> str:
+        tier = self.tier_of(item)
+        if tier not in (LIVE, BACKFILL):
+            raise ValueError(f"TierBatcher: tier_of returned {tier!r}; expected 'live' or 'backfill'")
+        return tier
 
     def _count(self, batch: Batch[T], sign: int) -> None:
-        lane = self._lane(batch.items[0])  # a filled live batch is a live batch
-        self._in_pipe[lane] += sign
-        self._waiting[lane] += sign
+        tier = self._tier(batch.items[0])  # a filled live batch is a live batch
+        self._in_pipe[tier] += sign
+        self._waiting[tier] += sign
         for item in batch.items:
-            self._items_in_pipe[self._lane(item)] += sign
+            self._items_in_pipe[self._tier(item)] += sign
 
     def _fill(self, batch: Batch[T]) -> Batch[T]:
         """``batch`` (live) with held backfill items of its shape class in its empty seats, up to

@@ -1,4 +1,4 @@
-"""Live first (agents.lanes): the backfill lane gets only spare capacity. Pure: no asyncio, no Kafka."""
+"""Live first (agents.tiers): the backfill tier gets only spare capacity. Pure: no asyncio, no Kafka."""
 
 from __future__ import annotations
 
@@ -12,17 +12,17 @@ from typing import Any
 import pytest
 
 from agents.batching import Batch, BatchingConfig, MicroBatcher
-from agents.lanes import BackfillGate, LaneBatcher, pause_backfill
+from agents.tiers import BackfillGate, TierBatcher, pause_backfill
 from tests.test_runner import FakeClock  # seconds that move only when told to
 
 Item = tuple[str, int, int]  # (lane, id, priority)
 
 
-def lanes(live_batch: int = 2, backfill_batch: int = 2, **kw: Any) -> LaneBatcher[Item]:
+def lanes(live_batch: int = 2, backfill_batch: int = 2, **kw: Any) -> TierBatcher[Item]:
     cfg = BatchingConfig(max_wait_s=0.02)
-    return LaneBatcher(MicroBatcher(BatchingConfig(fixed_batch=live_batch, max_wait_s=cfg.max_wait_s)),
+    return TierBatcher(MicroBatcher(BatchingConfig(fixed_batch=live_batch, max_wait_s=cfg.max_wait_s)),
                        MicroBatcher(BatchingConfig(fixed_batch=backfill_batch, max_wait_s=cfg.max_wait_s)),
-                       lane_of=lambda it: it[0], priority_of=lambda it: it[2], **kw)
+                       tier_of=lambda it: it[0], priority_of=lambda it: it[2], **kw)
 
 
 def ids(batches: list[Batch[Item]]) -> list[tuple[int, ...]]:
@@ -81,7 +81,7 @@ def test_service_times_teach_both_lanes() -> None:
 
 def test_unknown_lane_is_refused() -> None:
     lb = lanes()
-    with pytest.raises(ValueError, match="lane_of returned 'bulk'"):
+    with pytest.raises(ValueError, match="tier_of returned 'bulk'"):
         lb.add(("bulk", 1, 0), "s", 0.0)
 
 
@@ -149,7 +149,7 @@ def test_pause_rule(queued: int, lag: int, threshold: int, paused: bool) -> None
 
 
 def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_device() -> None:
-    """The runner driving a LaneBatcher: backfill 0 is on the device, backfill 1 decoded and waiting
+    """The runner driving a TierBatcher: backfill 0 is on the device, backfill 1 decoded and waiting
     for it, 2-3 held; a live input arriving then goes next, before backfill 1, and the backfill
     resumes after it."""
     import asyncio
@@ -169,7 +169,7 @@ def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_dev
 
     async def go() -> list[tuple[str, int]]:
         one = BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=1)
-        lb: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p[0].lane)
+        lb: TierBatcher[Any] = TierBatcher(MicroBatcher(one), MicroBatcher(one), tier_of=lambda p: p[0].tier)
         proc, acked = Recording(), []
 
         async def ack(ev: InRecord) -> None:
@@ -181,7 +181,7 @@ def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_dev
         try:
             for i in range(4):
                 r = InRecord("bf", 0, i, b"hang" if i == 0 else b"ok")
-                await runner.submit(r, r, lane="backfill")
+                await runner.submit(r, r, tier="backfill")
             await until(lambda: proc.order == [("bf", 0)] and lb.backfill_held == 2
                         and runner._device_q.qsize() == 1,
                         "backfill 0 on the device, backfill 1 waiting for it")
@@ -233,7 +233,7 @@ def test_gate_refuses_negative_settings() -> None:
 def test_lower_thread_priority_lowers_only_the_calling_thread() -> None:
     import threading
 
-    from agents.runner import lower_thread_priority
+    from agents.intake import lower_thread_priority
 
     seen: dict[str, int] = {}
 
@@ -286,7 +286,7 @@ def test_backfill_prepare_and_output_run_in_their_own_threads_and_never_hold_up_
 
     async def go() -> tuple[Recording, list[str]]:
         one = BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=1)
-        lb: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p[0].lane)
+        lb: TierBatcher[Any] = TierBatcher(MicroBatcher(one), MicroBatcher(one), tier_of=lambda p: p[0].tier)
         proc, acked = Recording(), []
 
         async def ack(ev: InRecord) -> None:
@@ -298,7 +298,7 @@ def test_backfill_prepare_and_output_run_in_their_own_threads_and_never_hold_up_
         await runner.start()
         try:
             bf = InRecord("bf", 0, 0, b"ok")
-            await runner.submit(bf, bf, lane="backfill")
+            await runner.submit(bf, bf, tier="backfill")
             await until(lambda: proc.out_started == ["bf"], "the backfill output stuck")
             live = InRecord("in", 0, 0, b"ok")
             await runner.submit(live, live)
@@ -319,7 +319,7 @@ def test_backfill_share_leaves_a_gap_after_each_backfill_batch_that_live_batches
     starts; a live batch arriving then goes at once; a failed batch (no service time) leaves no gap."""
     clock = FakeClock()
     one = BatchingConfig(fixed_batch=1, max_wait_s=0.02)
-    lb: LaneBatcher[Item] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda it: it[0],
+    lb: TierBatcher[Item] = TierBatcher(MicroBatcher(one), MicroBatcher(one), tier_of=lambda it: it[0],
                                         backfill_share=0.5, clock=clock)
     first = lb.add(("backfill", 0, 0), "s", clock.t)
     assert ids(first) == [(0,)]
@@ -343,7 +343,7 @@ def test_backfill_share_leaves_a_gap_after_each_backfill_batch_that_live_batches
 def test_backfill_share_must_be_a_share() -> None:
     for share in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="backfill_share"):
-            LaneBatcher(MicroBatcher(BatchingConfig()), MicroBatcher(BatchingConfig()), lane_of=lambda it: "live",
+            TierBatcher(MicroBatcher(BatchingConfig()), MicroBatcher(BatchingConfig()), tier_of=lambda it: "live",
                         backfill_share=share)
 
 
@@ -375,8 +375,8 @@ def test_no_filling_while_other_live_work_waits_nor_past_the_memory_budget() -> 
     lb.device_done(first[0].items)
     lb.device_done(live1.items)
     lb.device_done(live2.items)
-    budget = LaneBatcher(MicroBatcher(BatchingConfig(fixed_batch=1)), MicroBatcher(BatchingConfig(fixed_batch=1)),
-                         lane_of=lambda it: it[0], fill_to=4, nbytes_of=lambda it: it[1], memory_budget_bytes=100)
+    budget = TierBatcher(MicroBatcher(BatchingConfig(fixed_batch=1)), MicroBatcher(BatchingConfig(fixed_batch=1)),
+                         tier_of=lambda it: it[0], fill_to=4, nbytes_of=lambda it: it[1], memory_budget_bytes=100)
     head = budget.add(("backfill", 10, 0), "s", 0.0)  # on the device: the next ones are held
     for size in (70, 20, 5):
         budget.add(("backfill", size, 0), "s", 0.0)
@@ -429,7 +429,7 @@ def test_the_runner_carries_backfill_riders_in_a_live_batch_and_acknowledges_eve
 
     async def go() -> tuple[Recording, list[tuple[str, int]], BatchRunner]:
         one = BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=1)
-        lb: LaneBatcher[Any] = LaneBatcher(MicroBatcher(one), MicroBatcher(one), lane_of=lambda p: p[0].lane,
+        lb: TierBatcher[Any] = TierBatcher(MicroBatcher(one), MicroBatcher(one), tier_of=lambda p: p[0].tier,
                                            fill_to=3)
         proc, acked = Recording(), []
 
@@ -442,7 +442,7 @@ def test_the_runner_carries_backfill_riders_in_a_live_batch_and_acknowledges_eve
         try:
             for i in range(4):
                 r = InRecord("bf", 0, i, b"hang" if i == 0 else b"ok")
-                await runner.submit(r, r, lane="backfill")
+                await runner.submit(r, r, tier="backfill")
             await until(lambda: proc.batches == [(("bf", 0),)] and lb.backfill_held == 2
                         and runner._device_q.qsize() == 1,
                         "backfill 0 on the device, backfill 1 waiting for it")
