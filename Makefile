@@ -26,9 +26,10 @@ test: setup kafka-jars s3-jars  ## the whole suite; starts its own Kafka broker;
 test-gpu: setup  ## only the GPU tests (on a machine with an NVIDIA GPU and CuPy)
 	$(BIN)/pytest -q -m gpu
 
-lint: setup  ## ruff + mypy
+lint: setup  ## ruff + mypy + the import layers (pyproject [tool.importlinter])
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 demo: setup kafka-jars  ## local broker, sample catalog, one worker, latency table, images in out/demo
 	$(BIN)/lightbox demo --out out/demo
@@ -37,4 +38,4 @@ bench: setup  ## CPU benchmarks (ratios against baselines run in the same proces
 	for b in bench/bench_*.py; do echo "== $$b"; PYTHONPATH=. $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf out .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
