@@ -2,17 +2,12 @@
 means on a CPU worker on Linux).
 
 Why: a CPU worker's lanes are Python threads of one process, and they share its interpreter lock.
-``bench/bench_contention.py`` runs the device lane next to a second thread that runs the same
-pipeline, and next to a second process: the thread slowed it down 1.4-1.5×, the process 1.05-1.09×.
-So in one process the backfill's decode, segment, correct and render hold the lock that live work
+In one process the backfill's decode, segment, correct and render hold the lock that live work
 waits for, whatever their threads' CPU priority, and a core stays partly idle. In a process of its
 own, at a lower CPU priority (``backfill_nice``) and in the kernel's idle scheduling class
 (``backfill_sched_idle``, Linux), the backfill takes only what the cores leave: the kernel, not the
-interpreter, puts live work first. Measured (bench_backfill.py, 2 cores): in single 60-s rounds,
-nice 10 alone drained 31.5 img/s but live p99 went 1.82×; nice 19, 26.3 img/s and 1.52×; nice 19
-and SCHED_IDLE, 30.0 img/s (96 % of the spare capacity) and 1.06×. Over two 120-s rounds, nice
-10 and SCHED_IDLE alone: 96 % of the spare capacity, but live p99 1.29×; with the worker's live
-work shared and one OpenCV thread each (below): 95 % and live p99 1.00× (README, "Backfills").
+interpreter, puts live work first. ``bench/bench_contention.py`` and ``bench/bench_backfill.py``
+measure both; their figures are in docs/backfills.md.
 
 Starvation: under SCHED_IDLE the child gets no CPU while live work takes every core. Its consumer
 can then miss heartbeats and lose its backfill partitions to another worker; what it held is
@@ -42,8 +37,7 @@ device; a GPU worker keeps the lane in its process, where the device queue puts 
 OpenCV's thread pool: in this mode both processes use one OpenCV thread (unless
 ``OPENCV_FOR_THREADS_NUM`` is set): the parallelism is the two processes. With OpenCV's default (a
 thread per core) the live process's parallel loops wait for chunks queued behind the child on the
-other core; measured (bench_backfill.py, one 60-s round): the worker's threads waited for a core
-0.40 cores' worth instead of 0.92, live p99 1.14× instead of 1.53×, the drain unchanged.
+other core (docs/backfills.md has the measurement).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Event in, pure pipeline call, event out: the part of the agent that needs no Kafka.
 
-:class:`BatchProcessor` has one method per lane of the runner (see INTERFACES.md):
+:class:`BatchProcessor` has one method per lane of the runner (the `Processor` protocol of :mod:`agents.interfaces`):
 
     prepare(rec)   fetch lane (CPU threads)   Avro read, presets, fetch + header guards;
                                               a Prepared job or a dead letter. Never raises.

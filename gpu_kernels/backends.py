@@ -79,7 +79,7 @@ class Retoucher(Protocol):
     def correct(
         self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions
     ) -> list[Array | LightboxError]:
-        """Colour stages + composite (DESIGN.md steps 4 and 5) as one fused pass per image.
+        """Colour stages + composite (docs/architecture.md, steps 4 and 5) as one fused pass per image.
 
         Returns RGB for a white/keep background, RGBA when ``options.background`` is
         "transparent". Where the mask is 0 and the background is white, pixels are exactly 255.

@@ -1,4 +1,4 @@
-"""The retouch pipeline over one batch (DESIGN.md steps 2-7) as an ordered list of stages.
+"""The retouch pipeline over one batch (docs/architecture.md, steps 2-7) as an ordered list of stages.
 
 :func:`default_stages` is the list; each stage is one module of :mod:`gpu_kernels.stages` and
 names its lane:

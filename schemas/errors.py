@@ -1,7 +1,7 @@
 """The project's error types.
 
 Every failure that can reach a dead letter is a :class:`LightboxError` carrying one of the
-error codes of ``DeadLetterEvent`` (DESIGN.md). Errors from libraries (DALI, OpenCV, Pillow,
+error codes of ``DeadLetterEvent`` (README, "Events and topics"). Errors from libraries (DALI, OpenCV, Pillow,
 onnxruntime, fastavro) are translated at the boundary of the stage that called them.
 
     LightboxError                 code            retriable

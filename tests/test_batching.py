@@ -429,7 +429,7 @@ def simulate(
 SCENARIOS = {
     # GPU-like: batching pays (per-item time 22 ms at b=1, ~2.3 ms at b=64)
     "gpu": (GPU, linear(0.020, 0.002)),
-    # CPU-like (FACTS.md: u2netp on 2 cores): batching does not pay at all
+    # CPU-like (u2netp on 2 cores): batching does not pay at all
     "cpu": (BatchingConfig.for_device("cpu"), linear(0.0, 0.316)),
 }
 

@@ -1,8 +1,8 @@
 """TritonSegmenter against a real Triton Inference Server (issue 15 item 4).
 
 The server is pytriton's bundled ``tritonserver`` running u2netp through
-``gpu_kernels/segment/triton_serve.py`` in Triton's own environment (Debian's Python 3.11;
-FACTS.md). Without that environment (CI does not install it) the server tests skip and say
+``gpu_kernels/segment/triton_serve.py`` in Triton's own environment (Debian's Python 3.11,
+as pyenv's 3.11.7 fails at model load). Without that environment (CI does not install it) the server tests skip and say
 how to make one; the unreachable-server test needs only tritonclient.
 """
 

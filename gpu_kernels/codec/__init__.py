@@ -1,4 +1,4 @@
-"""Decode and encode stages (DESIGN.md steps 2 and 7).
+"""Decode and encode stages (docs/architecture.md, steps 2 and 7).
 
 - :mod:`.sniff` — header guards: format, size, pixels, bit depth, frames, JPEG scans, EXIF
   orientation, ICC presence; no pixel decoded.

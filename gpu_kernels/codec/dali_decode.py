@@ -1,4 +1,4 @@
-"""Batched image decode with NVIDIA DALI (DESIGN.md step 2), on CPU or GPU behind one class.
+"""Batched image decode with NVIDIA DALI (docs/architecture.md, step 2), on CPU or GPU behind one class.
 
 ``DaliDecoder(device="cpu")`` runs ``external_source → decoders.image(device="cpu")``;
 ``DaliDecoder(device="gpu")`` runs the same pipeline with ``device="mixed"`` (nvJPEG with the
@@ -29,7 +29,7 @@ Routing (decided from :func:`~gpu_kernels.codec.sniff.sniff`, before any pixel i
   and BMP decodes were checked pixel-identical to Pillow's; LZW TIFF decodes 1.7× faster
   through DALI here, uncompressed TIFF and BMP ~1.5× slower (2 shared cores) — one path kept.
 
-DALI fails a whole run when one sample is bad (FACTS.md). A failed run is retried without the
+DALI fails a whole run when one sample is bad (seen with DALI 2.4). A failed run is retried without the
 sample DALI names ("Failed to decode sample #i"), or one image at a time when it names none, so
 batch-mates always survive. A JPEG cut short (no end-of-image marker) is refused by
 :func:`sniff` on every backend; libjpeg-turbo refuses it too. Corrupt entropy-coded data that

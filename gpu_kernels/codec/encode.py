@@ -1,4 +1,4 @@
-"""Encode finished images to the preset's format (DESIGN.md step 7).
+"""Encode finished images to the preset's format (docs/architecture.md, step 7).
 
 ``CpuEncoder``: JPEG with libjpeg-turbo (simplejpeg), PNG and WebP with OpenCV (libpng,
 libwebp). ``NvJpegEncoder``: JPEG with nvJPEG through nvImageCodec for images of at least
@@ -8,7 +8,7 @@ smaller JPEGs and for PNG/WebP.
 Input: ``(H, W, 3)`` RGB or ``(H, W, 4)`` RGBA uint8 (``(H, W)`` gray also accepted). JPEG
 has no alpha: an RGBA image is flattened over white (the marketplace background) first.
 PNG and WebP keep alpha. Outputs are deterministic: the same pixels and preset give the same
-bytes, which idempotent outputs rely on (DESIGN.md "Delivery").
+bytes, which idempotent outputs rely on (docs/architecture.md, "Delivery: the argument").
 """
 
 from __future__ import annotations

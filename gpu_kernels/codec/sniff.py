@@ -1,6 +1,6 @@
 """Header guards: format, size, depth, frames and scans read from container headers, no pixel decoded.
 
-:func:`sniff` is the gate every payload passes before a decoder touches it (DESIGN.md step 2).
+:func:`sniff` is the gate every payload passes before a decoder touches it (docs/architecture.md, step 2).
 It reads only container structure — JPEG marker segments (skipping entropy-coded data with a
 byte search), PNG chunks up to the first IDAT, WebP RIFF chunks, the TIFF IFD chain, the BMP
 and GIF headers and GIF block chain, the ISO-BMFF boxes of HEIF/AVIF (``ispe``, ``pixi``,

@@ -1,4 +1,4 @@
-"""Retouch stages (DESIGN.md steps 4 to 6) as two fused passes, each with a CPU twin.
+"""Retouch stages (docs/architecture.md, steps 4 to 6) as two fused passes, each with a CPU twin.
 
 * pass (a), :meth:`correct`: white balance + Retinex local illumination + exposure/gamma +
   composite, one elementwise pass per image (:mod:`.correction`);

@@ -1,4 +1,4 @@
-"""Segment stage (DESIGN.md step 3): a foreground alpha mask per image.
+"""Segment stage (docs/architecture.md, step 3): a foreground alpha mask per image.
 
 Two implementations of :class:`gpu_kernels.backends.Segmenter`, each on CPU (NumPy) and GPU
 (CuPy, imported lazily):

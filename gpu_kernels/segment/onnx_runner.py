@@ -40,7 +40,7 @@ __all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "cpu_session_o
            "usable_cores"]
 
 STAGE = "segment"
-DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 16}  # on CPU batching does not pay (FACTS.md)
+DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 16}  # on CPU batching does not pay (u2netp on 2 cores: time grows with the batch)
 
 
 def _ort_errors() -> tuple[type[BaseException], ...]:

@@ -2,7 +2,7 @@
 
 OpenVINO reads the ``.onnx`` file directly. On CPUs with bf16 instructions (AVX512-BF16, AMX)
 its ``bf16`` inference precision runs u2netp about twice as fast as ONNX Runtime fp32 here
-(FACTS.md), but the masks move (IoU 0.946 on one photo), so the runtime choice
+(docs/operations.md, "Model runtimes"), but the masks move (IoU 0.946 on one photo), so the runtime choice
 (``gpu_kernels.segment.runtime``) only takes it through the fidelity gate. ``precision="f32"``
 keeps full precision. Compiled models are cached in ``model_cache_dir()/openvino`` so a restart
 does not compile again. Same pre/post-processing and buckets as :class:`OnnxSegmenter`.

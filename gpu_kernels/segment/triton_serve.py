@@ -1,6 +1,6 @@
 """Serve an ONNX segmentation model from Triton Inference Server (PyPI ``nvidia-pytriton``).
 
-Run with the interpreter of Triton's own environment, not lightbox's (FACTS.md: the backend stub
+Run with the interpreter of Triton's own environment, not lightbox's (the backend stub
 needs Debian's /usr/bin/python3.11; pyenv's 3.11.7 fails at model load)::
 
     /usr/bin/python3.11 -m venv /tmp/tritonenv

@@ -1,4 +1,4 @@
-"""Colour + composite (DESIGN.md steps 4-5): one fused pass per image, one step per set of options.
+"""Colour + composite (docs/architecture.md, steps 4-5): one fused pass per image, one step per set of options.
 
 The mask is known here (segment runs first), so each item's subject box, and with it every
 preset's crop, is known before colour correction: when the retoucher offers

@@ -1,4 +1,4 @@
-"""Decode (DESIGN.md step 2): once per image, at the size the largest preset needs."""
+"""Decode (docs/architecture.md, step 2): once per image, at the size the largest preset needs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Encode (DESIGN.md step 7): per preset (span ``encode:<name>``).
+"""Encode (docs/architecture.md, step 7): per preset (span ``encode:<name>``).
 
 The stage's lane follows the encoder: a GPU encoder (nvJPEG) runs in the device lane, next to
 the render it reads from; the CPU encoder runs in the output lane, so the device never waits

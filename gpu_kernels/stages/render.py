@@ -1,4 +1,4 @@
-"""Render (DESIGN.md step 6): per preset, one batched crop + resize + pad + sharpen over every
+"""Render (docs/architecture.md, step 6): per preset, one batched crop + resize + pad + sharpen over every
 image that asked for it (span ``preset:<name>``); device lane on a GPU, output lane on the CPU.
 When the correct stage coloured only a window of an image, the mask is cropped to the same window
 (the subject box and the placement move with it, so the canvas shows the same pixels)."""

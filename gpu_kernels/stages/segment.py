@@ -1,4 +1,4 @@
-"""Segment (DESIGN.md step 3): once per image, by the model or the classical fallback.
+"""Segment (docs/architecture.md, step 3): once per image, by the model or the classical fallback.
 
 Events that ask for ``background="keep"`` are not segmented (their mask is None); events that
 ask for ``segmentation="classical"``, and every event when no model is configured, go to the
