@@ -382,10 +382,10 @@ def test_the_backfill_consumer_holds_back_while_the_shared_live_work_says_live_i
         def __init__(self) -> None:
             self.handed: list[int] = []
 
-        def free_slots(self, lane: str) -> int:
+        def free_slots(self, tier: str) -> int:
             return 16 - len(self.handed)
 
-        async def submit(self, event: Any, rec: Any, lane: str) -> None:
+        async def submit(self, event: Any, rec: Any, tier: str) -> None:
             self.handed.append(rec.offset)
 
         def revoke(self, tps: Any) -> None:
