@@ -412,13 +412,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m agents.worker backfill-worker [--loglevel L]``: how a worker starts its backfill child."""
     parser = argparse.ArgumentParser(prog="python -m agents.worker", description="the backfill child of a worker")
     parser.add_argument("command", choices=[BACKFILL_COMMAND])
-    parser.add_argument("--loglevel", "-l", default="warning")
+    parser.add_argument("--loglevel", "-l", default=None, help="default: LIGHTBOX_LOG_LEVEL")
     args = parser.parse_args(argv)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     from streams.security import KafkaSecurityError
 
     try:
-        return run_backfill_worker(Settings(), args.loglevel)
+        settings = Settings()
+        return run_backfill_worker(settings, args.loglevel or settings.log_level)
     except KafkaSecurityError as exc:
         print(f"kafka security: {exc}", file=sys.stderr)
         return 2

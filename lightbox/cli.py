@@ -226,7 +226,8 @@ def worker(
     segmenter: Annotated[str | None, typer.Option(help="model, classical or none")] = None,
     output_dir: Annotated[Path | None, typer.Option(help="write variants as content-addressed files here and "
                                                             "put file:// URIs in events instead of bytes")] = None,
-    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="log level")] = "warning",
+    loglevel: Annotated[str | None, typer.Option("--loglevel", "-l", help="log level (default: $LIGHTBOX_LOG_LEVEL "
+                                                                           "or warning)")] = None,
 ) -> None:
     """Run one retouch worker in the consumer group (one per GPU).
 
@@ -240,13 +241,15 @@ def worker(
             overrides[key] = val
     from agents.worker import run_worker
 
-    raise typer.Exit(run_worker(Settings(**overrides), overrides, loglevel))
+    settings = Settings(**overrides)
+    raise typer.Exit(run_worker(settings, overrides, loglevel or settings.log_level))
 
 
 @app.command("backfill-worker")
 def backfill_worker(
     bootstrap: Bootstrap = None,
-    loglevel: Annotated[str, typer.Option("--loglevel", "-l", help="log level")] = "warning",
+    loglevel: Annotated[str | None, typer.Option("--loglevel", "-l", help="log level (default: $LIGHTBOX_LOG_LEVEL "
+                                                                           "or warning)")] = None,
 ) -> None:
     """Run the backfill tier alone, beside the live workers.
 
@@ -258,7 +261,8 @@ def backfill_worker(
     SIGTERM/Ctrl-C: in-flight work finishes and is committed, exit 0; exit 70 on a fail-stop."""
     from agents.worker import run_backfill_worker
 
-    raise typer.Exit(run_backfill_worker(Settings(kafka_bootstrap=_bootstrap(bootstrap)), loglevel))
+    settings = Settings(kafka_bootstrap=_bootstrap(bootstrap))
+    raise typer.Exit(run_backfill_worker(settings, loglevel or settings.log_level))
 
 
 # ---------------------------------------------------------------------------------- produce

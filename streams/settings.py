@@ -1,4 +1,8 @@
-"""Worker settings from the environment (prefix ``LIGHTBOX_``) or a ``.env`` file. Pure."""
+"""Worker settings from the environment (prefix ``LIGHTBOX_``) or a ``.env`` file, frozen once read.
+
+No Kafka and no I/O at import; :meth:`Settings.resolved_device` alone probes CuPy for a GPU.
+How to add a setting: docs/architecture.md, "Adding a setting".
+"""
 
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ def _default_worker_id() -> str:
 class Settings(BaseSettings):
     """Every knob of a worker. ``LIGHTBOX_KAFKA_BOOTSTRAP=host:port`` and so on."""
 
-    model_config = SettingsConfigDict(env_prefix="LIGHTBOX_", env_file=".env", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="LIGHTBOX_", env_file=".env", extra="ignore", frozen=True)
 
     kafka_bootstrap: str = Field("127.0.0.1:9092", description="Kafka bootstrap servers, comma separated")
     group_id: str = Field("lightbox-workers", description="consumer group (and Faust app id)")
@@ -66,7 +70,7 @@ class Settings(BaseSettings):
                                                             "before its partitions move to the others")
     worker_id: str = Field(default_factory=_default_worker_id)
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
-    log_level: str = "WARNING"
+    log_level: str = Field("WARNING", description="the workers' log level when `--loglevel` is not given")
 
     # -- perf
     segment_runtime: Literal["auto", "fp32", "int8", "openvino", "openvino-bf16", "openvino-f32", "fp16"] = Field(
@@ -122,7 +126,7 @@ class Settings(BaseSettings):
     trace_item_stages: bool = Field(True, description="traces: a span per stage under each input's span (off: per "
                                                       "batch only, about a quarter of the spans)")
 
-    # -- backfill: the backfill lane gets only spare capacity (agents/lanes.py)
+    # -- backfill: the backfill tier gets only spare capacity (agents/tiers.py)
     backfill_enabled: bool = Field(True, description="consume the backfill topic too (live first)")
     backfill_max_batch: int | None = Field(None, ge=1, description="largest backfill batch: the most a live batch "
                                                                    "can wait behind (live max_batch if unset)")
