@@ -1,8 +1,10 @@
-"""Event in, pure pipeline call, event out: the part of the agent that needs no Kafka.
+"""Event in, pipeline, event out: the part of a worker that needs no Kafka (it does fetch the
+sources and write the output store, through :mod:`blobio`).
 
-:class:`BatchProcessor` has one method per lane of the runner (the `Processor` protocol of :mod:`agents.interfaces`):
+:class:`BatchProcessor` has one method per lane of the runner (the ``Processor`` protocol of
+:mod:`agents.interfaces`):
 
-    prepare(rec)   fetch lane (CPU threads)   Avro read, presets, fetch + header guards;
+    prepare(rec)   prepare lane (CPU threads)   Avro read, presets, fetch + header guards;
                                               a Prepared job or a dead letter. Never raises.
     decode(batch)  decode lane (one thread)   the pipeline's decode stages. Never raises.
     device(state)  device lane (ONE thread)   segment, correct, render, device-side encode.
