@@ -1,4 +1,4 @@
-"""The backfill lane's consumer: its own aiokafka consumer (group ``<group_id>.backfill``), not a
+"""The backfill tier's consumer: its own aiokafka consumer (group ``<group_id>.backfill``), not a
 second Faust agent.
 
 Why not a Faust agent: in faust-streaming 0.15.3 all agents share one consumer whose conductor

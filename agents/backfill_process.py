@@ -1,4 +1,4 @@
-"""The backfill lane in a process of its own (``LIGHTBOX_BACKFILL_PROCESS``: ``auto``, the default,
+"""The backfill tier in a process of its own (``LIGHTBOX_BACKFILL_PROCESS``: ``auto``, the default,
 means on a CPU worker on Linux).
 
 Why: a CPU worker's lanes are Python threads of one process, and they share its interpreter lock.
@@ -18,9 +18,9 @@ core has no spare capacity to give anyway.
   It starts the child (:func:`spawn`), fail-stops if the child ends by itself (:func:`watch`), and
   on its own way out stops the child with SIGTERM and waits for it (:func:`stop`).
 - The child, ``python -m agents.worker backfill-worker`` (:func:`agents.worker.run_backfill`), is
-  a runner whose live lane stays empty,
+  a runner whose live tier stays empty,
   fed by the same :class:`~agents.backfill.BackfillConsumer` and group (``<group_id>.backfill``)
-  as an in-process backfill lane; no Faust. It lowers its own CPU priority before it starts
+  as an in-process backfill tier; no Faust. It lowers its own CPU priority before it starts
   any thread (every thread inherits it), and asks the kernel for SIGTERM when the parent dies
   (Linux), so it never outlives its worker. SIGTERM or SIGINT: intake stops, in-flight work
   finishes and is committed (up to ``shutdown_timeout_s``), exit 0. A fail-stop of its runner, or

@@ -3,7 +3,7 @@
 :class:`Observability` builds the parts once per process from settings and the standard
 ``OTEL_*`` variables (:mod:`agents.telemetry`, :mod:`agents.tracing`), then :meth:`attach`
 hooks them to the Faust app: readiness follows the partition assignment, consumer lag
-(log end offset minus the consumer's position; the backfill lane's consumer too) and device
+(log end offset minus the consumer's position; the backfill tier's consumer too) and device
 memory are refreshed every
 ``REFRESH_S`` seconds, and revoked partitions' open spans are ended.
 """
@@ -56,7 +56,7 @@ class Observability:
     def describe(self, *, device: str, model: str, version: str,
                  backfill: BackfillConsumer | None = None) -> None:
         """What the process runs (the processor is built, so the model is loaded). ``backfill``:
-        the backfill lane's consumer, whose lag is exported beside the live one's."""
+        the backfill tier's consumer, whose lag is exported beside the live one's."""
         self._device = device
         self._backfill = backfill
         self.metrics.set_info(version=version, model=model, device=device)

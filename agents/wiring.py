@@ -101,7 +101,7 @@ def batching_config(settings: Settings, device: str) -> BatchingConfig:
 
 
 def backfill_batching(settings: Settings, live: BatchingConfig) -> BatchingConfig:
-    """The backfill lane's batching: the live lane's, capped at ``backfill_max_batch`` (the most a
+    """The backfill tier's batching: the live tier's, capped at ``backfill_max_batch`` (the most a
     live batch can wait behind)."""
     size = min(settings.backfill_max_batch or live.max_batch, live.max_batch)
     fixed = None if live.fixed_batch is None else min(live.fixed_batch, size)

@@ -181,7 +181,7 @@ def _runner_parts(settings: Settings, device: str) -> tuple[RunnerConfig, TierBa
 
 def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
     """Live inputs queued in the worker (in the prepare lane, the batcher, or a batch not yet through
-    the device) and live records waiting in the brokers: what pauses the backfill lane."""
+    the device) and live records waiting in the brokers: what pauses the backfill tier."""
     runner, tiers = worker.runner, worker.tiers
     queued = 0 if runner is None or tiers is None else runner.preparing("live") + tiers.live_queued
     return queued, _live_lag(worker.app, settings, last_live)
@@ -352,7 +352,7 @@ def run_backfill_worker(settings: Settings, loglevel: str) -> int:
 
 
 async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Observability | None = None) -> int:
-    """The backfill lane alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
+    """The backfill tier alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
     ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
     device = settings.resolved_device()
     config, tiers = _runner_parts(settings, device)

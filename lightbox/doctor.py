@@ -136,7 +136,7 @@ def _model() -> Check:
 
 
 def _backfill() -> Check:
-    """Where a worker here runs its backfill lane (``LIGHTBOX_BACKFILL_PROCESS``, the device)."""
+    """Where a worker here runs its backfill tier (``LIGHTBOX_BACKFILL_PROCESS``, the device)."""
     from streams.settings import Settings
 
     settings = Settings()

@@ -131,7 +131,7 @@ class Settings(BaseSettings):
     backfill_max_batch: int | None = Field(None, ge=1, description="largest backfill batch: the most a live batch "
                                                                    "can wait behind (live max_batch if unset)")
     backfill_in_flight: int = Field(16, ge=1, description="backfill inputs a worker holds at once (apart from "
-                                                          "max_in_flight, which is the live lane's)")
+                                                          "max_in_flight, which is the live tier's)")
     backfill_max_live_lag: int = Field(0, ge=0, description="pause the backfill topic's partitions while more live "
                                                             "records than this wait in the brokers")
     backfill_check_ms: float = Field(50.0, gt=0, description="how often the backfill partitions' pause is decided")
@@ -140,13 +140,13 @@ class Settings(BaseSettings):
                                                           "inputs (0: as soon as no live work is about)")
     backfill_busy_in_flight: int = Field(2, ge=0, description="backfill inputs a worker holds at most while live work "
                                                               "is about (0: takes none then)")
-    backfill_threads: int = Field(1, ge=0, description="prepare and output threads of the backfill lane's own, at a "
-                                                       "lower CPU priority (0: it shares the live lane's threads)")
+    backfill_threads: int = Field(1, ge=0, description="prepare and output threads of the backfill tier's own, at a "
+                                                       "lower CPU priority (0: it shares the live tier's threads)")
     backfill_nice: int = Field(10, ge=0, le=19, description="how much lower the backfill threads' CPU priority is "
                                                             "(Linux niceness, per thread; 0: the same as live); "
                                                             "with backfill_process, the backfill process's")
     backfill_process: bool | Literal["auto"] = Field(
-        "auto", description="run the backfill lane in a child process of its own (`lightbox backfill-worker`) at the "
+        "auto", description="run the backfill tier in a child process of its own (`lightbox backfill-worker`) at the "
         "lower CPU priority, so its work never holds the interpreter lock live work needs (auto: on a CPU worker on "
         "Linux; a GPU worker keeps it in its process, where the device queue puts live first)")
     backfill_metrics_port: int | None = Field(None, ge=0, le=65535, description="with backfill_process, the backfill "
@@ -172,7 +172,7 @@ class Settings(BaseSettings):
                                                        "of its shape class into its empty seats (0: never)")
 
     def resolved_backfill_process(self, device: str) -> bool:
-        """Whether the backfill lane runs in a process of its own on ``device`` (``backfill_process``)."""
+        """Whether the backfill tier runs in a process of its own on ``device`` (``backfill_process``)."""
         if self.backfill_process == "auto":
             return device == "cpu" and sys.platform.startswith("linux")
         return bool(self.backfill_process)
