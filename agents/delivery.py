@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from agents.intake import Intake, Item, Sent, log_ids
+from agents.intake import Intake, Item, Pair, Sent, log_ids
 from agents.interfaces import Ack, OutputSink, Processor, RunnerConfig, RunnerObserver, RunnerStats
 from agents.process import InRecord, OutRecord
 from agents.supervision import Supervisor
@@ -116,6 +116,14 @@ class Delivery:
     def release_dropped(self, dropped: list[Ticket[Item]]) -> None:
         for ticket in dropped:  # done, waiting for a lower offset: their work is over
             self.release(ticket.token)
+
+    def batch_failed(self, lane: str, pairs: list[Pair], exc: Exception) -> None:
+        """A batch-level exception: every item of the batch becomes a PROCESSING_FAILED dead letter."""
+        self._stats.batch_failures += 1
+        log.error("%s lane: a batch of %d failed with %s; its items go to the dead-letter topic",
+                  lane, len(pairs), type(exc).__name__, extra=log_ids([item.record for item, _ in pairs]))
+        err = ProcessingFailed(f"{lane} lane: {type(exc).__name__}: {exc}", stage=lane)
+        self.put([(item, self.dead_letter(item, err, p.event)) for item, p in pairs])
 
     def dead_letter(self, item: Item, err: LightboxError, event: dict[str, Any] | None = None,
                     rec: InRecord | None = None) -> OutRecord:

@@ -18,13 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from agents.interfaces import RunnerConfig
+from agents.interfaces import Processor, RunnerConfig
 from agents.process import InRecord, OutRecord
 from agents.tiers import BACKFILL, LIVE
 from agents.watermark import Ticket
+from schemas.errors import FatalError
 
 __all__ = ["BACKFILL", "LANES", "LIVE", "TIERS", "Intake", "Item", "Pair", "Sent", "log_ids", "lower_thread_priority",
-           "make_intake", "record_of", "tier_of"]
+           "make_intake", "prepare_each", "record_of", "tier_of"]
 
 TIERS = (LIVE, BACKFILL)  # live first wherever both wait
 LANES = ("prepare", "decode", "device", "output")  # the runner's lanes, each with its threads
@@ -113,6 +114,20 @@ def make_intake(config: RunnerConfig) -> tuple[dict[str, Intake], dict[str, Thre
         backfill = Intake(BACKFILL, config.backfill_in_flight, asyncio.Semaphore(config.backfill_threads),
                           asyncio.Semaphore(config.backfill_threads), "backfill-prepare", "backfill-output")
     return {LIVE: live, BACKFILL: backfill}, pools
+
+
+def prepare_each(processor: Processor, records: list[InRecord]) -> list[Any]:
+    """In a prepare thread: each record's Prepared job, dead letter, or (a broken contract) the
+    exception it raised. A :class:`FatalError` stops the call (the runner fail-stops)."""
+    out: list[Any] = []
+    for rec in records:
+        try:
+            out.append(processor.prepare(rec))
+        except FatalError:
+            raise
+        except Exception as exc:
+            out.append(exc)
+    return out
 
 
 def lower_thread_priority(nice: int) -> None:

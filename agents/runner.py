@@ -42,16 +42,8 @@ Delivery (at-least-once, never a lost input)
     queues. A ticket of a dropped queue is stale: its completion releases nothing, so in-flight
     work of a revoked partition never acknowledges into a later assignment generation.
 
-Supervision (never a silent stall, :mod:`agents.supervision`)
-    An exception that is not an item's own (a lane call raising, a lane returning the wrong
-    number of outputs) becomes ``PROCESSING_FAILED`` dead letters for that batch's items, logged
-    once per batch; the lanes go on. When the runner cannot go on — a :class:`FatalError` (e.g.
-    the output store unreachable past its retry budget), a produce that fails for good or keeps
-    failing past ``delivery_timeout_s``, a lane call running longer than ``stage_timeout_s``
-    (watchdog), a lane task crashing — it fail-stops: logs one line, acknowledges nothing more,
-    sets :attr:`BatchRunner.failed` and calls ``on_fatal``, whose job is to make the worker
-    leave its group and exit non-zero. What was in flight stays uncommitted and goes to the
-    partitions' next owner (same event ids, same bytes).
+Supervision (never a silent stall): a batch-level exception becomes dead letters for that batch;
+what the runner cannot go on from fail-stops it (:mod:`agents.supervision` says which and how).
 """
 
 from __future__ import annotations
@@ -66,7 +58,20 @@ from typing import Any, TypeVar
 
 from agents.batching import Batch, MicroBatcher
 from agents.delivery import Delivery
-from agents.intake import BACKFILL, LANES, LIVE, Intake, Item, Pair, Sent, log_ids, make_intake, record_of, tier_of
+from agents.intake import (
+    BACKFILL,
+    LANES,
+    LIVE,
+    Intake,
+    Item,
+    Pair,
+    Sent,
+    log_ids,
+    make_intake,
+    prepare_each,
+    record_of,
+    tier_of,
+)
 from agents.interfaces import (
     Ack,
     Batcher,
@@ -283,17 +288,7 @@ class BatchRunner:
         self._wake.set()  # staged jobs to feed, or (window full) nothing more to wait for
 
     def _prepare_all(self, records: list[InRecord]) -> list[Any]:
-        """In a prepare thread: each record's Prepared job, dead letter, or (a broken contract) the
-        exception it raised. A :class:`FatalError` stops the call (the runner fail-stops)."""
-        out: list[Any] = []
-        for rec in records:
-            try:
-                out.append(self.processor.prepare(rec))
-            except FatalError:
-                raise
-            except Exception as exc:
-                out.append(exc)
-        return out
+        return prepare_each(self.processor, records)
 
     def _stage_into_batcher(self, *, all_of_them: bool = False) -> list[Batch[Pair]]:
         """Prepared jobs enter the batcher only while a closed batch can go straight to decode:
@@ -447,9 +442,4 @@ class BatchRunner:
         self._wake.set()
 
     def _batch_failed(self, lane: str, pairs: list[Pair], exc: Exception) -> None:
-        """A batch-level exception: every item of the batch becomes a PROCESSING_FAILED dead letter."""
-        self.stats.batch_failures += 1
-        log.error("%s lane: a batch of %d failed with %s; its items go to the dead-letter topic",
-                  lane, len(pairs), type(exc).__name__, extra=log_ids([item.record for item, _ in pairs]))
-        err = ProcessingFailed(f"{lane} lane: {type(exc).__name__}: {exc}", stage=lane)
-        self._delivery.put([(item, self._delivery.dead_letter(item, err, p.event)) for item, p in pairs])
+        self._delivery.batch_failed(lane, pairs, exc)

@@ -1,11 +1,15 @@
 """Supervision of a :class:`~agents.runner.BatchRunner`: the watchdog and the fail-stop.
 
-Never a silent stall. An exception that is not an item's own becomes dead letters for its batch
-(the runner does that); what the runner cannot go on from — a :class:`~schemas.errors.FatalError`,
-a lane call running longer than ``stage_timeout_s``, a send unacknowledged past
-``delivery_timeout_s``, a loop that crashed — goes to :meth:`Supervisor.fail`: one log line, the
-runner's loops cancelled, ``on_fatal`` called once (the worker then leaves its group and exits
-70, see :mod:`agents.worker`).
+Never a silent stall. An exception that is not an item's own (a lane call raising, a lane
+returning the wrong number of outputs) becomes ``PROCESSING_FAILED`` dead letters for that
+batch's items, logged once per batch; the lanes go on (:meth:`agents.delivery.Delivery.batch_failed`).
+When the runner cannot go on — a :class:`~schemas.errors.FatalError` (e.g. the output store
+unreachable past its retry budget), a produce that fails for good or keeps failing past
+``delivery_timeout_s``, a lane call running longer than ``stage_timeout_s`` (the watchdog), a
+loop crashing — :meth:`Supervisor.fail` fail-stops it: one log line, nothing more acknowledged,
+:attr:`BatchRunner.failed` set, the loops cancelled, and ``on_fatal`` called once, whose job is to
+make the worker leave its group and exit 70 (:mod:`agents.worker`). What was in flight stays
+uncommitted and goes to the partitions' next owner (same event ids, same bytes).
 """
 
 from __future__ import annotations
