@@ -29,7 +29,16 @@ Routing (decided from :func:`~gpu_kernels.codec.sniff.sniff`, before any pixel i
   and BMP decodes were checked pixel-identical to Pillow's; LZW TIFF decodes 1.7× faster
   through DALI here, uncompressed TIFF and BMP ~1.5× slower (2 shared cores) — one path kept.
 
-DALI fails a whole run when one sample is bad (FACTS.md). A failed run is retried without the
+Fallbacks: a decoder's refusal is not final while another decoder reads the format. What DALI
+refuses (e.g. 1-bit TIFF, 16-bit 555 BMP: "nvImageCodec failure", "Invalid sample_type") goes to
+Pillow, then to OpenCV (:mod:`.opencv_decode`); a DCT-scaled decode that libjpeg-turbo refuses
+goes to Pillow, then OpenCV; the Pillow path's refusals go to OpenCV (for the formats it reads).
+The fallbacks run on the budgeted pool; when every decoder refuses, the one ``DecodeFailed``
+names each decoder's reason ("DALI: …; Pillow: …; OpenCV: …"). What is not a refusal stops the
+chain: the header guards (nothing decoded at all), the time budget, and a decoder that sees more
+pixels than the guard passed.
+
+DALI fails a whole run when one sample is bad. A failed run is retried without the
 sample DALI names ("Failed to decode sample #i"), or one image at a time when it names none, so
 batch-mates always survive. A JPEG cut short (no end-of-image marker) is refused by
 :func:`sniff` on every backend; libjpeg-turbo refuses it too. Corrupt entropy-coded data that
