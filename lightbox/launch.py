@@ -4,11 +4,12 @@ state a launcher keeps about what it started.
 
 State (``lightbox kafka up`` / ``lightbox s3 up``): one file per *instance*, keyed by ``--name``,
 else by the data folder (``dir-<hash of its absolute path>``), else ``default``, under
-``<cache>/local/<kind>-<key>.json`` (``$LIGHTBOX_STATE_DIR`` moves the folder). It records the server's pid **and that process's start
-time** (``/proc/<pid>/stat``), so ``down`` stops only the process that this state started — never
-a process that reused the pid — and two tools that use their own names or folders never see each
-other's servers. A data folder in use carries a claim file naming its instance; a second ``up``
-on that folder, or on a port that is taken, stops with a message that says who holds it."""
+``<cache>/local/<kind>-<key>.json`` (``$LIGHTBOX_STATE_DIR`` moves the folder). It records the
+server's pid **and that process's start time** (``/proc/<pid>/stat``), so ``down`` stops only
+the process that this state started — never a process that reused the pid — and two tools that
+use their own names or folders never see each other's servers. A data folder in use carries a
+claim file naming its instance; a second ``up`` on that folder, or on a port that is taken,
+stops with a message that says who holds it."""
 
 from __future__ import annotations
 
