@@ -4,11 +4,16 @@ libwebp and its own BMP/GIF readers), for a file that DALI and Pillow both refus
 :func:`decode_opencv` returns the same ``(H, W, 3|4)`` uint8 array as the other paths: first
 frame/page, EXIF orientation applied (``IMREAD_UNCHANGED`` does not), 16-bit samples reduced to
 their high byte, grey to RGB, BGR(A) to RGB(A), an all-opaque alpha dropped. The decoded size must
-not exceed the size the header guard passed (as on the Pillow path). Errors come back as
-``DecodeFailed`` whose ``reason`` is OpenCV's message without payload bytes.
+not exceed the size the header guard passed (as on the Pillow path); before that, OpenCV's own
+limit (``OPENCV_IO_MAX_IMAGE_PIXELS``, read once per process at its first decode) is set to the
+decoder's pixel limit unless the environment sets it, so a header OpenCV reads differently from
+the guard cannot make it allocate more. Errors come back as ``DecodeFailed`` whose ``reason`` is
+OpenCV's message without payload bytes.
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 
@@ -32,6 +37,7 @@ def _failed(info: ImageInfo, blob: bytes, reason: str, *, final: bool = False) -
 
 def decode_opencv(blob: bytes, info: ImageInfo, max_pixels: int) -> np.ndarray:
     """Decode ``blob`` (a format in :data:`OPENCV_FORMATS`) to ``(H, W, 3|4)`` uint8."""
+    os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(max_pixels))  # before OpenCV's first decode
     import cv2  # lazily: the package imports NumPy only
 
     from gpu_kernels.codec.dali_decode import orient
