@@ -39,6 +39,7 @@ from lightbox.launch import (
     check_data_dir,
     claim_data_dir,
     find_java,
+    folder_lock,
     free_port,
     holder_of_port,
     maven_jars,
@@ -185,31 +186,32 @@ class LocalKafka:
                 raise KafkaLaunchError(f"port {p} is taken by {holder_of_port('kafka', p)}; choose another --port")
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-kafka-"))
         ddir.mkdir(parents=True, exist_ok=True)
-        try:
-            check_data_dir(ddir, "kafka", name)
-        except InstanceBusy as exc:
-            raise KafkaLaunchError(str(exc)) from None
-        # a data dir used before keeps its address when the ports are still free
-        was_port, was_controller = _previous_ports(ddir / "server.properties")
-        port = port or (was_port if was_port and _port_free(was_port) else free_port())
-        controller_port = controller_port or (
-            was_controller if was_controller and _port_free(was_controller) else free_port())
-        props = ddir / "server.properties"
-        secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
-        props.touch(mode=0o600)
-        props.chmod(0o600)  # the secure config holds the inter-broker password
-        props.write_text(SERVER_PROPERTIES.format(
-            port=port, controller_port=controller_port, data_dir=ddir,
-            partitions=partitions, max_message_bytes=max_message_bytes) + secure_props)
-        java, cp = _java(), f"{lib}/*"
-        fmt = subprocess.run(
-            [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-             "-t", cluster_id(ddir), "-c", str(props), *secure_fmt],
-            capture_output=True, text=True, check=False)
-        if fmt.returncode != 0:
-            raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
-        return cls._launch(props, port=port, controller_port=controller_port, data_dir=ddir, owns=owns,
-                           heap=heap, timeout_s=timeout_s, secure=secure, name=name)
+        with folder_lock(ddir):  # two `up` on one folder at once: the second sees the first's claim
+            try:
+                check_data_dir(ddir, "kafka", name)
+            except InstanceBusy as exc:
+                raise KafkaLaunchError(str(exc)) from None
+            # a data dir used before keeps its address when the ports are still free
+            was_port, was_controller = _previous_ports(ddir / "server.properties")
+            port = port or (was_port if was_port and _port_free(was_port) else free_port())
+            controller_port = controller_port or (
+                was_controller if was_controller and _port_free(was_controller) else free_port())
+            props = ddir / "server.properties"
+            secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
+            props.touch(mode=0o600)
+            props.chmod(0o600)  # the secure config holds the inter-broker password
+            props.write_text(SERVER_PROPERTIES.format(
+                port=port, controller_port=controller_port, data_dir=ddir,
+                partitions=partitions, max_message_bytes=max_message_bytes) + secure_props)
+            java, cp = _java(), f"{lib}/*"
+            fmt = subprocess.run(
+                [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
+                 "-t", cluster_id(ddir), "-c", str(props), *secure_fmt],
+                capture_output=True, text=True, check=False)
+            if fmt.returncode != 0:
+                raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
+            return cls._launch(props, port=port, controller_port=controller_port, data_dir=ddir, owns=owns,
+                               heap=heap, timeout_s=timeout_s, secure=secure, name=name)
 
     @classmethod
     def _launch(cls, props: Path, *, port: int, controller_port: int, data_dir: Path, owns: bool, heap: str,

@@ -13,6 +13,8 @@ stops with a message that says who holds it."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -22,9 +24,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["InstanceBusy", "cache_root", "claim_data_dir", "find_java", "free_port", "instance_key",
+__all__ = ["InstanceBusy", "cache_root", "claim_data_dir", "find_java", "folder_lock", "free_port", "instance_key",
            "maven_jars", "pid_alive", "port_free", "process_start_time", "release_data_dir", "same_process",
            "state_path", "state_root", "states", "terminate", "wait_gone"]
 
@@ -216,3 +219,16 @@ def release_data_dir(data_dir: Path, pid: int) -> None:
             path.unlink()
     except (OSError, ValueError):
         pass
+
+
+@contextlib.contextmanager
+def folder_lock(data_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``data_dir`` (a lock file in it) while a launcher checks the
+    folder's claim, starts its server and claims the folder: two launchers on one folder at once
+    are served one after the other, and the second sees the first's claim."""
+    with (data_dir / ".lightbox-instance.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -27,6 +27,7 @@ from lightbox.launch import (
     check_data_dir,
     claim_data_dir,
     find_java,
+    folder_lock,
     free_port,
     holder_of_port,
     maven_jars,
@@ -154,31 +155,33 @@ class LocalS3:
         if port and not port_free(port):
             raise S3LaunchError(f"port {port} is taken by {holder_of_port('s3', port)}; choose another --port")
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-s3-"))
-        if data_dir is not None and ddir.is_dir():
-            try:
-                check_data_dir(ddir, "s3", name)
-            except InstanceBusy as exc:
-                raise S3LaunchError(str(exc)) from None
-        port = port or free_port()
-        s3 = cls(pid=0, port=port, data_dir=str(ddir), owns_data_dir=owns, name=name,
-                 access_key=access_key or f"lightbox-{secrets.token_hex(4)}",
-                 secret_key=secret_key or secrets.token_urlsafe(24))
-        s3.basedir.mkdir(parents=True, exist_ok=True)
-        for b in buckets:
-            s3.create_bucket(b)
-        props = ddir / "s3proxy.conf"
-        props.write_text(PROPERTIES.format(port=port, access_key=s3.access_key, secret_key=s3.secret_key,
-                                           basedir=s3.basedir))
-        props.chmod(0o600)
-        (ddir / "logback.xml").write_text(LOGBACK)  # without one, logback logs every request at DEBUG
-        with s3.log_file.open("ab") as out:
-            proc = subprocess.Popen(
-                [_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
-                 f"-Dlogback.configurationFile={ddir / 'logback.xml'}", "-cp", f"{lib}/*", "org.gaul.s3proxy.Main",
-                 "--properties", str(props)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        s3.pid, s3.started = proc.pid, process_start_time(proc.pid)
-        claim_data_dir(ddir, "s3", name, s3.pid, s3.started)
+        ddir.mkdir(parents=True, exist_ok=True)
+        with folder_lock(ddir):  # two `up` on one folder at once: the second sees the first's claim
+            if data_dir is not None:
+                try:
+                    check_data_dir(ddir, "s3", name)
+                except InstanceBusy as exc:
+                    raise S3LaunchError(str(exc)) from None
+            port = port or free_port()
+            s3 = cls(pid=0, port=port, data_dir=str(ddir), owns_data_dir=owns, name=name,
+                     access_key=access_key or f"lightbox-{secrets.token_hex(4)}",
+                     secret_key=secret_key or secrets.token_urlsafe(24))
+            s3.basedir.mkdir(parents=True, exist_ok=True)
+            for b in buckets:
+                s3.create_bucket(b)
+            props = ddir / "s3proxy.conf"
+            props.write_text(PROPERTIES.format(port=port, access_key=s3.access_key, secret_key=s3.secret_key,
+                                               basedir=s3.basedir))
+            props.chmod(0o600)
+            (ddir / "logback.xml").write_text(LOGBACK)  # without one, logback logs every request at DEBUG
+            with s3.log_file.open("ab") as out:
+                proc = subprocess.Popen(
+                    [_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+                     f"-Dlogback.configurationFile={ddir / 'logback.xml'}", "-cp", f"{lib}/*", "org.gaul.s3proxy.Main",
+                     "--properties", str(props)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            s3.pid, s3.started = proc.pid, process_start_time(proc.pid)
+            claim_data_dir(ddir, "s3", name, s3.pid, s3.started)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:

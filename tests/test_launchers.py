@@ -75,18 +75,23 @@ def test_two_launchers_at_once_keep_their_own_brokers(cli: Cli, tmp_path: Path) 
 @pytest.mark.slow
 def test_a_data_folder_in_use_is_refused_with_its_holder(cli: Cli, tmp_path: Path) -> None:
     data = tmp_path / "kafka-data"
-    up = cli("kafka", "up", "--data-dir", str(data))
-    assert up.returncode == 0, up.stderr
     key = instance_key(None, data)
-    assert key.startswith("dir-") and key in states("kafka")
-    other = cli("kafka", "up", "--data-dir", str(data), "--name", "x")
-    assert other.returncode == 1
-    assert f"in use by the local kafka instance {key!r}" in other.stderr and "another --data-dir" in other.stderr
-    again = cli("kafka", "up", "--data-dir", str(data))  # the same instance: found, not started twice
-    assert again.returncode == 0 and "already running" in again.stdout
-    down = cli("kafka", "down", "--data-dir", str(data))  # the folder names the instance
+    with ThreadPoolExecutor(2) as pool:  # two launchers on one folder at the same moment
+        first, second = pool.map(lambda args: cli("kafka", "up", "--data-dir", str(data), *args), [[], ["--name", "x"]])
+    assert sorted([first.returncode, second.returncode]) == [0, 1], first.stderr + second.stderr
+    won, lost = ("x", key) if second.returncode == 0 else (key, "x")
+    refused = first if first.returncode else second
+    assert f"in use by the local kafka instance {won!r}" in refused.stderr, refused.stderr
+    assert lost not in states("kafka") and won in states("kafka")
+    again = cli("kafka", "up", "--data-dir", str(data), *(["--name", "x"] if won == "x" else []))
+    assert again.returncode == 0 and "already running" in again.stdout  # the same instance: found
+    down = cli("kafka", "down", *(["--name", "x"] if won == "x" else ["--data-dir", str(data)]))
     assert down.returncode == 0 and "stopped Kafka" in down.stdout
     assert not (data / ".lightbox-instance.json").exists()
+    # the folder is free again: the other instance may use it now
+    other = cli("kafka", "up", "--data-dir", str(data), *(["--name", "x"] if won != "x" else []))
+    assert other.returncode == 0, other.stderr
+    assert cli("kafka", "down", *(["--name", "x"] if won != "x" else ["--data-dir", str(data)])).returncode == 0
 
 
 @pytest.mark.parametrize("kind", ["kafka", "s3"])
