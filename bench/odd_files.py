@@ -9,10 +9,11 @@ each disposal method, first frame smaller than the canvas, interlaced), PNG mode
 palettes, tRNS, LA, 16-bit, Adam7) and mutations of real photos (bit flips inside a JPEG's
 entropy data, trailing garbage, a PNG with a bad CRC, a TIFF strip cut short...).
 
-    python bench/odd_files.py --out /tmp/odd [--json result.json]
+    python bench/odd_files.py --out /tmp/odd [--json result.json] [--worker]
 
 "Processed" = every stage of the default stage list ran and a variant came out (CPU backends,
-one small preset, batches of 8 as a worker forms them). "Pillow opens" = ``Image.open`` +
+one small preset, batches of 8 as a worker forms them; with ``--worker``, also through a real
+``lightbox worker`` on a local Kafka, every file published as an event). "Pillow opens" = ``Image.open`` +
 ``load()`` of the first frame raised nothing. Run it against another checkout with
 ``PYTHONPATH=<checkout>`` to compare (the before/after in the report).
 """
@@ -279,14 +280,74 @@ def lightbox_processes(paths: list[Path], batch: int = 8) -> dict[str, str]:
     return out
 
 
+def worker_processes(paths: list[Path], out: Path) -> dict[str, str]:
+    """{file: "ok" or the dead letter's code and message} from a real CPU worker on a local broker."""
+    import asyncio
+    import uuid
+
+    from lightbox.demo import WorkerProcess, collect_outputs
+    from lightbox.kafka_local import LocalKafka
+    from streams.app import ensure_topics
+    from streams.producer import ImageProducer
+    from streams.settings import Settings
+
+    out.mkdir(parents=True, exist_ok=True)
+    presets = out / "presets.toml"
+    presets.write_text('[odd]\nwidth = 128\nheight = 128\nformat = "jpeg"\nquality = 85\nfill = 0.8\n')
+    kafka = LocalKafka.start()
+    tag = uuid.uuid4().hex[:6]
+    s = Settings(kafka_bootstrap=kafka.bootstrap, group_id=f"odd-{tag}", input_topic=f"odd-{tag}.images",
+                 backfill_topic=f"odd-{tag}.backfill", output_topic=f"odd-{tag}.processed",
+                 dlq_topic=f"odd-{tag}.dlq", data_dir=out / f"worker-{tag}")
+    names: dict[object, str] = {}
+
+    async def publish() -> None:
+        await ensure_topics(s)
+        async with ImageProducer(s.kafka_bootstrap, s.input_topic) as prod:
+            futs = []
+            for p in paths:
+                ev = prod.event_for_file(p, presets=["odd"])
+                futs.append((p.name, ev["event_id"], await prod.publish(ev)))
+            for name, eid, fut in futs:
+                meta = await fut
+                names[eid] = names[(meta.partition, meta.offset)] = name
+
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
+           "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
+           "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
+           "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+           "LIGHTBOX_PRESETS_FILE": str(presets), "LIGHTBOX_METRICS_PORT": "0"}
+    worker = None
+    try:
+        asyncio.run(publish())
+        worker = WorkerProcess(env, out / "worker.log").start()
+        processed, dead = asyncio.run(collect_outputs(kafka.bootstrap, [s.output_topic, s.dlq_topic], len(paths),
+                                                      600, worker.running))
+    finally:
+        if worker is not None:
+            worker.stop()
+        kafka.stop()
+    verdict = {names[p["source_event_id"]]: "ok" for p in processed}
+    for d in dead:
+        verdict[names[(d["original"]["partition"], d["original"]["offset"])]] = f"[{d['error_code']}] {d['message']}"
+    return {p.name: verdict.get(p.name, "no output") for p in paths}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True, help="folder for the corpus")
     ap.add_argument("--json", type=Path, help="write the per-file verdicts here")
+    ap.add_argument("--worker", action="store_true", help="also through a real worker on a local Kafka")
     args = ap.parse_args()
-    paths = make_corpus(args.out)
+    paths = make_corpus(args.out / "corpus")
     lb = lightbox_processes(paths)
     pil = {p.name: pillow_opens(p.read_bytes()) for p in paths}
+    wk = worker_processes(paths, args.out / "worker") if args.worker else {}
+    if wk:
+        print(f"worker: {sum(v == 'ok' for v in wk.values())} of {len(paths)} processed")
+        for name in sorted(wk):
+            if wk[name] != "ok":
+                print(f"  {name:40s} worker={wk[name][:150]}")
     both = sum(pil[n] and lb[n] == "ok" for n in lb)
     print(f"{len(paths)} files; Pillow alone opens {sum(pil.values())}; lightbox processes "
           f"{sum(v == 'ok' for v in lb.values())} (both: {both})")
@@ -296,7 +357,8 @@ def main() -> int:
     if args.json:
         args.json.write_text(json.dumps({"files": len(paths), "pillow_opens": sum(pil.values()),
                                          "lightbox_processed": sum(v == "ok" for v in lb.values()),
-                                         "pillow": pil, "lightbox": lb}, indent=1))
+                                         "worker_processed": sum(v == "ok" for v in wk.values()) if wk else None,
+                                         "pillow": pil, "lightbox": lb, "worker": wk}, indent=1))
     return 0
 
 
