@@ -78,60 +78,96 @@ def _bootstrap(explicit: str | None) -> str:
 
 
 # ---------------------------------------------------------------------------------- kafka
+InstanceName = Annotated[str | None, typer.Option("--name", help="this local instance's name: its own state, "
+                                                  "so tools that use their own names never stop each other's "
+                                                  "servers (default: keyed by --data-dir, else 'default')")]
+
+
+def _instance(name: str | None, data_dir: Path | None) -> str:
+    from lightbox.launch import instance_key
+
+    try:
+        return instance_key(name, data_dir)
+    except ValueError as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+
+
+def _others(kind: str, key: str) -> str:
+    from lightbox.launch import states
+
+    names = [k for k in states(kind) if k != key]
+    return f" (recorded instances: {', '.join(names)}; pass --name)" if names else ""
+
+
 @kafka_app.command("up")
 def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default: a free one)")] = None,
              data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, "
                                                                     "removed by `down`)")] = None,
              secure: Annotated[bool, typer.Option(help="SASL_SSL with SCRAM-SHA-512: a CA and broker certificate "
                                                        "made at start, a user `lightbox` with a password in a "
-                                                       "file")] = False) -> None:
+                                                       "file")] = False,
+             name: InstanceName = None) -> None:
     """Fetch Kafka's jars with Maven (once), format a KRaft log dir and start a broker+controller
     on 127.0.0.1 in the background. Prints the settings a client needs."""
     from lightbox.kafka_local import KafkaLaunchError, LocalKafka, read_state
 
-    state = read_state()
+    key = _instance(name, data_dir)
+    state = read_state(key)
     if state is not None and state.alive():
-        console.print(f"already running: [bold]{state.bootstrap}[/] (pid {state.pid})")
+        console.print(f"already running: [bold]{state.bootstrap}[/] (pid {state.pid}, instance {key!r})")
         return
     t0 = time.monotonic()
     try:
         with console.status("starting Kafka (first run fetches its jars with Maven)…"):
-            kafka = LocalKafka.start(port=port, data_dir=data_dir, secure=secure)
+            kafka = LocalKafka.start(port=port, data_dir=data_dir, secure=secure, name=key)
     except KafkaLaunchError as exc:
         err.print(f"[red]kafka up failed:[/] {exc}")
         raise typer.Exit(1) from None
     kafka.save_state()
     console.print(f"Kafka up at [bold]{kafka.bootstrap}[/] in {time.monotonic() - t0:.1f} s "
-                  f"(pid {kafka.pid}, log {kafka.log_file})")
+                  f"(pid {kafka.pid}, instance {key!r}, log {kafka.log_file})")
     console.print("lightbox commands here find it on their own; for other shells and clients:")
     for key, value in kafka.client_env().items():  # a secure broker: also protocol, user, CA and password files
         console.print(f"export {key}={value}", soft_wrap=True)
 
 
+DataDirOption = Annotated[Path | None, typer.Option(help="the data folder the instance was started on "
+                                                        "(names the instance when --name was not given)")]
+
+
 @kafka_app.command("down")
-def kafka_down() -> None:
-    """Stop the broker `lightbox kafka up` started (clean shutdown) and remove its temporary data."""
+def kafka_down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
+    """Stop the broker that this instance's `lightbox kafka up` started (clean shutdown) and remove
+    its temporary data. Only that very process is stopped (pid and start time checked)."""
     from lightbox.kafka_local import clear_state, read_state
 
-    state = read_state()
+    key = _instance(name, data_dir)
+    state = read_state(key)
     if state is None:
-        console.print("no local broker recorded")
+        console.print(f"no local broker recorded for instance {key!r}{_others('kafka', key)}")
         return
-    state.stop()
-    clear_state()
-    console.print(f"stopped Kafka (pid {state.pid})")
+    stopped = state.stop()
+    clear_state(key)
+    if stopped:
+        console.print(f"stopped Kafka (pid {state.pid}, instance {key!r})")
+    else:
+        console.print(f"the broker of instance {key!r} (pid {state.pid}) was no longer running; nothing "
+                      "signalled, its state cleared")
 
 
 @kafka_app.command("status")
-def kafka_status() -> None:
+def kafka_status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
     """Say whether the local broker is running, and where. Exit code 1 when it is not."""
     from lightbox.kafka_local import read_state
 
-    state = read_state()
+    key = _instance(name, data_dir)
+    state = read_state(key)
     if state is not None and state.alive():
-        console.print(f"running at [bold]{state.bootstrap}[/] (pid {state.pid}, data {state.data_dir})")
+        console.print(f"running at [bold]{state.bootstrap}[/] (pid {state.pid}, instance {key!r}, "
+                      f"data {state.data_dir})")
         return
-    console.print("not running")
+    console.print(f"not running (instance {key!r}){_others('kafka', key)}")
     raise typer.Exit(1)
 
 
@@ -140,19 +176,21 @@ def kafka_status() -> None:
 def s3_up(port: Annotated[int | None, typer.Option(help="port (default: a free one)")] = None,
           data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, removed "
                                                               "by `down`)")] = None,
-          bucket: Annotated[list[str] | None, typer.Option(help="bucket to create (repeat for more)")] = None) -> None:
+          bucket: Annotated[list[str] | None, typer.Option(help="bucket to create (repeat for more)")] = None,
+          name: InstanceName = None) -> None:
     """Fetch s3proxy's jars with Maven (once) and start it on 127.0.0.1 in the background with fresh
     credentials. Prints the variables a client needs (endpoint, AWS keys)."""
     from lightbox.s3_local import LocalS3, S3LaunchError, read_state
 
-    state = read_state()
+    key = _instance(name, data_dir)
+    state = read_state(key)
     if state is not None and state.alive():
-        console.print(f"already running: [bold]{state.endpoint}[/] (pid {state.pid})")
+        console.print(f"already running: [bold]{state.endpoint}[/] (pid {state.pid}, instance {key!r})")
         return
     t0 = time.monotonic()
     try:
         with console.status("starting s3proxy (first run fetches its jars with Maven)…"):
-            s3 = LocalS3.start(port=port, data_dir=data_dir, buckets=tuple(bucket or ["lightbox"]))
+            s3 = LocalS3.start(port=port, data_dir=data_dir, buckets=tuple(bucket or ["lightbox"]), name=key)
     except S3LaunchError as exc:
         err.print(f"[red]s3 up failed:[/] {exc}")
         raise typer.Exit(1) from None
@@ -164,30 +202,37 @@ def s3_up(port: Annotated[int | None, typer.Option(help="port (default: a free o
 
 
 @s3_app.command("down")
-def s3_down() -> None:
-    """Stop the server `lightbox s3 up` started and remove its temporary data."""
+def s3_down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
+    """Stop the server that this instance's `lightbox s3 up` started and remove its temporary data.
+    Only that very process is stopped (pid and start time checked)."""
     from lightbox.s3_local import clear_state, read_state
 
-    state = read_state()
+    key = _instance(name, data_dir)
+    state = read_state(key)
     if state is None:
-        console.print("no local S3 recorded")
+        console.print(f"no local S3 recorded for instance {key!r}{_others('s3', key)}")
         return
-    state.stop()
-    clear_state()
-    console.print(f"stopped s3proxy (pid {state.pid})")
+    stopped = state.stop()
+    clear_state(key)
+    if stopped:
+        console.print(f"stopped s3proxy (pid {state.pid}, instance {key!r})")
+    else:
+        console.print(f"the server of instance {key!r} (pid {state.pid}) was no longer running; nothing "
+                      "signalled, its state cleared")
 
 
 @s3_app.command("status")
-def s3_status() -> None:
+def s3_status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
     """Say whether the local S3 is running, and where. Exit code 1 when it is not."""
     from lightbox.s3_local import read_state
 
-    state = read_state()
+    key = _instance(name, data_dir)
+    state = read_state(key)
     if state is not None and state.alive():
-        console.print(f"running at [bold]{state.endpoint}[/] (pid {state.pid}, buckets {', '.join(state.buckets)}, "
-                      f"data {state.data_dir})")
+        console.print(f"running at [bold]{state.endpoint}[/] (pid {state.pid}, instance {key!r}, buckets "
+                      f"{', '.join(state.buckets)}, data {state.data_dir})")
         return
-    console.print("not running")
+    console.print(f"not running (instance {key!r}){_others('s3', key)}")
     raise typer.Exit(1)
 
 

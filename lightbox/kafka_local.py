@@ -9,6 +9,10 @@ its listening socket.
 The cluster id lives with the data dir (``<data_dir>/cluster.id``), so a broker stopped or killed
 (``kill``) starts again on the same folder (``restart`` or ``lightbox kafka up --data-dir D``) with
 its topics, offsets and committed group offsets intact.
+
+``lightbox kafka up`` keeps what it started in a state file per instance (``--name``, else the
+data folder, else ``default``; :mod:`lightbox.launch`): ``down`` stops only the process that state
+started (pid and start time), and an ``up`` on a folder or port another instance holds says so.
 """
 
 from __future__ import annotations
@@ -29,7 +33,24 @@ from importlib import resources
 from pathlib import Path
 
 from lightbox.kafka_secure import client_env, secure_setup
-from lightbox.launch import cache_root, find_java, free_port, maven_jars, pid_alive, terminate, wait_gone
+from lightbox.launch import (
+    InstanceBusy,
+    cache_root,
+    check_data_dir,
+    claim_data_dir,
+    find_java,
+    folder_lock,
+    free_port,
+    holder_of_port,
+    maven_jars,
+    port_free,
+    process_start_time,
+    release_data_dir,
+    same_process,
+    state_path,
+    terminate,
+    wait_gone,
+)
 
 __all__ = [
     "KAFKA_VERSION",
@@ -130,6 +151,8 @@ class LocalKafka:
     data_dir: str
     owns_data_dir: bool = True
     secure: bool = False  # a SASL_SSL listener (lightbox.kafka_secure); clients need client_env()
+    started: int | None = None  # the broker process's start time (lightbox.launch.process_start_time)
+    name: str = "default"  # the instance key its state is kept under (lightbox.launch.instance_key)
 
     @property
     def bootstrap(self) -> str:
@@ -151,38 +174,48 @@ class LocalKafka:
         timeout_s: float = 90.0,
         secure: bool = False,
         controller_port: int | None = None,
+        name: str = "default",
     ) -> LocalKafka:
         """Format storage (keeping the data dir's cluster id) and start the broker; return once it
-        accepts connections."""
+        accepts connections. A ``port`` that is taken, or a ``data_dir`` a running broker of another
+        instance holds, raises :class:`KafkaLaunchError` naming the holder."""
         lib = ensure_jars()
         owns = data_dir is None
+        for p in (port, controller_port):
+            if p and not port_free(p):
+                raise KafkaLaunchError(f"port {p} is taken by {holder_of_port('kafka', p)}; choose another --port")
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-kafka-"))
         ddir.mkdir(parents=True, exist_ok=True)
-        # a data dir used before keeps its address when the ports are still free
-        was_port, was_controller = _previous_ports(ddir / "server.properties")
-        port = port or (was_port if was_port and _port_free(was_port) else free_port())
-        controller_port = controller_port or (
-            was_controller if was_controller and _port_free(was_controller) else free_port())
-        props = ddir / "server.properties"
-        secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
-        props.touch(mode=0o600)
-        props.chmod(0o600)  # the secure config holds the inter-broker password
-        props.write_text(SERVER_PROPERTIES.format(
-            port=port, controller_port=controller_port, data_dir=ddir,
-            partitions=partitions, max_message_bytes=max_message_bytes) + secure_props)
-        java, cp = _java(), f"{lib}/*"
-        fmt = subprocess.run(
-            [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
-             "-t", cluster_id(ddir), "-c", str(props), *secure_fmt],
-            capture_output=True, text=True, check=False)
-        if fmt.returncode != 0:
-            raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
-        return cls._launch(props, port=port, controller_port=controller_port, data_dir=ddir, owns=owns,
-                           heap=heap, timeout_s=timeout_s, secure=secure)
+        with folder_lock(ddir):  # two `up` on one folder at once: the second sees the first's claim
+            try:
+                check_data_dir(ddir, "kafka", name)
+            except InstanceBusy as exc:
+                raise KafkaLaunchError(str(exc)) from None
+            # a data dir used before keeps its address when the ports are still free
+            was_port, was_controller = _previous_ports(ddir / "server.properties")
+            port = port or (was_port if was_port and _port_free(was_port) else free_port())
+            controller_port = controller_port or (
+                was_controller if was_controller and _port_free(was_controller) else free_port())
+            props = ddir / "server.properties"
+            secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
+            props.touch(mode=0o600)
+            props.chmod(0o600)  # the secure config holds the inter-broker password
+            props.write_text(SERVER_PROPERTIES.format(
+                port=port, controller_port=controller_port, data_dir=ddir,
+                partitions=partitions, max_message_bytes=max_message_bytes) + secure_props)
+            java, cp = _java(), f"{lib}/*"
+            fmt = subprocess.run(
+                [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
+                 "-t", cluster_id(ddir), "-c", str(props), *secure_fmt],
+                capture_output=True, text=True, check=False)
+            if fmt.returncode != 0:
+                raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
+            return cls._launch(props, port=port, controller_port=controller_port, data_dir=ddir, owns=owns,
+                               heap=heap, timeout_s=timeout_s, secure=secure, name=name)
 
     @classmethod
     def _launch(cls, props: Path, *, port: int, controller_port: int, data_dir: Path, owns: bool, heap: str,
-                timeout_s: float, secure: bool) -> LocalKafka:
+                timeout_s: float, secure: bool, name: str = "default") -> LocalKafka:
         """Run the broker on an already formatted data dir; return once it accepts connections."""
         ddir, cp = data_dir, f"{ensure_jars()}/*"
         java = _java()
@@ -196,7 +229,9 @@ class LocalKafka:
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         kafka = cls(pid=proc.pid, port=port, controller_port=controller_port,
-                    data_dir=str(ddir), owns_data_dir=owns, secure=secure)
+                    data_dir=str(ddir), owns_data_dir=owns, secure=secure,
+                    started=process_start_time(proc.pid), name=name)
+        claim_data_dir(ddir, "kafka", name, proc.pid, kafka.started)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -210,6 +245,8 @@ class LocalKafka:
 
     def kill(self) -> None:
         """SIGKILL the broker, as a crash would; the data dir is kept for :meth:`restart`."""
+        if not same_process(self.pid, self.started):
+            return  # gone already (its pid may belong to another process by now)
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         wait_gone(self.pid, 10.0)
@@ -218,15 +255,15 @@ class LocalKafka:
         """Start this broker again on its data dir, ports and properties (after :meth:`kill`,
         or a stop of a broker whose data dir was kept); stops it first if it still runs.
         Updates this object in place (new pid) and returns it."""
-        if pid_alive(self.pid):
+        if same_process(self.pid, self.started):
             terminate(self.pid, 30.0)
         props = Path(self.data_dir) / "server.properties"
         if not props.exists():
             raise KafkaLaunchError(f"nothing to restart: {props} is missing")
         new = self._launch(props, port=self.port, controller_port=self.controller_port,
                            data_dir=Path(self.data_dir), owns=self.owns_data_dir, heap=heap, timeout_s=timeout_s,
-                           secure=self.secure)
-        self.pid = new.pid
+                           secure=self.secure, name=self.name)
+        self.pid, self.started = new.pid, new.started
         return self
 
     def client_env(self) -> dict[str, str]:
@@ -242,22 +279,24 @@ class LocalKafka:
             return "(no log)"
 
     def alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except OSError:
-            return False
-        return _port_open(self.port)
+        """The very process this object started runs and its port answers."""
+        return same_process(self.pid, self.started) and _port_open(self.port)
 
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL after ``timeout_s``."""
-        terminate(self.pid, timeout_s)
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL after ``timeout_s``; only when
+        the pid is still the process this object started. Returns whether it stopped one."""
+        ours = same_process(self.pid, self.started)
+        if ours:
+            terminate(self.pid, timeout_s)
+            release_data_dir(Path(self.data_dir), self.pid)
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+        return ours
 
-    # The CLI keeps the broker it started in a small state file, so `down` and `status`
-    # from another shell find it.
+    # The CLI keeps the broker it started in a small state file per instance, so `down` and
+    # `status` from another shell find it.
     def save_state(self) -> Path:
-        path = _state_file()
+        path = _state_file(self.name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(self)))
         return path
@@ -286,17 +325,17 @@ def cluster_id(data_dir: Path) -> str:
     return cid
 
 
-def _state_file() -> Path:
-    explicit = os.environ.get("LIGHTBOX_STATE_FILE")
-    return Path(explicit) if explicit else cache_dir().parent / "kafka-local.json"
+def _state_file(key: str = "default") -> Path:
+    return state_path("kafka", key, "LIGHTBOX_STATE_FILE")
 
 
-def read_state() -> LocalKafka | None:
+def read_state(key: str = "default") -> LocalKafka | None:
+    """The broker instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
     try:
-        return LocalKafka(**json.loads(_state_file().read_text()))
+        return LocalKafka(**json.loads(_state_file(key).read_text()))
     except (OSError, ValueError, TypeError):
         return None
 
 
-def clear_state() -> None:
-    _state_file().unlink(missing_ok=True)
+def clear_state(key: str = "default") -> None:
+    _state_file(key).unlink(missing_ok=True)

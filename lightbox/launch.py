@@ -1,17 +1,42 @@
 """What the local launchers (Kafka, s3proxy, Prometheus) share: the cache folder, jars fetched
-once with Maven from a packaged POM, the JDK, a free port, whether a pid still runs."""
+once with Maven from a packaged POM, the JDK, a free port, whether a pid still runs, and the
+state a launcher keeps about what it started.
+
+State (``lightbox kafka up`` / ``lightbox s3 up``): one file per *instance*, keyed by ``--name``,
+else by the data folder (``dir-<hash of its absolute path>``), else ``default``, under
+``<cache>/local/<kind>-<key>.json`` (``$LIGHTBOX_STATE_DIR`` moves the folder). It records the
+server's pid **and that process's start time** (``/proc/<pid>/stat``), so ``down`` stops only
+the process that this state started — never a process that reused the pid — and two tools that
+use their own names or folders never see each other's servers. A data folder in use carries a
+claim file naming its instance; a second ``up`` on that folder, or on a port that is taken,
+stops with a message that says who holds it."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["cache_root", "find_java", "free_port", "maven_jars", "pid_alive", "terminate", "wait_gone"]
+__all__ = ["InstanceBusy", "cache_root", "claim_data_dir", "find_java", "folder_lock", "free_port", "instance_key",
+           "maven_jars", "pid_alive", "port_free", "process_start_time", "release_data_dir", "same_process",
+           "state_path", "state_root", "states", "terminate", "wait_gone"]
+
+CLAIM_FILE = ".lightbox-instance.json"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class InstanceBusy(Exception):
+    """A port or a data folder is held by another instance (or another program)."""
 
 
 def cache_root() -> Path:
@@ -90,3 +115,120 @@ def terminate(pid: int, timeout_s: float) -> None:
             return
         if wait_gone(pid, wait):
             return
+
+
+# -- instance state ------------------------------------------------------------------------------
+def process_start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat`` field 22), or None when
+    it does not run. With the pid, it names one process: a pid reused later has another time."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def same_process(pid: int, started: int | None) -> bool:
+    """Whether ``pid`` still runs and is the process that started at ``started`` (``None``: a
+    state written before start times were kept — the pid alone decides)."""
+    if pid <= 0 or not pid_alive(pid):
+        return False
+    return started is None or process_start_time(pid) == started
+
+
+def instance_key(name: str | None, data_dir: str | Path | None) -> str:
+    """``name`` (letters, digits, ``_.-``; at most 64), else ``dir-<12 hex>`` of the data folder's
+    absolute path, else ``default``."""
+    if name:
+        if not _NAME.fullmatch(name):
+            raise ValueError(f"bad instance name {name!r}: 1-64 letters, digits, '_', '.', '-' (not first)")
+        return name
+    if data_dir is not None:
+        return "dir-" + hashlib.sha256(str(Path(data_dir).resolve()).encode()).hexdigest()[:12]
+    return "default"
+
+
+def state_path(kind: str, key: str, env_var: str | None = None) -> Path:
+    """The state file of instance ``key`` of ``kind`` ("kafka", "s3"); ``$env_var`` (a file path)
+    overrides it, as before instances had names."""
+    explicit = os.environ.get(env_var) if env_var else None
+    return Path(explicit) if explicit else state_root() / f"{kind}-{key}.json"
+
+
+def state_root() -> Path:
+    """``$LIGHTBOX_STATE_DIR``, else ``<cache>/local``: where the instances' state files live."""
+    return Path(os.environ.get("LIGHTBOX_STATE_DIR") or cache_root() / "local")
+
+
+def states(kind: str) -> dict[str, dict[str, object]]:
+    """Every recorded instance of ``kind``: {key: its state's fields}."""
+    out: dict[str, dict[str, object]] = {}
+    for path in sorted(state_root().glob(f"{kind}-*.json")):
+        try:
+            out[path.stem[len(kind) + 1:]] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def holder_of_port(kind: str, port: int) -> str:
+    """Who holds ``port``: a recorded instance whose process still runs, else "another program"."""
+    for key, st in states(kind).items():
+        pid, started = st.get("pid"), st.get("started")
+        if port in (st.get("port"), st.get("controller_port")) and isinstance(pid, int) \
+                and same_process(pid, started if isinstance(started, int) else None):
+            return f"the local {kind} instance {key!r} (pid {pid})"
+    return "another program"
+
+
+def claim_data_dir(data_dir: Path, kind: str, key: str, pid: int, started: int | None) -> None:
+    """Mark ``data_dir`` as used by instance ``key``'s process (see :func:`check_data_dir`)."""
+    (data_dir / CLAIM_FILE).write_text(json.dumps({"kind": kind, "key": key, "pid": pid, "started": started}))
+
+
+def check_data_dir(data_dir: Path, kind: str, key: str) -> None:
+    """Raise :class:`InstanceBusy` when a live process of another instance claims ``data_dir``."""
+    try:
+        claim = json.loads((data_dir / CLAIM_FILE).read_text())
+    except (OSError, ValueError):
+        return
+    pid, started = claim.get("pid"), claim.get("started")
+    if not isinstance(pid, int) or not same_process(pid, started if isinstance(started, int) else None):
+        return  # a stale claim: its process is gone
+    who = claim.get("key", "?")
+    raise InstanceBusy(
+        f"the data folder {data_dir} is in use by the local {claim.get('kind', kind)} instance {who!r} "
+        f"(pid {pid}); stop it with `lightbox {claim.get('kind', kind)} down --name {who}`"
+        + ("" if who == key else " or choose another --data-dir"))
+
+
+def release_data_dir(data_dir: Path, pid: int) -> None:
+    """Remove ``data_dir``'s claim if it is ``pid``'s."""
+    path = data_dir / CLAIM_FILE
+    try:
+        if json.loads(path.read_text()).get("pid") == pid:
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+@contextlib.contextmanager
+def folder_lock(data_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``data_dir`` (a lock file in it) while a launcher checks the
+    folder's claim, starts its server and claims the folder: two launchers on one folder at once
+    are served one after the other, and the second sees the first's claim."""
+    with (data_dir / ".lightbox-instance.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

@@ -10,7 +10,6 @@ Used by ``lightbox s3 up|down|status`` and by the pytest session fixture.
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shutil
@@ -22,7 +21,23 @@ from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from lightbox.launch import cache_root, find_java, free_port, maven_jars, pid_alive, terminate
+from lightbox.launch import (
+    InstanceBusy,
+    cache_root,
+    check_data_dir,
+    claim_data_dir,
+    find_java,
+    folder_lock,
+    free_port,
+    holder_of_port,
+    maven_jars,
+    port_free,
+    process_start_time,
+    release_data_dir,
+    same_process,
+    state_path,
+    terminate,
+)
 
 __all__ = [
     "S3PROXY_VERSION",
@@ -98,6 +113,8 @@ class LocalS3:
     secret_key: str
     owns_data_dir: bool = True
     buckets: list[str] = field(default_factory=list)
+    started: int | None = None  # the server process's start time (lightbox.launch.process_start_time)
+    name: str = "default"  # the instance key its state is kept under (lightbox.launch.instance_key)
 
     @property
     def endpoint(self) -> str:
@@ -128,30 +145,43 @@ class LocalS3:
     @classmethod
     def start(cls, *, data_dir: str | Path | None = None, port: int | None = None,
               buckets: tuple[str, ...] = ("lightbox",), access_key: str | None = None,
-              secret_key: str | None = None, heap: str = "256m", timeout_s: float = 60.0) -> LocalS3:
-        """Write the properties, start the server and return once it answers HTTP."""
+              secret_key: str | None = None, heap: str = "256m", timeout_s: float = 60.0,
+              name: str = "default") -> LocalS3:
+        """Write the properties, start the server and return once it answers HTTP. A ``port`` that
+        is taken, or a ``data_dir`` a running server of another instance holds, raises
+        :class:`S3LaunchError` naming the holder."""
         lib = ensure_jars()
         owns = data_dir is None
+        if port and not port_free(port):
+            raise S3LaunchError(f"port {port} is taken by {holder_of_port('s3', port)}; choose another --port")
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-s3-"))
-        port = port or free_port()
-        s3 = cls(pid=0, port=port, data_dir=str(ddir), owns_data_dir=owns,
-                 access_key=access_key or f"lightbox-{secrets.token_hex(4)}",
-                 secret_key=secret_key or secrets.token_urlsafe(24))
-        s3.basedir.mkdir(parents=True, exist_ok=True)
-        for b in buckets:
-            s3.create_bucket(b)
-        props = ddir / "s3proxy.conf"
-        props.write_text(PROPERTIES.format(port=port, access_key=s3.access_key, secret_key=s3.secret_key,
-                                           basedir=s3.basedir))
-        props.chmod(0o600)
-        (ddir / "logback.xml").write_text(LOGBACK)  # without one, logback logs every request at DEBUG
-        with s3.log_file.open("ab") as out:
-            proc = subprocess.Popen(
-                [_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
-                 f"-Dlogback.configurationFile={ddir / 'logback.xml'}", "-cp", f"{lib}/*", "org.gaul.s3proxy.Main",
-                 "--properties", str(props)],
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        s3.pid = proc.pid
+        ddir.mkdir(parents=True, exist_ok=True)
+        with folder_lock(ddir):  # two `up` on one folder at once: the second sees the first's claim
+            if data_dir is not None:
+                try:
+                    check_data_dir(ddir, "s3", name)
+                except InstanceBusy as exc:
+                    raise S3LaunchError(str(exc)) from None
+            port = port or free_port()
+            s3 = cls(pid=0, port=port, data_dir=str(ddir), owns_data_dir=owns, name=name,
+                     access_key=access_key or f"lightbox-{secrets.token_hex(4)}",
+                     secret_key=secret_key or secrets.token_urlsafe(24))
+            s3.basedir.mkdir(parents=True, exist_ok=True)
+            for b in buckets:
+                s3.create_bucket(b)
+            props = ddir / "s3proxy.conf"
+            props.write_text(PROPERTIES.format(port=port, access_key=s3.access_key, secret_key=s3.secret_key,
+                                               basedir=s3.basedir))
+            props.chmod(0o600)
+            (ddir / "logback.xml").write_text(LOGBACK)  # without one, logback logs every request at DEBUG
+            with s3.log_file.open("ab") as out:
+                proc = subprocess.Popen(
+                    [_java(), f"-Xmx{heap}", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
+                     f"-Dlogback.configurationFile={ddir / 'logback.xml'}", "-cp", f"{lib}/*", "org.gaul.s3proxy.Main",
+                     "--properties", str(props)],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            s3.pid, s3.started = proc.pid, process_start_time(proc.pid)
+            claim_data_dir(ddir, "s3", name, s3.pid, s3.started)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
@@ -169,34 +199,40 @@ class LocalS3:
             return "(no log)"
 
     def alive(self) -> bool:
-        return pid_alive(self.pid) and _answers_http(self.port)
+        """The very process this object started runs and answers HTTP."""
+        return same_process(self.pid, self.started) and _answers_http(self.port)
 
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; removes a temporary data folder."""
-        terminate(self.pid, timeout_s)
+    def stop(self, timeout_s: float = 15.0) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout_s``, only when the pid is still the process this
+        object started; removes a temporary data folder. Returns whether it stopped one."""
+        ours = same_process(self.pid, self.started)
+        if ours:
+            terminate(self.pid, timeout_s)
+            release_data_dir(Path(self.data_dir), self.pid)
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+        return ours
 
     def save_state(self) -> Path:
         """The CLI keeps the server it started in a state file (mode 600: it holds the secret)."""
-        path = _state_file()
+        path = _state_file(self.name)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)
         path.write_text(json.dumps(asdict(self)))
         return path
 
 
-def _state_file() -> Path:
-    explicit = os.environ.get("LIGHTBOX_S3_STATE_FILE")
-    return Path(explicit) if explicit else cache_dir().parent / "s3-local.json"
+def _state_file(key: str = "default") -> Path:
+    return state_path("s3", key, "LIGHTBOX_S3_STATE_FILE")
 
 
-def read_state() -> LocalS3 | None:
+def read_state(key: str = "default") -> LocalS3 | None:
+    """The server instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
     try:
-        return LocalS3(**json.loads(_state_file().read_text()))
+        return LocalS3(**json.loads(_state_file(key).read_text()))
     except (OSError, ValueError, TypeError):
         return None
 
 
-def clear_state() -> None:
-    _state_file().unlink(missing_ok=True)
+def clear_state(key: str = "default") -> None:
+    _state_file(key).unlink(missing_ok=True)

@@ -6,6 +6,8 @@
   with a per-item time budget for what runs on the CPU pool.
 - :mod:`.pillow_decode` — the Pillow (+ pillow-heif) path: TIFF, BMP, GIF, HEIF, AVIF, alpha,
   animated (first frame), 16-bit, ICC profiles converted to sRGB.
+- :mod:`.opencv_decode` — OpenCV's ``imdecode``, the last decoder of the fallback chain
+  (DALI → Pillow → OpenCV) for files the others refuse.
 - :mod:`.encode` — :class:`CpuEncoder` (libjpeg-turbo / libpng / libwebp) and
   :class:`NvJpegEncoder` (nvJPEG for large JPEGs, CPU otherwise).
 

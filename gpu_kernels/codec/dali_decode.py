@@ -29,7 +29,16 @@ Routing (decided from :func:`~gpu_kernels.codec.sniff.sniff`, before any pixel i
   and BMP decodes were checked pixel-identical to Pillow's; LZW TIFF decodes 1.7× faster
   through DALI here, uncompressed TIFF and BMP ~1.5× slower (2 shared cores) — one path kept.
 
-DALI fails a whole run when one sample is bad (seen with DALI 2.4). A failed run is retried without the
+Fallbacks: a decoder's refusal is not final while another decoder reads the format. What DALI
+refuses (e.g. 1-bit TIFF, 16-bit 555 BMP: "nvImageCodec failure", "Invalid sample_type") goes to
+Pillow, then to OpenCV (:mod:`.opencv_decode`); a DCT-scaled decode that libjpeg-turbo refuses
+goes to Pillow, then OpenCV; the Pillow path's refusals go to OpenCV (for the formats it reads).
+The fallbacks run on the budgeted pool; when every decoder refuses, the one ``DecodeFailed``
+names each decoder's reason ("DALI: …; Pillow: …; OpenCV: …"). What is not a refusal stops the
+chain: the header guards (nothing decoded at all), the time budget, and a decoder that sees more
+pixels than the guard passed.
+
+DALI fails a whole run when one sample is bad. A failed run is retried without the
 sample DALI names ("Failed to decode sample #i"), or one image at a time when it names none, so
 batch-mates always survive. A JPEG cut short (no end-of-image marker) is refused by
 :func:`sniff` on every backend; libjpeg-turbo refuses it too. Corrupt entropy-coded data that
@@ -63,11 +72,12 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
 from gpu_kernels.array import Array
+from gpu_kernels.codec.opencv_decode import OPENCV_FORMATS, decode_opencv
 from gpu_kernels.codec.pillow_decode import decode_first_frame, icc_profile, is_srgb, safe_reason
 from gpu_kernels.codec.sniff import (
     DEFAULT_MAX_BYTES,
@@ -222,11 +232,11 @@ class DaliDecoder:
             target = None if self.reduce == "off" else reduced_size(info, max_side)
             job = _Job(i, bytes(blob), info, target)
             if info.pillow_path or self._needs_colour_management(job):
-                pooled.append((job, self._decode_pillow))
+                pooled.append((job, self._chain(("pillow", "opencv"))))
             elif target is None:
                 dali_plain.append(job)
             elif self.reduce == "dct" and info.format == "jpeg" and info.components != 4:
-                pooled.append((job, self._decode_dct))
+                pooled.append((job, self._chain(("libjpeg-turbo", "pillow", "opencv"))))
             elif self.reduce == "resize":
                 dali_resized.append(job)
             else:
@@ -234,6 +244,10 @@ class DaliDecoder:
         for jobs, resized in ((dali_plain, False), (dali_resized, True)):
             for start in range(0, len(jobs), self.batch_size):
                 self._run_dali_budgeted(jobs[start : start + self.batch_size], resized, out)
+            for job in jobs:  # what DALI refused, the next decoders try (on the pool, budgeted)
+                reason = _refusal(out[job.index])
+                if reason is not None:
+                    pooled.append((job, self._chain(("pillow", "opencv"), [("DALI", reason)])))
         if pooled:
             self._run_budgeted(pooled, out)
         return out
@@ -396,11 +410,13 @@ class DaliDecoder:
         ]
         reason = _FAILED_SAMPLE.sub("failed to decode", "; ".join(lines)).strip(" :;")
         i = job.info
-        return DecodeFailed(
+        err = DecodeFailed(
             f"DALI decoders.image could not decode the {i.format} image ({i.width}x{i.height}, "
             f"{fingerprint(job.blob)}; corrupt or truncated data): {safe_reason(reason or 'no reason given', 300)}",
             stage=STAGE,
         )
+        err.reason = safe_reason(reason or "no reason given")  # type: ignore[attr-defined]
+        return err
 
     # ---- non-DALI paths ----------------------------------------------------------------
 
@@ -492,12 +508,53 @@ class DaliDecoder:
             )
         except (ValueError, RuntimeError) as err:
             i = job.info
-            raise DecodeFailed(
+            failed = DecodeFailed(
                 f"libjpeg-turbo could not decode the jpeg image ({i.width}x{i.height}, "
                 f"{fingerprint(job.blob)}): {safe_reason(err)}",
                 stage=STAGE,
-            ) from None
+            )
+            failed.reason = safe_reason(err)  # type: ignore[attr-defined]
+            raise failed from None
         return self._to_device(orient(img, job.info.orientation))
+
+    def _chain(self, names: Sequence[str], tried: Sequence[tuple[str, str]] = ()) -> Callable[[_Job], Array]:
+        """Decode with the first of ``names`` that reads the file (``tried``: the refusals of the
+        decoders before them). A refusal (an error with a ``reason``) passes to the next decoder
+        that reads the format; a final error (the decoder sees more pixels than the header guard
+        passed) stops the chain. When all refuse, one ``DecodeFailed`` names each one's reason."""
+
+        def run(job: _Job) -> Array:
+            reasons = list(tried)
+            last: DecodeFailed | None = None
+            for name in names:
+                if name == "opencv" and job.info.format not in OPENCV_FORMATS:
+                    continue
+                try:
+                    return self._DECODERS[name](self, job)
+                except LightboxError as err:
+                    reason = _refusal(err)
+                    if reason is None:
+                        raise
+                    reasons.append((_LABELS[name], reason))
+                    last = err if isinstance(err, DecodeFailed) else last
+                except (MemoryError, RecursionError):
+                    raise
+                except Exception as err:  # a decoder's own bug: the next one may still read it
+                    reasons.append((_LABELS[name], f"{type(err).__name__}: {safe_reason(err)}"))
+            if last is not None and len(reasons) == 1:
+                raise last
+            i = job.info
+            raise DecodeFailed(
+                f"no decoder could read the {i.format} image ({i.width}x{i.height}, {fingerprint(job.blob)}): "
+                + "; ".join(f"{who}: {why}" for who, why in reasons),
+                stage=STAGE,
+            )
+
+        return run
+
+    def _decode_opencv(self, job: _Job) -> Array:
+        """OpenCV's imdecode, the last fallback (:mod:`.opencv_decode`)."""
+        return self._to_device(decode_opencv(job.blob, job.info, self.max_pixels))
 
     def _decode_pillow(self, job: _Job) -> Array:
         """Pillow formats, alpha, animation, deep samples, ICC profiles (:mod:`.pillow_decode`)."""
@@ -509,3 +566,21 @@ class DaliDecoder:
 
             return upload(image, self.device_id)
         return image
+
+    _DECODERS: ClassVar[dict[str, Callable[[DaliDecoder, _Job], Array]]] = {
+        "libjpeg-turbo": _decode_dct,
+        "pillow": _decode_pillow,
+        "opencv": _decode_opencv,
+    }
+
+
+_LABELS = {"libjpeg-turbo": "libjpeg-turbo", "pillow": "Pillow", "opencv": "OpenCV"}
+
+
+def _refusal(result: object) -> str | None:
+    """A decoder's refusal reason when ``result`` is one (another decoder may try), else None:
+    a decoded image, an over-time-budget verdict, a guard's or a final error."""
+    if isinstance(result, DecodeFailed):
+        reason = getattr(result, "reason", None)
+        return reason if isinstance(reason, str) else None
+    return None

@@ -15,8 +15,10 @@ into an ``(H, W, 3|4)`` uint8 array:
 
 The size Pillow opens must not exceed the size the header guard passed (otherwise a header walk
 that disagrees with the decoder could slip a bomb past the pixel limit); smaller is fine (a HEIF
-``clap`` crop). Library errors come back as
-``DecodeFailed`` whose text has any bytes literal removed: messages never echo payload bytes.
+``clap`` crop) — that refusal is final, no other decoder tries. Library errors come back as
+``DecodeFailed`` whose text has any bytes literal removed: messages never echo payload bytes;
+their ``reason`` attribute (the library's words) marks them as refusals another decoder may
+retry (see :mod:`.dali_decode`).
 """
 
 from __future__ import annotations
@@ -143,11 +145,13 @@ def decode_first_frame(blob: bytes, info: ImageInfo, max_pixels: int) -> np.ndar
         raise
     except (OSError, ValueError, SyntaxError, EOFError, TypeError, KeyError, IndexError,
             MemoryError, RuntimeError, Image.DecompressionBombError, struct.error) as err:
-        raise DecodeFailed(
+        failed = DecodeFailed(
             f"Pillow could not decode the {info.format} image ({info.width}x{info.height}, "
             f"{fingerprint(blob)}): {safe_reason(err)}",
             stage=STAGE,
-        ) from None
+        )
+        failed.reason = safe_reason(err)  # type: ignore[attr-defined]  # a refusal: another decoder may try
+        raise failed from None
 
 
 _RAW_LAYOUT: dict[str, tuple[str, int]] = {

@@ -250,6 +250,9 @@ def _white_where_clear(dst: np.ndarray, alpha: np.ndarray) -> None:
     OpenCV's masked OR: a pass, where NumPy's boolean assignment gathers."""
     import cv2  # lazily: the package imports NumPy only (the GPU check machine)
 
+    if alpha.size <= 16:  # OpenCV takes arrays of up to 4 values for scalars and refuses a 1x1
+        dst[alpha == 0] = 255  # (-209/-215: a one-row band with one live column, a 1x1 image)
+        return
     zero = cv2.compare(alpha, 0, cv2.CMP_EQ)  # type: ignore[call-overload]
     cv2.bitwise_or(dst, (255, 255, 255, 0), dst=dst, mask=zero)  # type: ignore[call-overload]
 

@@ -7,9 +7,12 @@ framework, not the stage, then
 
 * runs each step over the items of the batch that are still alive (no error yet),
 * records one span per item (the step's name, its batch size and device),
-* turns a :class:`~schemas.errors.LightboxError` returned or raised for an item into that item's
-  error (its ``stage`` filled in), and any other exception of a step into ``PROCESSING_FAILED``
-  for the items of that step only,
+* turns a :class:`~schemas.errors.LightboxError` returned for an item into that item's error
+  (its ``stage`` filled in);
+* when a step's call raises (a ``LightboxError`` or any other exception) over several items,
+  runs the halves again (bisection) until the error sits on the item(s) that cause it alone:
+  they fail with their own reason (``PROCESSING_FAILED`` for a non-Lightbox exception), the
+  batch-mates keep their values — one bad image never takes good ones with it,
 * hands every success to the step's ``keep``.
 
 Only a :class:`~schemas.errors.FatalError` (e.g. the output store is gone) passes through.
@@ -21,6 +24,7 @@ Pure: no Kafka, no Faust.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -46,6 +50,8 @@ __all__ = [
     "run_lane",
     "to_host",
 ]
+
+log = logging.getLogger(__name__)
 
 Lane = Literal["decode", "device", "output"]
 LANES: tuple[Lane, ...] = ("decode", "device", "output")
@@ -129,6 +135,7 @@ class BatchContext:
     encoded: dict[tuple[int, str], bytes] = field(default_factory=dict)
     compliance: dict[tuple[int, str], Compliance] = field(default_factory=dict)
     memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    isolation_calls: int = 0  # extra step calls made to isolate a raising item (see run_step)
 
     def __len__(self) -> int:
         return len(self.jobs)
@@ -172,8 +179,10 @@ class BatchContext:
 @dataclass(frozen=True, slots=True)
 class Step:
     """One call of a stage over some items: ``run(items)`` returns one value or
-    :class:`LightboxError` per item (or raises for all of them); ``keep(item, value)`` stores a
-    success in the context. ``name`` is the span's name."""
+    :class:`LightboxError` per item, or raises (then the framework runs it again over halves of
+    ``items`` to find the item that makes it raise: ``run`` must give an item the same result
+    whichever batch-mates it runs with); ``keep(item, value)`` stores a success in the context.
+    ``name`` is the span's name."""
 
     name: str
     device: str
@@ -213,26 +222,67 @@ class Stage:
         return f"{type(self).__name__}(name={self.name!r}, lane={self.lane!r}, device={self.device!r})"
 
 
+def _call(step: Step, idx: list[int]) -> list[object]:
+    """``step.run(idx)``, checked: one result per item, else it raises."""
+    out = step.run(idx)
+    if len(out) != len(idx):
+        raise ProcessingFailed(f"returned {len(out)} results for {len(idx)} items")
+    return list(out)
+
+
+def _bisect(step: Step, idx: list[int], exc: Exception, calls: list[int]) -> list[tuple[object, int]]:
+    """Results of ``step`` over ``idx``, whose one call raised ``exc``: each half is run again on
+    its own, down to single items, so only the item(s) that make the step raise get the error;
+    every other item keeps its value. ``(result, size of the call that settled it)`` per item."""
+    if len(idx) == 1:
+        err = exc if isinstance(exc, LightboxError) else ProcessingFailed(
+            f"{type(exc).__name__}: {exc}", stage=step.name)
+        return [(err, 1)]
+    mid = len(idx) // 2
+    out: list[tuple[object, int]] = []
+    for half in (idx[:mid], idx[mid:]):
+        calls[0] += 1
+        try:
+            res = _call(step, half)
+        except FatalError:
+            raise
+        except Exception as sub:
+            out += _bisect(step, half, sub, calls)
+        else:
+            out += [(r, len(half)) for r in res]
+    return out
+
+
 def run_step(ctx: BatchContext, step: Step) -> None:
-    """Run one step over its live items; spans and per-item errors as the module says."""
+    """Run one step over its live items; spans and per-item errors as the module says.
+
+    A call that raises (a :class:`~schemas.errors.LightboxError` or any other exception, except
+    :class:`~schemas.errors.FatalError`) over several items is not taken as every item's failure:
+    the items are bisected and each half run again, so the error lands on the item(s) that cause
+    it alone, with its own reason, and the batch-mates go on with their values - the same outcome
+    whatever the batch's grouping. Each item's span covers the whole step (retries included); its
+    ``batch_size`` is the size of the call that settled the item.
+    """
     idx = [i for i in step.items if ctx.results[i].ok]
     if not idx:
         return
     start = ctx.clock()
-    out: Sequence[object]
+    settled: list[tuple[object, int]]
+    calls = [1]
     try:
-        out = step.run(idx)
-        if len(out) != len(idx):
-            raise ProcessingFailed(f"returned {len(out)} results for {len(idx)} items")
-    except LightboxError as exc:
-        out = [exc] * len(idx)
+        settled = [(r, len(idx)) for r in _call(step, idx)]
     except FatalError:
         raise
-    except Exception as exc:  # a stage bug must not take the rest of the batch with it
-        out = [ProcessingFailed(f"{type(exc).__name__}: {exc}", stage=step.name)] * len(idx)
+    except Exception as exc:  # a per-item bug must not take the batch-mates with it
+        settled = _bisect(step, idx, exc, calls)
+        bad = sum(isinstance(r, LightboxError) for r, _ in settled)
+        if len(idx) > 1:
+            log.warning("step %s raised %s over %d items; isolated in %d calls, %d item(s) failed",
+                        step.name, type(exc).__name__, len(idx), calls[0], bad)
     end = ctx.clock()
-    for i, o in zip(idx, out, strict=True):
-        ctx.jobs[i].spans.add(step.name, start, end, batch_size=len(idx), device=step.device)
+    ctx.isolation_calls += calls[0] - 1
+    for i, (o, size) in zip(idx, settled, strict=True):
+        ctx.jobs[i].spans.add(step.name, start, end, batch_size=size, device=step.device)
         if isinstance(o, LightboxError):
             ctx.fail(i, o, step.name)
             continue
