@@ -3,8 +3,9 @@
 The server is pytriton's bundled ``tritonserver`` running u2netp through
 ``gpu_kernels/segment/triton_serve.py`` in Triton's own environment (Debian's /usr/bin/python3.11 with
 nvidia-pytriton: its backend stub fails under other 3.11 builds). Without that environment the
-server tests skip and say how to make one; the unreachable-server test needs only tritonclient. CI builds that environment
-(``.ci/run``) and sets ``LIGHTBOX_TRITON_PYTHON``: then an unusable one fails instead of skipping.
+server tests skip and say how to make one; the unreachable-server test needs only tritonclient.
+CI builds that environment (``.ci/run``) and sets ``LIGHTBOX_TRITON_PYTHON``: then an unusable one
+fails instead of skipping.
 """
 
 from __future__ import annotations
