@@ -165,3 +165,20 @@ def test_replay_prefix_lists_images_that_the_fetcher_reads_back(store_env: tuple
                                    "--bootstrap", "127.0.0.1:1"])
     assert res.exit_code == 0, res.output
     assert "3" in res.output
+
+
+@pytest.mark.parametrize("name", ["azure", "gcs"])
+def test_up_status_down_commands(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LIGHTBOX_AZURITE_STATE_FILE" if name == "azure" else "LIGHTBOX_GCS_STATE_FILE",
+                       str(tmp_path / "state.json"))
+    runner = CliRunner()
+    up = runner.invoke(app, [name, "up", "--bucket", "photos"])
+    if up.exit_code != 0 and ("npm" in up.output or "go is not" in up.output):
+        pytest.skip(up.output)
+    assert up.exit_code == 0, up.output
+    assert ("AZURITE_BLOB_STORAGE_URL=" if name == "azure" else "GOOGLE_SERVICE_ACCOUNT=") in up.output
+    assert "photos" in up.output
+    assert runner.invoke(app, [name, "status"]).exit_code == 0
+    assert runner.invoke(app, [name, "down"]).exit_code == 0
+    status = runner.invoke(app, [name, "status"])
+    assert status.exit_code == 1 and "not running" in status.output
