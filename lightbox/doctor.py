@@ -131,6 +131,8 @@ def _gpu() -> Check:
 
         n = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as exc:  # no CuPy, no driver, no device
+        if _image().get("flavour") == "cpu":
+            return Check("gpu", "ok", "the CPU image: the CPU twins run everything (the GPU image is lightbox:gpu)")
         return Check("gpu", "warn", f"no GPU path ({type(exc).__name__}): the CPU twins run everything",
                      "on a GPU machine: pip install 'lightbox[gpu]'")
     if n == 0:
