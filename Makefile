@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-gpu lint demo bench kafka-jars s3-jars clean
+.PHONY: setup test test-gpu lint demo bench kafka-jars s3-jars image image-test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,12 @@ demo: setup kafka-jars  ## local broker, sample catalog, one worker, latency tab
 
 bench: setup  ## CPU benchmarks (ratios against baselines run in the same process)
 	for b in bench/bench_*.py; do echo "== $$b"; PYTHONPATH=. $(BIN)/python $$b || exit 1; done
+
+image:  ## build lightbox:cpu and lightbox:gpu with Docker (on local base stand-ins where no registry answers)
+	infra/images/build.sh
+
+image-test: setup kafka-jars s3-jars image  ## the built images: size, doctor, GPU ONNX Runtime, a worker and compose end to end
+	$(BIN)/pytest -q -p no:cacheprovider -s tests/test_images.py
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import time
 from pathlib import Path
@@ -234,6 +235,70 @@ def s3_status(name: InstanceName = None, data_dir: DataDirOption = None) -> None
         return
     console.print(f"not running (instance {key!r}){_others('s3', key)}")
     raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------- azure, gcs (emulators)
+def _emulator_app(name: str, what: str, module: str, cls: str, how: str, kind: str) -> typer.Typer:
+    """``up``/``down``/``status`` for a local object-store emulator (lightbox/azurite_local.py, gcs_local.py)."""
+    sub = typer.Typer(help=f"A local {what} for az:// or gs:// in development, demos and tests; no Docker.",
+                      no_args_is_help=True)
+
+    @sub.command("up")
+    def up(port: Annotated[int | None, typer.Option(help="port (default: a free one)")] = None,
+           data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, removed "
+                                                               "by `down`)")] = None,
+           bucket: Annotated[list[str] | None, typer.Option(help="bucket (GCS) or container (Azure) to create "
+                                                                 "(repeat for more)")] = None) -> None:
+        """Install the emulator once, start it on 127.0.0.1 in the background and print the variables a
+        client (a worker, `replay prefix`) needs."""
+        mod = importlib.import_module(module)
+        state = mod.read_state()
+        if state is not None and state.alive():
+            console.print(f"already running: [bold]{state.url}[/] (pid {state.pid})")
+            return
+        t0 = time.monotonic()
+        try:
+            with console.status(f"starting {what} (first run {how})…"):
+                names = {f"{kind}s": tuple(bucket or ["lightbox"])}
+                server = getattr(mod, cls).start(port=port, data_dir=data_dir, **names)
+        except RuntimeError as exc:
+            err.print(f"[red]{name} up failed:[/] {exc}")
+            raise typer.Exit(1) from None
+        server.save_state()
+        console.print(f"{what} up at [bold]{server.url}[/] in {time.monotonic() - t0:.1f} s (pid {server.pid}, "
+                      f"{kind}s {', '.join(getattr(server, kind + 's'))}, log {server.log_file})")
+        for key, val in server.env().items():
+            console.print(f"export {key}={val}", soft_wrap=True)
+
+    @sub.command("down")
+    def down() -> None:
+        """Stop the emulator `up` started and remove its temporary data."""
+        mod = importlib.import_module(module)
+        state = mod.read_state()
+        if state is None:
+            console.print(f"no local {what} recorded")
+            return
+        state.stop()
+        mod.clear_state()
+        console.print(f"stopped {what} (pid {state.pid})")
+
+    @sub.command("status")
+    def status() -> None:
+        """Say whether the emulator is running, and where. Exit code 1 when it is not."""
+        state = importlib.import_module(module).read_state()
+        if state is not None and state.alive():
+            console.print(f"running at [bold]{state.url}[/] (pid {state.pid}, data {state.data_dir})")
+            return
+        console.print("not running")
+        raise typer.Exit(1)
+
+    return sub
+
+
+app.add_typer(_emulator_app("azure", "Azurite (Azure Blob Storage emulator)", "lightbox.azurite_local",
+                            "LocalAzurite", "installs it with npm", "container"), name="azure")
+app.add_typer(_emulator_app("gcs", "fake-gcs-server (Google Cloud Storage emulator)", "lightbox.gcs_local",
+                            "LocalGcs", "builds it with go install", "bucket"), name="gcs")
 
 
 # ---------------------------------------------------------------------------------- doctor

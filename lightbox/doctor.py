@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import json
 import os
 import shutil
 import socket
@@ -21,6 +22,7 @@ from typing import Literal
 __all__ = ["Check", "run_checks"]
 
 Status = Literal["ok", "missing", "warn"]
+IMAGE_FACTS = "/etc/lightbox/image.json"  # written by the container images' build stage
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +95,34 @@ def _package(name: str, module: str, fix: str, *, optional: bool = False) -> Che
 
 
 def _dali() -> Check:
-    check = _package("nvidia-dali-cuda130", "nvidia.dali", "pip install nvidia-dali-cuda130==2.4.0")
+    check = _package("nvidia-dali-cuda130", "nvidia.dali", "on a GPU machine: pip install 'lightbox[gpu]'",
+                     optional=True)
     if check.status != "ok":
-        return check
-    return Check("dali", "ok", f"{check.detail} (decodes on CPU; `mixed` on a GPU)")
+        return Check("dali", "ok" if _image().get("flavour") == "cpu" else "warn",
+                     "not installed: the CPU decodes with libjpeg-turbo and Pillow; DALI is the GPU decoder",
+                     "" if _image().get("flavour") == "cpu" else check.fix)
+    return Check("dali", "ok", f"{check.detail} (`mixed` decode on a GPU)")
+
+
+def _image() -> dict[str, object]:
+    """The facts a lightbox container image records at build (``/etc/lightbox/image.json``)."""
+    try:
+        with open(IMAGE_FACTS, encoding="utf-8") as fh:
+            facts = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return facts if isinstance(facts, dict) else {}
+
+
+def _container() -> Check:
+    facts = _image()
+    detail = (f"lightbox:{facts.get('flavour')} {facts.get('version')}, running as uid {os.getuid()}, "
+              f"model {facts.get('model')} baked in at {facts.get('model_dir')} "
+              f"(sha256 {str(facts.get('model_sha256'))[:12]}…); no JDK in the image: it joins an existing "
+              "Kafka and object store")
+    if os.getuid() == 0:
+        return Check("image", "warn", detail, "run the image as its own user (uid 10001), not root")
+    return Check("image", "ok", detail)
 
 
 def _gpu() -> Check:
@@ -105,6 +131,8 @@ def _gpu() -> Check:
 
         n = int(cupy.cuda.runtime.getDeviceCount())
     except Exception as exc:  # no CuPy, no driver, no device
+        if _image().get("flavour") == "cpu":
+            return Check("gpu", "ok", "the CPU image: the CPU twins run everything (the GPU image is lightbox:gpu)")
         return Check("gpu", "warn", f"no GPU path ({type(exc).__name__}): the CPU twins run everything",
                      "on a GPU machine: pip install 'lightbox[gpu]'")
     if n == 0:
@@ -117,8 +145,23 @@ def _onnxruntime() -> Check:
     try:
         import onnxruntime as ort
     except Exception as exc:
-        return Check("onnxruntime", "missing", f"not importable ({type(exc).__name__})", "pip install onnxruntime")
-    return Check("onnxruntime", "ok", f"{ort.__version__}, providers: {', '.join(ort.get_available_providers())}")
+        return Check("onnxruntime", "missing", f"not importable ({type(exc).__name__})",
+                     "pip install 'lightbox[cpu]' (or 'lightbox[gpu]' on an NVIDIA host)")
+    names = {d for d in ("onnxruntime", "onnxruntime-gpu") if _installed(d)}
+    detail = f"{ort.__version__}, providers: {', '.join(ort.get_available_providers())}"
+    if len(names) > 1:
+        return Check("onnxruntime", "warn", detail + "; both onnxruntime and onnxruntime-gpu are installed "
+                     "(one module: the CPU build may have won)",
+                     "pip uninstall -y onnxruntime onnxruntime-gpu && pip install 'lightbox[gpu]'")
+    return Check("onnxruntime", "ok", detail)
+
+
+def _installed(dist: str) -> bool:
+    try:
+        md.version(dist)
+    except md.PackageNotFoundError:
+        return False
+    return True
 
 
 def _model() -> Check:
@@ -169,6 +212,8 @@ def run_checks(bootstrap: str) -> list[Check]:
     """Every check, in the order a new user needs them."""
     checks: list[Callable[[], Check]] = [_python, _lightbox, _java, _maven, _dali, _gpu, _onnxruntime, _model,
                                          _backfill, lambda: _broker(bootstrap)]
+    if _image():  # in a lightbox image: its facts; no JDK or Kafka jars (it joins an existing broker)
+        checks = [_python, _lightbox, _container, *(c for c in checks[2:] if c not in (_java, _maven))]
     out = []
     for check in checks:
         try:

@@ -73,7 +73,10 @@ def stage_table(events: Iterable[Mapping[str, Any]]) -> tuple[list[StageStats], 
 
 def draw_stage_chart(events: Sequence[Mapping[str, Any]], out_png: str | Path) -> Path:
     """A horizontal bar chart of mean ms per stage with p50–p99 whiskers, as a PNG."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise RuntimeError("the stage chart needs matplotlib: pip install 'lightbox[report]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -11,11 +11,13 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 INFRA = Path(__file__).resolve().parent.parent / "infra"
 DOCKERFILES = [INFRA / "Dockerfile", INFRA / "Dockerfile.gpu"]
+ALL_DOCKERFILES = [*DOCKERFILES, INFRA / "s3proxy" / "Dockerfile"]
 
 
 def _tool(name: str) -> str:
@@ -48,7 +50,7 @@ def test_compose_schema_check_can_fail() -> None:
     assert _compose_errors("services:\n  worker:\n    image: x\n    depends_onn: [kafka]\n")
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("dockerfile", ALL_DOCKERFILES, ids=lambda p: str(p.relative_to(INFRA)))
 def test_dockerfile_lints_clean(dockerfile: Path) -> None:
     proc = subprocess.run([_tool("hadolint"), "--config", str(INFRA / ".hadolint.yaml"), str(dockerfile)],
                           capture_output=True, text=True, timeout=60)
@@ -62,9 +64,16 @@ def test_image_runs_as_non_root_with_a_healthcheck(dockerfile: Path) -> None:
     assert users and users[-1] not in ("root", "0"), users
     assert any(ln.startswith("HEALTHCHECK") for ln in lines)
     assert any("/healthz" in ln for ln in lines)
-    # the runtime stage installs the built wheel, never the source folders
-    runtime = dockerfile.read_text().rsplit("\nFROM ", 1)[1]
-    assert "COPY --from=build /dist" in runtime and "COPY gpu_kernels" not in runtime
+    # the run stage takes the build stage's virtualenv (the wheel installed with its extra) and the
+    # verified model, never the source folders, and never the build's extra CA certificates
+    text = dockerfile.read_text()
+    build, runtime = text.rsplit("\nFROM ", 1)
+    assert "COPY --from=build /opt/lightbox /opt/lightbox" in runtime and "COPY . " not in runtime
+    assert "COPY --from=build --chown=10001:10001 /models" in runtime and "LIGHTBOX_MODEL_DIR=" in runtime
+    assert "EXTRA_CA_CERTS" not in runtime and "PIP_CERT" not in runtime
+    assert "fetch_model" in build  # fetched and sha256-checked at build time
+    extra = "gpu" if dockerfile.name.endswith(".gpu") else "cpu"
+    assert f'"${{wheel}}[{extra}]"' in build
 
 
 # ------------------------------------------------------------------ Prometheus, Grafana, Kubernetes
@@ -175,9 +184,9 @@ def test_compose_runs_prometheus_grafana_and_a_collector_wired_to_the_worker() -
         "providers"]
     mounted = [v.split(":")[1] for v in services["grafana"]["volumes"] if "lightbox-dashboard.json" in v]
     assert mounted and Path(mounted[0]).parent == Path(provider["options"]["path"])
-    # UIs are published on the loopback interface only
+    # UIs are published on the loopback interface unless LIGHTBOX_BIND says otherwise
     for name in ("prometheus", "grafana"):
-        assert all(str(p).startswith("127.0.0.1:") for p in services[name]["ports"])
+        assert all(str(p).startswith("${LIGHTBOX_BIND:-127.0.0.1}:") for p in services[name]["ports"])
 
 
 def test_compose_starts_the_worker_after_healthy_kafka_and_s3() -> None:
@@ -187,3 +196,98 @@ def test_compose_starts_the_worker_after_healthy_kafka_and_s3() -> None:
     needs = services["worker"]["depends_on"]
     assert needs["kafka"]["condition"] == "service_healthy" and needs["s3"]["condition"] == "service_healthy"
     assert "healthcheck" in services["kafka"] and "healthcheck" in services["s3"]
+
+
+def _compose() -> dict[str, Any]:
+    yaml = pytest.importorskip("yaml")
+    return dict(yaml.safe_load((INFRA / "docker-compose.yml").read_text()))
+
+
+def test_compose_binds_to_loopback_unless_asked() -> None:
+    for name, svc in _compose()["services"].items():
+        for port in svc.get("ports", []):
+            assert str(port).startswith("${LIGHTBOX_BIND:-127.0.0.1}:"), f"{name} publishes {port} on every interface"
+
+
+def test_compose_takes_credentials_from_an_env_file() -> None:
+    services = _compose()["services"]
+    assert services["s3"]["env_file"] == services["worker"]["env_file"] == "${LIGHTBOX_COMPOSE_ENV:-compose.env}"
+    text = (INFRA / "docker-compose.yml").read_text()
+    for secret in ("AWS_SECRET_ACCESS_KEY:", "S3PROXY_CREDENTIAL:", "lightbox-local"):
+        assert secret not in text
+    example = dict(ln.split("=", 1) for ln in (INFRA / "compose.env.example").read_text().splitlines()
+                   if ln and not ln.startswith("#"))
+    assert {"S3PROXY_IDENTITY", "S3PROXY_CREDENTIAL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} <= set(example)
+    assert "compose.env" in (INFRA / ".gitignore").read_text().split()
+
+
+def test_compose_pins_the_versions_the_rest_of_lightbox_uses() -> None:
+    from lightbox.kafka_local import KAFKA_VERSION
+    from lightbox.s3_local import S3PROXY_VERSION
+
+    services = _compose()["services"]
+    assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
+    assert services["s3"]["image"] == f"lightbox/s3proxy:{S3PROXY_VERSION}"
+    assert f"<version>{S3PROXY_VERSION}</version>" in (INFRA.parent / "lightbox/data/s3proxy-pom.xml").read_text()
+    for name, svc in services.items():
+        image = svc.get("image", "")
+        assert not image.endswith(":latest") and (":" in image or "build" in svc), f"{name}: {image!r} is not pinned"
+
+
+def test_compose_depends_on_names_every_service_a_service_talks_to() -> None:
+    services = _compose()["services"]
+    needs = services["worker"]["depends_on"]
+    assert {"kafka", "s3", "otel-collector"} <= set(needs)
+    env = services["worker"]["environment"]
+    talks_to = {"kafka": env["LIGHTBOX_KAFKA_BOOTSTRAP"], "s3": env["LIGHTBOX_S3_ENDPOINT"],
+                "otel-collector": env["OTEL_EXPORTER_OTLP_ENDPOINT"]}
+    for name, where in talks_to.items():
+        assert name in where and name in needs
+
+
+# ------------------------------------------------------------------ dependencies split by deployment
+def _requires(tmp_path: Path) -> list[Any]:
+    """The built wheel's Requires-Dist, parsed."""
+    import email
+    import zipfile
+
+    from packaging.requirements import Requirement
+
+    from tests.test_wheel import _build_wheel
+
+    wheel = zipfile.ZipFile(_build_wheel(tmp_path))
+    (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return [Requirement(r) for r in email.message_from_bytes(wheel.read(meta)).get_all("Requires-Dist", [])]
+
+
+def _names(reqs: list[Any], extra: str | None) -> set[str]:
+    """Distributions an install of ``lightbox`` (``extra=None``) or ``lightbox[extra]`` adds, with
+    ``lightbox[...]`` self-references followed."""
+    def marked(r: Any, e: str | None) -> bool:
+        return r.marker is None if e is None else r.marker is not None and r.marker.evaluate({"extra": e})
+
+    out: set[str] = set()
+    todo = [extra]
+    seen: set[str | None] = set()
+    while todo:
+        e = todo.pop()
+        seen.add(e)
+        for r in reqs:
+            if marked(r, e):
+                if r.name == "lightbox":
+                    todo += [x for x in r.extras if x not in seen]
+                else:
+                    out.add(r.name.lower())
+    return out
+
+
+@pytest.mark.slow
+def test_wheel_metadata_gives_each_deployment_one_onnxruntime_and_cpu_no_cuda(tmp_path: Path) -> None:
+    reqs = _requires(tmp_path)
+    base = _names(reqs, None)
+    cpu, gpu, dev = base | _names(reqs, "cpu"), base | _names(reqs, "gpu"), base | _names(reqs, "dev")
+    cuda = {"nvidia-dali-cuda130", "cupy-cuda13x", "onnxruntime-gpu"}
+    assert not {n for n in base if n.startswith(("onnxruntime", "nvidia-", "cupy"))}, base
+    assert "onnxruntime" in cpu and not cpu & cuda
+    assert cuda <= gpu and "onnxruntime" not in gpu  # the GPU build is the only ONNX Runtime
+    assert "onnxruntime" in dev and "onnxruntime-gpu" not in dev

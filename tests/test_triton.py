@@ -1,13 +1,16 @@
 """TritonSegmenter against a real Triton Inference Server (issue 15 item 4).
 
 The server is pytriton's bundled ``tritonserver`` running u2netp through
-``gpu_kernels/segment/triton_serve.py`` in Triton's own environment (Debian's Python 3.11,
-as pyenv's 3.11.7 fails at model load). Without that environment (CI does not install it) the server tests skip and say
-how to make one; the unreachable-server test needs only tritonclient.
+``gpu_kernels/segment/triton_serve.py`` in Triton's own environment (Debian's /usr/bin/python3.11 with
+nvidia-pytriton: its backend stub fails under other 3.11 builds). Without that environment the
+server tests skip and say how to make one; the unreachable-server test needs only tritonclient.
+CI builds that environment (``.ci/run``) and sets ``LIGHTBOX_TRITON_PYTHON``: then an unusable one
+fails instead of skipping.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +44,8 @@ def photos() -> list[np.ndarray]:
 @pytest.fixture(scope="module")
 def triton(u2netp: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     python, why = find_triton_python()
+    if python is None and os.environ.get("LIGHTBOX_TRITON_PYTHON"):
+        pytest.fail(f"LIGHTBOX_TRITON_PYTHON is set (as CI sets it) but unusable: {why}")
     if python is None:
         pytest.skip(why)
     log = tmp_path_factory.mktemp("triton") / "triton.log"

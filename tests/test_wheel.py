@@ -53,7 +53,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     venv = tmp_path_factory.mktemp("venv") / "env"
     subprocess.run([uv, "venv", "-q", "--seed", "--python", sys.executable, str(venv)], check=True, timeout=120)
     env = {**os.environ, "VIRTUAL_ENV": str(venv)}
-    subprocess.run([uv, "pip", "install", "-q", str(wheel)], check=True, env=env, timeout=900,
+    # the documented CPU install: the wheel with its `cpu` extra (the CPU ONNX Runtime)
+    subprocess.run([uv, "pip", "install", "-q", f"{wheel}[cpu]"], check=True, env=env, timeout=900,
                    cwd=venv)
     return venv / "bin"
 

@@ -7,6 +7,7 @@ connection errors, timeouts of reads); the byte limit is enforced while the body
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import timedelta
 from typing import Any
@@ -41,6 +42,9 @@ def open_bucket(scheme: str, bucket: str, *, endpoint: str | None = None, timeou
             client["allow_http"] = endpoint.startswith("http://")
         return S3Store(bucket, client_options=client, retry_config=retry, **cfg)  # type: ignore[arg-type]
     if scheme == "gs":
+        # A GCS emulator over plain http (GOOGLE_ALLOW_HTTP=true, as AWS_ALLOW_HTTP is for S3): the client
+        # options given here replace the ones obstore would read from the environment.
+        client["allow_http"] = os.environ.get("GOOGLE_ALLOW_HTTP", "").lower() == "true"
         return GCSStore(bucket, client_options=client, retry_config=retry)  # type: ignore[arg-type]
     if scheme == "az":
         return AzureStore(bucket, client_options=client, retry_config=retry)  # type: ignore[arg-type]

@@ -62,7 +62,11 @@ def make_decoder(device: str = "cpu", **options: Any) -> DaliDecoder:
     """A :class:`DaliDecoder` for ``device`` ("cpu" or "gpu"); ``options`` are its keyword
     arguments (``max_pixels``, ``max_bytes``, ``max_frames``, ``max_scans``, ``max_markers``,
     ``batch_size``, ``num_threads``, ``hw_decoder_load``, ``device_id``, ``reduce``,
-    ``time_budget_s``)."""
+    ``time_budget_s``, ``dali``). On "cpu" it decodes without DALI unless ``dali=True``:
+    libjpeg-turbo and Pillow, so a CPU install carries no CUDA libraries (DALI is in the
+    ``gpu`` extra; on CPU its decode was within a few per cent of this path, see docs)."""
+    if device == "cpu":
+        options.setdefault("dali", False)
     return DaliDecoder(device, **options)
 
 

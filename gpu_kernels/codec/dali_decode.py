@@ -157,6 +157,9 @@ class DaliDecoder:
         device_id: CUDA device (GPU only).
         reduce: reduced-size decode strategy; ``"auto"`` = ``"dct"`` on CPU, ``"resize"`` on GPU.
         time_budget_s: the longest one item may decode on the Pillow/DCT paths (module doc).
+        dali: route what DALI takes through DALI (default ``True``); ``False`` (CPU only) decodes
+            those images with libjpeg-turbo (simplejpeg, JPEG) and Pillow (the rest) on the same
+            budgeted pool, so a CPU install needs no DALI (``make_decoder("cpu")`` does this).
     """
 
     version = "dali-decode-1"
@@ -176,9 +179,12 @@ class DaliDecoder:
         max_scans: int = DEFAULT_MAX_SCANS,
         max_markers: int = DEFAULT_MAX_MARKERS,
         time_budget_s: float = DEFAULT_TIME_BUDGET_S,
+        dali: bool = True,
     ) -> None:
         if device not in ("cpu", "gpu"):
             raise ValueError(f"DaliDecoder: device must be 'cpu' or 'gpu', got {device!r}")
+        if not dali and device == "gpu":
+            raise ValueError("DaliDecoder: the gpu decoder is DALI's (dali=False is CPU only)")
         if not 0.0 <= hw_decoder_load <= 1.0:
             raise ValueError(
                 f"DaliDecoder: hw_decoder_load must be in [0, 1], got {hw_decoder_load}"
@@ -196,6 +202,9 @@ class DaliDecoder:
         self.device_id = device_id
         self.max_frames, self.max_scans, self.max_markers = max_frames, max_scans, max_markers
         self.time_budget_s = time_budget_s
+        self.dali = dali
+        if not dali:
+            self.version = "cpu-decode-1"
         self.reduce: ReduceMode = (
             reduce if reduce != "auto" else ("dct" if device == "cpu" else "resize")
         )
@@ -233,6 +242,11 @@ class DaliDecoder:
             job = _Job(i, bytes(blob), info, target)
             if info.pillow_path or self._needs_colour_management(job):
                 pooled.append((job, self._chain(("pillow", "opencv"))))
+            elif not self.dali:
+                dct = target is not None and self.reduce == "dct" and info.format == "jpeg" and info.components != 4
+                turbo = info.format == "jpeg" and info.components != 4
+                names = ("libjpeg-turbo",) if dct else ("plain",) if turbo else ()
+                pooled.append((job, self._chain((*names, "pillow", "opencv"))))
             elif target is None:
                 dali_plain.append(job)
             elif self.reduce == "dct" and info.format == "jpeg" and info.components != 4:
@@ -556,6 +570,26 @@ class DaliDecoder:
         """OpenCV's imdecode, the last fallback (:mod:`.opencv_decode`)."""
         return self._to_device(decode_opencv(job.blob, job.info, self.max_pixels))
 
+    def _decode_plain(self, job: _Job) -> Array:
+        """Full-size decode without DALI: libjpeg-turbo for 3- and 1-component JPEGs, Pillow
+        for the rest (CMYK JPEG, PNG, WebP, TIFF, BMP); RGB out, orientation applied."""
+        i = job.info
+        if i.format != "jpeg" or i.components == 4:
+            return self._decode_pillow(job)
+        import simplejpeg
+
+        try:
+            img = simplejpeg.decode_jpeg(job.blob, colorspace="RGB")
+        except (ValueError, RuntimeError) as err:
+            failed = DecodeFailed(
+                f"libjpeg-turbo could not decode the jpeg image ({i.width}x{i.height}, "
+                f"{fingerprint(job.blob)}): {safe_reason(err)}",
+                stage=STAGE,
+            )
+            failed.reason = safe_reason(err)  # type: ignore[attr-defined]
+            raise failed from None
+        return self._to_device(orient(img, i.orientation))
+
     def _decode_pillow(self, job: _Job) -> Array:
         """Pillow formats, alpha, animation, deep samples, ICC profiles (:mod:`.pillow_decode`)."""
         return self._to_device(decode_first_frame(job.blob, job.info, self.max_pixels))
@@ -569,12 +603,13 @@ class DaliDecoder:
 
     _DECODERS: ClassVar[dict[str, Callable[[DaliDecoder, _Job], Array]]] = {
         "libjpeg-turbo": _decode_dct,
+        "plain": _decode_plain,
         "pillow": _decode_pillow,
         "opencv": _decode_opencv,
     }
 
 
-_LABELS = {"libjpeg-turbo": "libjpeg-turbo", "pillow": "Pillow", "opencv": "OpenCV"}
+_LABELS = {"libjpeg-turbo": "libjpeg-turbo", "plain": "libjpeg-turbo", "pillow": "Pillow", "opencv": "OpenCV"}
 
 
 def _refusal(result: object) -> str | None:
