@@ -8,12 +8,18 @@ shell, one process per size class:
 - ``rembg``: rembg 2.0.86 from PyPI in its own virtualenv (``bench/peer_rembg.py``);
 - ``naive``: Pillow + ONNX Runtime + OpenCV (``bench/peer_naive.py``), u2netp at batch 1.
 
+Before the timed rounds each tool runs once on one photo, untimed (lightbox's first start on a
+machine judges the segment runtimes and caches the verdicts; rembg's first import compiles its
+numba code). Class ``start`` is one photo: the whole process, start-up included.
+
 All three run the same u2netp file: lightbox's cached copy (md5 8e83ca70…) is linked to
 ``~/.u2net/u2netp.onnx``, where rembg looks, after its checksum is verified, so nothing downloads.
 The photo set (``bench/peer_photos.py``) has three size classes (≤ 0.5 MP, 0.5–3 MP, 3–24 MP)
 in JPEG, progressive JPEG, CMYK JPEG, PNG and WebP. Each round runs every class with every tool,
 the tools' order alternating between rounds. Reported per class: the median whole-process
-seconds, the ratios ``peer / lightbox`` (above 1: lightbox is faster), each tool's per-stage
+seconds, the ratios ``peer / lightbox`` (above 1: lightbox is faster), the same for the CPU
+seconds of each whole process (user + system of all its threads: robust to other load on a
+shared machine, but it counts spinning threads as work), each tool's per-stage
 milliseconds per image, and the mean mask IoU (alpha ≥ 128) of lightbox's and the naive
 script's masks against rembg's on the same photos.
 
@@ -28,6 +34,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -105,12 +112,16 @@ def run_once(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Pat
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(command(tool, files, out, model, rembg_py), capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode:
         raise SystemExit(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return {"tool": tool, "seconds": round(seconds, 3), "images": len(files), "stages_ms": stages_of(tool, out)}
+    return {"tool": tool, "seconds": round(seconds, 3), "cpu_s": round(cpu, 3), "images": len(files),
+            "stages_ms": stages_of(tool, out)}
 
 
 def lightbox_masks(files: list[Path], dst: Path) -> None:
@@ -123,6 +134,8 @@ def lightbox_masks(files: list[Path], dst: Path) -> None:
 
     processor = build_processor(Settings().model_copy(update={"output_dir": None}))
     seg = processor.pipeline.segmenter
+    if seg is None:
+        raise SystemExit("lightbox's settings have no segment model (LIGHTBOX_SEGMENTER)")
     dst.mkdir(parents=True, exist_ok=True)
     try:
         for f in files:
@@ -166,11 +179,12 @@ def compare_masks(sets: dict[str, list[Path]], out: Path, model: Path, rembg_py:
 
 def summarise(runs: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
-    for cls in CLASSES:
+    for cls in ("start", *CLASSES):
         rows = [r for r in runs if r["class"] == cls]
         if not rows:
             continue
         med = {t: statistics.median(r["seconds"] for r in rows if r["tool"] == t) for t in tools}
+        cpu = {t: statistics.median(r["cpu_s"] for r in rows if r["tool"] == t) for t in tools}
         stages = {}
         for t in tools:
             mine = [r["stages_ms"] for r in rows if r["tool"] == t]
@@ -178,6 +192,8 @@ def summarise(runs: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str, A
         summary[cls] = {"images": rows[0]["images"], "median_s": {t: round(v, 3) for t, v in med.items()},
                         "img_per_s": {t: round(rows[0]["images"] / v, 2) for t, v in med.items()},
                         "ratio": {t: round(med[t] / med["lightbox"], 3) for t in tools if t != "lightbox"},
+                        "median_cpu_s": {t: round(v, 3) for t, v in cpu.items()},
+                        "cpu_ratio": {t: round(cpu[t] / cpu["lightbox"], 3) for t in tools if t != "lightbox"},
                         "all_ratios": {t: [round(a["seconds"] / b["seconds"], 3) for a, b in zip(
                             [r for r in rows if r["tool"] == t], [r for r in rows if r["tool"] == "lightbox"],
                             strict=True)] for t in tools if t != "lightbox"},
@@ -198,6 +214,7 @@ def plot(summary: dict[str, Any], tools: tuple[str, ...], path: Path) -> None:
         vals = [summary[c]["img_per_s"][t] for c in classes]
         bars = ax.bar([i + k * width for i in range(len(classes))], vals, width, label=t)
         ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_yscale("log")
     ax.set_xticks([i + width * (len(tools) - 1) / 2 for i in range(len(classes))],
                   [f"{c}\n({summary[c]['images']} photos)" for c in classes])
     ax.set_ylabel("images / s (whole process)")
@@ -224,10 +241,13 @@ def main() -> None:
     model = model_file()
     tools: tuple[str, ...] = tuple(t for t in TOOLS if not (args.no_rembg and t == "rembg"))
     rembg_py = None if args.no_rembg else rembg_python(args.rembg_venv or out.parent / "rembg-venv")
+    first = next(iter(sets.values()))[:1]
+    for tool in tools:  # untimed: lightbox's first start on a machine judges the model runtimes once
+        run_once(tool, first, out / "work" / tool, model, rembg_py)
     runs: list[dict[str, Any]] = []
     for r in range(rounds):
         order = tools if r % 2 == 0 else tools[::-1]
-        for cls, files in sets.items():
+        for cls, files in [("start", first), *sets.items()]:
             for tool in order:
                 row = run_once(tool, files, out / "work" / tool, model, rembg_py)
                 row |= {"round": r, "class": cls}
@@ -236,6 +256,7 @@ def main() -> None:
     shutil.rmtree(out / "work", ignore_errors=True)
     summary = summarise(runs, tools)
     masks = compare_masks(sets, out, model, rembg_py)
+    summary["start"]["note"] = "one photo: the whole process, start-up included"
     for cls, m in masks.items():
         summary[cls]["mask_iou_vs_rembg"] = {"lightbox": m["lightbox_vs_rembg"], "naive": m["naive_vs_rembg"]}
     report = {"presets": PRESETS, "rounds": rounds, "quick": args.quick, "cpus": os.cpu_count(),
@@ -253,6 +274,11 @@ def main() -> None:
         m = s.get("mask_iou_vs_rembg")
         line += f"  {m['lightbox']:.3f} / {m['naive']:.3f}" if m else "  -"
         print(line)
+    print("\nCPU seconds of each whole process (user + system, all threads; far less disturbed by other load "
+          "on a shared machine than wall time), median; ratio = peer / lightbox")
+    for cls, s in summary.items():
+        print(f"{cls:6s} {s['images']:6d} " + " ".join(f"{s['median_cpu_s'][t]:11.2f}" for t in tools) + " "
+              + " ".join(f"{s['cpu_ratio'][t]:8.2f}x" for t in tools if t != "lightbox"))
     print("\nper image, ms, median over rounds (each tool's own stage names):")
     for cls, s in summary.items():
         for t in tools:
