@@ -52,6 +52,8 @@ __all__ = [
     "white_balance_stage",
 ]
 
+BAND_PIXELS = 16_384  # pixels per band of correct_fused_cpu (16 rows of a 1024-px-wide image)
+
 
 @dataclass(frozen=True, slots=True)
 class ColorPlan:
@@ -279,9 +281,11 @@ def _live_columns(alpha: np.ndarray) -> tuple[int, int]:
 
 def correct_fused_cpu(
     pixels: np.ndarray, alpha: np.ndarray | None, plan: ColorPlan, background: Background,
-    band_rows: int = 16, tables: bool = False,
+    band_rows: int | None = None, tables: bool = False,
 ) -> np.ndarray:
-    """Pass (a) on the CPU: all stages per band of ``band_rows`` rows (cache-sized temporaries).
+    """Pass (a) on the CPU: all stages per band of ``band_rows`` rows (cache-sized temporaries;
+    default: about 16K pixels a band, at least 16 rows, so a small image is one band and its cost
+    is not a fixed number of NumPy calls per 16 rows).
 
     ``tables`` (RGB input): white balance through :func:`white_balance_table`, and without a
     Retinex gain map the whole chain through per-channel tables (:func:`_correct_by_table`); the
@@ -294,6 +298,7 @@ def correct_fused_cpu(
     columns without any alpha in a band are filled with 255.
     """
     h, w = pixels.shape[:2]
+    band_rows = band_rows or max(16, BAND_PIXELS // max(w, 1))
     transparent = background == "transparent"
     white = background == "white" and alpha is not None
     tables = tables and pixels.shape[2] == 3

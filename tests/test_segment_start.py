@@ -1,0 +1,63 @@
+"""Start-up of the ``auto`` segment runtime: once every candidate has a verdict on this machine,
+a start decides from the cached verdicts alone (no candidate runtime is loaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_kernels.segment import runtime as rt
+from gpu_kernels.segment.fetch_model import sha256_file
+from gpu_kernels.segment.onnx_runner import OnnxSegmenter, usable_cores
+from gpu_kernels.segment.runtime import GateResult, _GateCache, make_model_segmenter
+
+
+def _seed(tmp_path: Path, model: Path, verdicts: dict[str, tuple[float, float]], threads: int) -> None:
+    cache = _GateCache(tmp_path / "gate.json", (rt.GATE_MEAN_IOU, rt.GATE_WORST_IOU))
+    sha = sha256_file(model)
+    for name, (worst, ms) in verdicts.items():
+        cache.put(_GateCache.key(sha, name, threads),
+                  GateResult(name, max(worst, 0.97), worst, 16, ms, 300.0, worst >= rt.GATE_WORST_IOU))
+    cache.put(_GateCache.key(sha, "candidates", threads), list(verdicts))
+
+
+def _no_candidates(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("candidate runtimes were loaded")
+
+
+def test_cached_verdicts_that_all_fail_give_fp32_without_loading_candidates(
+        u2netp: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = usable_cores()
+    _seed(tmp_path, u2netp.batched, {"openvino-bf16": (0.84, 150.0), "openvino-f32": (1.0, 290.0),
+                                     "int8": (0.3, 170.0)}, threads)
+    monkeypatch.setattr(rt, "_cpu_candidates", _no_candidates)
+    seg, choice = make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
+    assert isinstance(seg, OnnxSegmenter) and choice.runtime == "fp32"
+    assert {g.runtime for g in choice.gates} == {"openvino-bf16", "openvino-f32", "int8"}
+    assert not any(g.passed for g in choice.gates if g.runtime != "openvino-f32")
+
+
+def test_a_cached_verdict_that_passes_still_loads_the_winner(
+        u2netp: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    threads = usable_cores()
+    _seed(tmp_path, u2netp.batched, {"openvino-f32": (1.0, 150.0)}, threads)  # 2x fp32 and passing
+    loaded: list[str] = []
+
+    def candidates(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        def make() -> Any:
+            loaded.append("openvino-f32")
+            return OnnxSegmenter(u2netp.batched)  # stands in for the winner's runtime
+        return {"openvino-f32": make}
+
+    monkeypatch.setattr(rt, "_cpu_candidates", candidates)
+    _, choice = make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
+    assert choice.runtime == "openvino-f32" and loaded == ["openvino-f32"]
+
+
+def test_missing_candidate_list_falls_back_to_judging(u2netp: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rt, "_cpu_candidates", _no_candidates)
+    with pytest.raises(AssertionError, match="candidate runtimes were loaded"):
+        make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
