@@ -16,7 +16,8 @@ catalog: subject components, enclosed holes, enclosed white islands in taobao_ma
 ``set``: the cut-out quality set with true alpha (:mod:`gpu_kernels.segment.quality_set`, 44
 items in six classes) through the default path (u2netp + post-processing, pass (a) on white,
 ``transparent_png``), with the code of ``--before DIR`` and the current code, each in a
-subprocess. Per class: mask IoU and boundary F (alpha >= 128 against true alpha >= 0.5), alpha
+subprocess. Per class: mask IoU and boundary F (alpha >= 128 against true alpha >= 0.3, so a
+glass's translucent body counts as product), alpha
 SAD (sum of |alpha - true alpha| over the frame, alpha in [0, 1], in thousands, at 640x480), the
 pale products' colour shift (median a*, b* of the product's inner pixels after pass (a) minus the
 input's; mean |shift| and the worst), and of ``transparent_png``: IoU of its alpha with the true
@@ -268,7 +269,7 @@ def item_figures(item: Any, res: dict[str, np.ndarray], key: str) -> dict[str, f
 
     alpha = res["alpha_" + key].astype(np.float32) / 255.0
     truth = item.alpha
-    pred, true = alpha >= 0.5, truth >= 0.5
+    pred, true = alpha >= 0.5, truth >= 0.3  # a translucent body (alpha 0.35) is part of the product
     fig = {"iou": mask_iou(pred, true), "bf": boundary_f(pred, true),
            "sad": float(np.abs(alpha - truth).sum() / 1000.0)}
     if item.product.any():
@@ -279,7 +280,7 @@ def item_figures(item: Any, res: dict[str, np.ndarray], key: str) -> dict[str, f
     ch, cw = clear.shape[:2]
     canvas = canvas_truth(truth, res["params_" + key], cw, ch)
     shown = (clear[..., 3] >= 128) if clear.shape[-1] == 4 else np.ones((ch, cw), bool)
-    fig["t_iou"] = mask_iou(shown, canvas >= 0.5)
+    fig["t_iou"] = mask_iou(shown, canvas >= 0.3)
     band = cv2.dilate((canvas > 0.0).astype(np.uint8), np.ones((7, 7), np.uint8)).astype(bool)
     fig["opaque_bg"] = float(100.0 * (shown & ~band).sum() / max(1, (~band).sum()))
     return fig

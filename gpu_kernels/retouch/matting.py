@@ -65,7 +65,7 @@ def box_blur(xp: Any, a: Array, radius: int) -> Array:
     from cupyx.scipy import ndimage
 
     size = (2 * radius + 1, 2 * radius + 1) + ((1,) if a.ndim == 3 else ())
-    return ndimage.uniform_filter(a, size=size, mode="mirror")
+    return ndimage.uniform_filter(a, size=size, mode="reflect")  # = OpenCV BORDER_REFLECT
 
 
 def _shrink(xp: Any, a: Array, s: int) -> Array:
