@@ -13,7 +13,7 @@ background's mean, gains up to 2x) and after the current one. The cup also goes 
 and thin parts (``gpu_kernels.segment.hole_samples``), and on the first 8 images of the sample
 catalog: subject components, enclosed holes, enclosed white islands in taobao_main.
 
-``set``: the cut-out quality set with true alpha (:mod:`gpu_kernels.segment.quality_set`, 44
+``set``: the cut-out quality set with true alpha (:mod:`gpu_kernels.segment.quality_set`, 46
 items in six classes) through the default path (u2netp + post-processing, pass (a) on white,
 ``transparent_png``), with the code of ``--before DIR`` and the current code, each in a
 subprocess. Per class: mask IoU and boundary F (alpha >= 128 against true alpha >= 0.3, so a

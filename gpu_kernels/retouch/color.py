@@ -67,7 +67,8 @@ class WhiteBalanceConfig:
 
     The subject as reference (with a mask): the subject's own near-neutral cluster (alpha >=
     ``subject_min_alpha``, found alike) is the white reference when it is at least as light as
-    the backdrop (fully ``subject_lighter`` L* above it, none ``subject_lighter`` below). Then a
+    the backdrop less ``subject_darker`` L* (none at 1.5 times that below it: a white product in
+    the shade of a bright cream sweep is still the white reference). Then a
     backdrop of another colour (more than ``agree`` from it, fully at twice) is a colour, not a
     cast: the subject's cluster sets the gains; and a subject tinted less than ``tint_free``
     (a*b* distance from neutral) keeps its tint (a cream product is cream), with full correction
@@ -88,13 +89,13 @@ class WhiteBalanceConfig:
     backdrop_max_texture: float = 2.5
     max_gain: float = 1.6
     subject_min_alpha: int = 128
-    subject_lighter: float = 2.0
+    subject_darker: float = 15.0
     tint_free: float = 8.0
     tint_full: float = 14.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.tint_free < self.tint_full or self.subject_lighter <= 0:
-            raise ValueError(f"white balance needs 0 <= tint_free < tint_full, subject_lighter > 0; got {self}")
+        if not 0.0 <= self.tint_free < self.tint_full or self.subject_darker <= 0:
+            raise ValueError(f"white balance needs 0 <= tint_free < tint_full, subject_darker > 0; got {self}")
         if self.max_gain < 1.0:
             raise ValueError(f"white balance max_gain must be >= 1; got {self.max_gain}")
         if not self.sigmas or min(self.sigmas) <= 0:
@@ -334,7 +335,7 @@ def estimate_white_balance(
         s_mass = xp.maximum(s_kernel.sum(), 1e-12)
         s_light = (s_kernel @ light) / s_mass
         bg_light = (bgw @ light) / xp.maximum(count, 1)
-        lighter = xp.clip((s_light - bg_light + cfg.subject_lighter) / (2.0 * cfg.subject_lighter), 0.0, 1.0)
+        lighter = xp.clip((s_light - bg_light + 1.5 * cfg.subject_darker) / (0.5 * cfg.subject_darker), 0.0, 1.0)
         own = s_conf * lighter * (count > 0)
         tint = xp.sqrt((s_centre ** 2).sum())
         cast = xp.clip((tint - cfg.tint_free) / (cfg.tint_full - cfg.tint_free), 0.0, 1.0)

@@ -5,8 +5,9 @@ Every item is drawn, deterministically, as ``image = backdrop * (1 - alpha) + pr
 soft edges and translucent parts included. Products are drawn at 4x and area-averaged down,
 so their outlines are antialiased like a photo's. Classes (:data:`CLASSES`):
 
-* ``pale``: white and cream products (a box, a cylinder, a bottle, a jar) on white, cream,
-  beige and light-grey paper backdrops with a soft shadow, the commonest catalog shot;
+* ``pale``: white and cream products (a box, a cylinder, a bottle, a jar; white ones also in
+  the shade, darker than the backdrop) on white, cream, beige and light-grey paper backdrops
+  with a soft shadow, the commonest catalog shot;
 * ``glass``: a tumbler whose body lets the backdrop through (alpha 0.35) inside an opaque rim;
 * ``fur``: scikit-image's cat (``chelsea``) cut along an outline of fine strands (soft alpha);
 * ``thin``: a mug's handle, a ring, a lamp on a thin pole (:mod:`.hole_samples` shapes);
@@ -148,10 +149,11 @@ def _product_shape(kind: str, h: int, w: int, cx: float, cy: float, s: float) ->
 
 
 def _pale(h: int, w: int) -> Iterator[TruthItem]:
-    whites = {"white": (246.0, 246.0, 245.0), "cream": (242.0, 234.0, 218.0)}  # cream: b* +9
+    # cream: b* +9; shade: a white product in the shade, darker than the backdrop
+    whites = {"white": (246.0, 246.0, 245.0), "cream": (242.0, 234.0, 218.0), "shade": (215.0, 215.0, 214.0)}
     combos = [(p, b, "white") for b in ("white", "cream", "beige", "grey")
               for p in ("box", "cylinder", "bottle")]
-    combos += [("jar", "cream", "cream"), ("box", "beige", "cream")]
+    combos += [("jar", "cream", "cream"), ("box", "beige", "cream"), ("box", "cream", "shade"), ("bottle", "beige", "shade")]
     for k, (prod, back, colour) in enumerate(combos):
         rng = np.random.default_rng(100 + k)
         cover = _product_shape(prod, h, w, w * 0.5, h * 0.52, h * 0.62)
@@ -284,7 +286,7 @@ def _clutter(h: int, w: int) -> Iterator[TruthItem]:
 
 
 def quality_set(size: tuple[int, int] = (480, 640), classes: tuple[str, ...] = CLASSES) -> list[TruthItem]:
-    """The set (44 items at the default size; ``size`` is ``(H, W)``), in class order."""
+    """The set (46 items at the default size; ``size`` is ``(H, W)``), in class order."""
     h, w = size
     makers = {"pale": _pale, "glass": _glass, "fur": _fur, "thin": _thin, "multi": _multi, "clutter": _clutter}
     unknown = set(classes) - set(makers)
