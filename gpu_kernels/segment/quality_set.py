@@ -153,7 +153,8 @@ def _pale(h: int, w: int) -> Iterator[TruthItem]:
     whites = {"white": (246.0, 246.0, 245.0), "cream": (242.0, 234.0, 218.0), "shade": (215.0, 215.0, 214.0)}
     combos = [(p, b, "white") for b in ("white", "cream", "beige", "grey")
               for p in ("box", "cylinder", "bottle")]
-    combos += [("jar", "cream", "cream"), ("box", "beige", "cream"), ("box", "cream", "shade"), ("bottle", "beige", "shade")]
+    combos += [("jar", "cream", "cream"), ("box", "beige", "cream"),
+               ("box", "cream", "shade"), ("bottle", "beige", "shade")]
     for k, (prod, back, colour) in enumerate(combos):
         rng = np.random.default_rng(100 + k)
         cover = _product_shape(prod, h, w, w * 0.5, h * 0.52, h * 0.62)
