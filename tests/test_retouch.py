@@ -37,6 +37,7 @@ from gpu_kernels.retouch import (
 )
 from gpu_kernels.retouch.checks import alpha_source, as_pixels
 from gpu_kernels.retouch.color import luma
+from gpu_kernels.retouch.composite import cutout_source
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.gpu import KERNEL_SOURCE, correct_launch, render_launch
 from schemas.errors import ErrorCode, LightboxError, ProcessingFailed
@@ -522,8 +523,11 @@ def test_render_kernel_source_equals_the_numpy_twin_for_a_mixed_batch(
     items.append((np.full((1, 1, 3), 90, np.uint8), None))
     sources = []
     for image, mask in items:
-        sources.append((np.ascontiguousarray(as_pixels(image, stage="test")),
-                        r.placement(image, mask, preset)))
+        pixels = np.ascontiguousarray(as_pixels(image, stage="test"))
+        if preset.background == "transparent":  # as CupyRetoucher.render_batch: the subject's alpha
+            alpha, _ = alpha_source(mask, pixels, stage="test")
+            pixels = np.ascontiguousarray(cutout_source(np, pixels, alpha))
+        sources.append((pixels, r.placement(image, mask, preset)))
     grid, block, args, out = render_launch(
         np, sources, preset, r.config.geometry.cubic_coefficients(), lambda a: a.ctypes.data)
     launch(kernels, "emu_render", grid, block, args)

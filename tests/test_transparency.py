@@ -19,7 +19,7 @@ from PIL import Image
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec import make_encoder
 from gpu_kernels.presets import Preset, load_presets
-from gpu_kernels.retouch import CpuRetoucher
+from gpu_kernels.retouch import CpuRetoucher, RetouchConfig
 from gpu_kernels.retouch.composite import cutout_source
 from gpu_kernels.retouch.render import render_reference
 
@@ -54,7 +54,7 @@ def test_a_transparent_preset_writes_the_subject_s_alpha(fmt: Literal["png", "we
     is its own (no white or cream mixed in at full alpha). Before, the removed background was
     painted opaque white inside the scaled photo."""
     image, alpha = known_cutout()
-    r = CpuRetoucher()
+    r = CpuRetoucher(RetouchConfig(decontaminate=True))
     base = load_presets()["transparent_png"]
     preset = Preset(name=f"t_{fmt}", width=base.width, height=base.height, format=fmt, quality=90,
                     fill=base.fill, background="transparent", sharpen=base.sharpen)

@@ -101,7 +101,7 @@ class CpuRetoucher:
             alpha = None if alpha is None else alpha[y0:y1, x0:x1]
             plan = plan.shifted(y0, x0)
         background = effective_background(options.background, alpha)
-        if alpha is not None and background != "keep" and pixels.shape[2] == 3:
+        if self.config.decontaminate and alpha is not None and background != "keep" and pixels.shape[2] == 3:
             pixels = decontaminate(np, pixels, alpha)  # edge pixels: the subject's own colour
         return correct_fused_cpu(pixels, alpha, plan, background, tables=self.config.tables)
 
@@ -112,7 +112,7 @@ class CpuRetoucher:
         pixels, alpha = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
         background = effective_background(options.background, alpha)
-        if alpha is not None and background != "keep" and pixels.shape[2] == 3:
+        if self.config.decontaminate and alpha is not None and background != "keep" and pixels.shape[2] == 3:
             pixels = decontaminate(np, pixels, alpha)
         return np.asarray(correct_reference(np, pixels, alpha, plan, background))
 

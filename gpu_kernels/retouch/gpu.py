@@ -464,7 +464,8 @@ class CupyRetoucher:
             alpha = None if alpha is None else alpha[y0:y1, x0:x1]
             plan = plan.shifted(y0, x0)
         background = effective_background(options.background, alpha)
-        if alpha is not None and not own and background != "keep" and pixels.shape[2] == 3:
+        if self.config.decontaminate and alpha is not None and not own and background != "keep" \
+                and pixels.shape[2] == 3:
             pixels = cp.ascontiguousarray(decontaminate(cp, pixels, alpha))  # edge: the subject's colour
         return self.launch_correct(pixels, alpha, own, plan, background)
 
@@ -482,7 +483,8 @@ class CupyRetoucher:
         pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(self.cp, pixels, alpha, options.lighting, self.config, self._matrix)
         background = effective_background(options.background, alpha)
-        if alpha is not None and not own and background != "keep" and pixels.shape[2] == 3:
+        if self.config.decontaminate and alpha is not None and not own and background != "keep" \
+                and pixels.shape[2] == 3:
             pixels = decontaminate(self.cp, pixels, alpha)
         return correct_reference(self.cp, pixels, alpha, plan, background)
 
