@@ -305,7 +305,8 @@ def matte_alpha(prob: Array, hard: Array, image: Array, cfg: MaskPostprocess, op
     # outside the hard mask only where the model gave the pixel a chance (fur, a soft rim):
     # elsewhere the backdrop's texture would leave a speckled fringe on a white canvas
     outside_ok = (prob >= xp.float32(cfg.matte_outside)) & (alpha >= xp.float32(cfg.matte_outside))
-    alpha = xp.where(hard | outside_ok, alpha, xp.float32(0))
+    # below one half outside it: the cut-out's outline (alpha >= 128) stays the hard mask's
+    alpha = xp.where(hard, alpha, xp.where(outside_ok, xp.minimum(alpha, xp.float32(127 / 255)), xp.float32(0)))
     # inside it, never below the feathered mask: a highlight near the outline is no hole
     floor = ops.blur(hard.astype(xp.float32), max(cfg.feather_px, 0.5))
     alpha = xp.where(hard, xp.maximum(alpha, floor), alpha)
