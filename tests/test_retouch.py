@@ -220,10 +220,12 @@ def soft_mask(mask: np.ndarray) -> np.ndarray:
 
 
 def test_white_composite_is_exactly_255_where_alpha_is_0() -> None:
+    """The composite's maths (edge colours left as they are; their decontamination:
+    tests/test_matting.py)."""
     image, hard = product_shot()
     mask = soft_mask(hard)
     assert np.count_nonzero((mask > 0) & (mask < 255)) > 0
-    r = CpuRetoucher()
+    r = CpuRetoucher(RetouchConfig(decontaminate=False))
     white = r.correct([image], [mask], RetouchOptions("white"))[0]
     keep = r.correct([image], [mask], RetouchOptions("keep"))[0]
     assert white.shape == image.shape and white.dtype == np.uint8
@@ -238,7 +240,7 @@ def test_white_composite_is_exactly_255_where_alpha_is_0() -> None:
 def test_transparent_output_keeps_the_alpha() -> None:
     image, hard = product_shot()
     mask = soft_mask(hard)
-    r = CpuRetoucher()
+    r = CpuRetoucher(RetouchConfig(decontaminate=False))
     rgba = r.correct([image], [mask], RetouchOptions("transparent"))[0]
     keep = r.correct([image], [mask], RetouchOptions("keep"))[0]
     assert rgba.shape == (*image.shape[:2], 4)
@@ -261,9 +263,9 @@ def test_an_rgba_image_without_a_mask_composites_with_its_own_alpha() -> None:
     image, hard = product_shot()
     mask = soft_mask(hard)
     rgba = np.dstack([image, mask])
-    r = CpuRetoucher()
-    own = r.correct([rgba], [None], RetouchOptions("white"))[0]
-    given = r.correct([image], [mask], RetouchOptions("white"))[0]
+    own = CpuRetoucher().correct([rgba], [None], RetouchOptions("white"))[0]
+    # a cut-out's own edge colours are its subject's: not decontaminated, as a mask's photo is
+    given = CpuRetoucher(RetouchConfig(decontaminate=False)).correct([image], [mask], RetouchOptions("white"))[0]
     assert np.array_equal(own, given)
 
 
@@ -501,6 +503,7 @@ def test_correct_kernel_source_equals_the_numpy_twin(kernels: ctypes.CDLL, backg
         for name, image, mask in variants():
             pixels = np.ascontiguousarray(as_pixels(image, stage="test"))
             alpha, own = alpha_source(mask, pixels, stage="test")
+            pixels = np.ascontiguousarray(r.edge_colours(pixels, None if own else alpha, options))
             plan = r.plan(image, mask, options)
             grid, block, args, out = correct_launch(
                 np, pixels, alpha, own, plan, effective_background(options.background, alpha),

@@ -95,14 +95,13 @@ class CpuRetoucher:
         ``ProcessingFailed``."""
         pixels, alpha = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
+        pixels = self.edge_colours(pixels, alpha, options)  # on the whole image: a window sees the same
         if window is not None:
             x0, y0, x1, y1 = window
             pixels = pixels[y0:y1, x0:x1]
             alpha = None if alpha is None else alpha[y0:y1, x0:x1]
             plan = plan.shifted(y0, x0)
         background = effective_background(options.background, alpha)
-        if self.config.decontaminate and alpha is not None and background != "keep" and pixels.shape[2] == 3:
-            pixels = decontaminate(np, pixels, alpha)  # edge pixels: the subject's own colour
         return correct_fused_cpu(pixels, alpha, plan, background, tables=self.config.tables)
 
     def correct_unfused(
@@ -112,9 +111,17 @@ class CpuRetoucher:
         pixels, alpha = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
         background = effective_background(options.background, alpha)
-        if self.config.decontaminate and alpha is not None and background != "keep" and pixels.shape[2] == 3:
-            pixels = decontaminate(np, pixels, alpha)
+        pixels = self.edge_colours(pixels, alpha, options)
         return np.asarray(correct_reference(np, pixels, alpha, plan, background))
+
+    def edge_colours(self, pixels: np.ndarray, alpha: np.ndarray | None, options: RetouchOptions) -> np.ndarray:
+        """``pixels`` with the subject's own colour at its soft edge (``RetouchConfig.decontaminate``),
+        when a cut-out is composited (background white or transparent, an RGB image and a mask)."""
+        if (not self.config.decontaminate or alpha is None or pixels.shape[2] != 3
+                or effective_background(options.background, alpha) == "keep"):
+            return pixels
+        out: np.ndarray = decontaminate(np, pixels, alpha)
+        return out
 
     def placement(self, image: Array, mask: Array | None, preset: Preset) -> np.ndarray:
         """``(3,)`` float32 ``[inv_k, ox, oy]`` for ``preset`` (see :mod:`.geometry`)."""

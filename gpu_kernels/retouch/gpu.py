@@ -458,16 +458,21 @@ class CupyRetoucher:
         cp = self.cp
         pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(cp, pixels, alpha, options.lighting, self.config, self._matrix)
+        pixels = self.edge_colours(pixels, alpha, own, options)  # whole image: a window sees the same
         if window is not None and not own:
             x0, y0, x1, y1 = window
             pixels = cp.ascontiguousarray(pixels[y0:y1, x0:x1])
             alpha = None if alpha is None else alpha[y0:y1, x0:x1]
             plan = plan.shifted(y0, x0)
         background = effective_background(options.background, alpha)
-        if self.config.decontaminate and alpha is not None and not own and background != "keep" \
-                and pixels.shape[2] == 3:
-            pixels = cp.ascontiguousarray(decontaminate(cp, pixels, alpha))  # edge: the subject's colour
         return self.launch_correct(pixels, alpha, own, plan, background)
+
+    def edge_colours(self, pixels: Any, alpha: Any, own: bool, options: RetouchOptions) -> Any:
+        """As :meth:`CpuRetoucher.edge_colours` (the same array code, on the device)."""
+        if (not self.config.decontaminate or alpha is None or own or pixels.shape[2] != 3
+                or effective_background(options.background, alpha) == "keep"):
+            return pixels
+        return self.cp.ascontiguousarray(decontaminate(self.cp, pixels, alpha))
 
     def launch_correct(
         self, pixels: Any, alpha: Any, own: bool, plan: ColorPlan, background: str
@@ -483,9 +488,7 @@ class CupyRetoucher:
         pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(self.cp, pixels, alpha, options.lighting, self.config, self._matrix)
         background = effective_background(options.background, alpha)
-        if self.config.decontaminate and alpha is not None and not own and background != "keep" \
-                and pixels.shape[2] == 3:
-            pixels = decontaminate(self.cp, pixels, alpha)
+        pixels = self.edge_colours(pixels, alpha, own, options)
         return correct_reference(self.cp, pixels, alpha, plan, background)
 
     # -- pass (b) --------------------------------------------------------------------------
