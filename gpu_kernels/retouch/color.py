@@ -68,11 +68,11 @@ class WhiteBalanceConfig:
     The subject as reference (with a mask): the subject's own near-neutral cluster (alpha >=
     ``subject_min_alpha``, found alike) is the white reference when it is at least as light as
     the backdrop less ``subject_darker`` L* (none at 1.5 times that below it: a white product in
-    the shade of a bright cream sweep is still the white reference). Then a
-    backdrop of another colour (more than ``agree`` from it, fully at twice) is a colour, not a
-    cast: the subject's cluster sets the gains; and a subject tinted less than ``tint_free``
-    (a*b* distance from neutral) keeps its tint (a cream product is cream), with full correction
-    from ``tint_full`` (a real cast).
+    the shade of a bright cream sweep is still the white reference). A subject's cluster tinted
+    less than ``tint_free`` (a*b* distance from neutral) is its own colour (a cream product is
+    cream): a backdrop of another colour (more than ``agree`` from it, fully at twice) is then a
+    colour, not a cast, and the gains are the subject's; from ``tint_full`` on (a real cast, or
+    a strongly coloured subject) the search over the whole frame decides as without a mask.
     """
 
     background_max_alpha: int = 16
@@ -342,7 +342,9 @@ def estimate_white_balance(
         s_illuminant = xp.maximum((s_kernel @ flat) / s_mass, 1.0)
         log_own = cast * xp.log(_balancing_gains(xp, s_illuminant))
         apart = xp.clip((xp.sqrt(((bg_ab - s_centre) ** 2).sum()) - cfg.agree) / cfg.agree, 0.0, 1.0)
-        override = own * apart  # a backdrop of another colour than the subject's white: a colour
+        # a backdrop of another colour than the subject's near-white: a colour, not a cast (a
+        # strongly tinted subject, an orange cat, is no white reference: the search above decides)
+        override = own * apart * (1.0 - cast)
         log_gain = override * log_own + (1.0 - override) * log_gain
         log_gain = log_gain * (1.0 - own * (1.0 - cast))  # a pale tint of the reference is its colour
     limit = math.log(cfg.max_gain)
