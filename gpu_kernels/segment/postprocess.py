@@ -69,7 +69,9 @@ class MaskPostprocess:
     2 px) either side of the outline, plus the pixels within three bands of it whose probability
     lies in ``matte_unsure``; there alpha is a colour-guided filter of the hard mask
     (:func:`gpu_kernels.retouch.matting.matte_band`, regulariser ``matte_eps``), elsewhere 0 or 255;
-    outside the hard mask only where the probability and the matte are at least ``matte_outside``.
+    outside the hard mask only where the probability and the matte are at least ``matte_outside``
+    (and below one half); the default 1 keeps it inside: outside, it closed the narrow gaps between
+    the sample catalog's coins into enclosed white islands, for a gain in alpha SAD of 2-10 % on fur.
     """
 
     threshold: float = 0.5  # probability at or above which a pixel is subject
@@ -92,7 +94,7 @@ class MaskPostprocess:
     matte_band: float = 0.004
     matte_eps: float = 1e-3
     matte_unsure: tuple[float, float] = (0.1, 0.9)
-    matte_outside: float = 0.25
+    matte_outside: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
