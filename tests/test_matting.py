@@ -54,9 +54,10 @@ def test_decontamination_brings_edge_pixels_back_to_the_subject_s_colour() -> No
 
 def test_foreground_colour_is_the_pixel_where_fully_covered() -> None:
     image, truth = soft_disc()
-    f = foreground_colour(np, image, truth, (24, 3))
     inner = truth >= 0.999
-    assert np.abs(f[inner] - image[inner]).max() <= 0.5
+    f = foreground_colour(np, image, truth, (24, 3), inner)
+    assert f.shape == (int(inner.sum()), 3)
+    assert np.abs(f - image[inner]).max() <= 0.5
 
 
 def test_decontaminate_leaves_a_hard_mask_alone_and_checks_settings() -> None:
