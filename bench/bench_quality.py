@@ -13,8 +13,22 @@ background's mean, gains up to 2x) and after the current one. The cup also goes 
 and thin parts (``gpu_kernels.segment.hole_samples``), and on the first 8 images of the sample
 catalog: subject components, enclosed holes, enclosed white islands in taobao_main.
 
+``set``: the cut-out quality set with true alpha (:mod:`gpu_kernels.segment.quality_set`, 46
+items in six classes) through the default path (u2netp + post-processing, pass (a) on white,
+``transparent_png``), with the code of ``--before DIR`` and the current code, each in a
+subprocess. Per class: mask IoU and boundary F (alpha >= 128 against true alpha >= 0.3, so a
+glass's translucent body counts as product), alpha
+SAD (sum of |alpha - true alpha| over the frame, alpha in [0, 1], in thousands, at 640x480), the
+pale products' colour shift (median a*, b* of the product's inner pixels after pass (a) minus the
+input's; mean |shift| and the worst), and of ``transparent_png``: IoU of its alpha with the true
+alpha rendered alike and the share of the canvas's true background that it paints opaque
+(alpha >= 128, a band of 3 px around the true outline left out). ``--sheet PNG`` writes a
+before/after contact sheet (``lightbox.contact_sheet``: input | mask | cut-out, before then after,
+then ``transparent_png`` over a coloured page).
+
 Usage: ``git worktree add --detach /tmp/base 96ff878;
-PYTHONPATH=. python bench/bench_quality.py [wb] [mask] --before /tmp/base [--png DIR]``
+PYTHONPATH=. python bench/bench_quality.py [wb] [mask] [set] --before /tmp/base [--png DIR] [--sheet PNG]``
+(``set`` compares with any older checkout: ``git worktree add --detach /tmp/base-set a378c6f``).
 """
 
 from __future__ import annotations
@@ -204,10 +218,142 @@ def bench_mask(png: Path | None) -> None:
             print(row)
 
 
+PIPELINE = """
+import sys, numpy as np
+from gpu_kernels.backends import RetouchOptions
+from gpu_kernels.presets import load_presets
+from gpu_kernels.retouch import CpuRetoucher
+from gpu_kernels.segment import OnnxSegmenter, ensure_u2netp
+data = np.load(sys.argv[1])
+r, out = CpuRetoucher(), {}
+preset = load_presets()["transparent_png"]
+with OnnxSegmenter(ensure_u2netp().original, threads=2) as seg:
+    for key in data.files:
+        image = data[key]
+        alpha = np.asarray(seg.segment_batch([image])[0])
+        corrected = np.asarray(r.correct([image], [alpha], RetouchOptions("white"))[0])
+        out["alpha_" + key] = alpha
+        out["white_" + key] = corrected
+        out["clear_" + key] = np.asarray(r.render(corrected, alpha, preset))
+        out["params_" + key] = np.asarray(r.placement(image, alpha, preset))
+np.savez(sys.argv[2], **out)
+"""
+
+
+def run_pipeline(tree: Path, images: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Segment, pass (a) on white and ``transparent_png`` with the code of ``tree``, in a subprocess."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
+        np.savez(src, **images)  # type: ignore[arg-type]
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        subprocess.run([sys.executable, "-c", PIPELINE, str(src), str(dst)], check=True, env=env, cwd=tree)
+        with np.load(dst) as out:
+            return {k: out[k] for k in out.files}
+
+
+def canvas_truth(alpha: np.ndarray, params: np.ndarray, width: int, height: int) -> np.ndarray:
+    """The true alpha ``(H, W)`` float32 [0, 1] placed on a ``width`` x ``height`` canvas by the
+    placement ``params`` (rendered as the cut-out is: the inverted alpha on a white canvas)."""
+    from gpu_kernels.retouch.geometry import GeometryConfig
+    from gpu_kernels.retouch.render import render_reference
+
+    inv = np.rint(255.0 * (1.0 - alpha)).astype(np.uint8)[..., None]
+    out = render_reference(np, inv, params.astype(np.float32), width, height, False, 0.0,
+                           GeometryConfig().cubic_coefficients())
+    return np.asarray(1.0 - np.asarray(out, np.float32)[..., 0] / 255.0, np.float32)
+
+
+def item_figures(item: Any, res: dict[str, np.ndarray], key: str) -> dict[str, float]:
+    """One item's figures (see the module docstring)."""
+    from gpu_kernels.quality import lab
+
+    alpha = res["alpha_" + key].astype(np.float32) / 255.0
+    truth = item.alpha
+    pred, true = alpha >= 0.5, truth >= 0.3  # a translucent body (alpha 0.35) is part of the product
+    fig = {"iou": mask_iou(pred, true), "bf": boundary_f(pred, true),
+           "sad": float(np.abs(alpha - truth).sum() / 1000.0)}
+    if item.product.any():
+        before, after = lab(item.image)[item.product], lab(res["white_" + key])[item.product]
+        fig["da"] = float(np.median(after[:, 1]) - np.median(before[:, 1]))
+        fig["db"] = float(np.median(after[:, 2]) - np.median(before[:, 2]))
+    clear = res["clear_" + key]
+    ch, cw = clear.shape[:2]
+    canvas = canvas_truth(truth, res["params_" + key], cw, ch)
+    shown = (clear[..., 3] >= 128) if clear.shape[-1] == 4 else np.ones((ch, cw), bool)
+    fig["t_iou"] = mask_iou(shown, canvas >= 0.3)
+    band = cv2.dilate((canvas > 0.0).astype(np.uint8), np.ones((7, 7), np.uint8)).astype(bool)
+    fig["opaque_bg"] = float(100.0 * (shown & ~band).sum() / max(1, (~band).sum()))
+    return fig
+
+
+def on_page(rgba: np.ndarray, colour: tuple[int, int, int] = (70, 160, 200)) -> np.ndarray:
+    """An RGBA canvas over a coloured page with a checker (what a CDN page shows); RGB as is."""
+    if rgba.shape[-1] == 3:
+        return rgba
+    h, w = rgba.shape[:2]
+    yy, xx = np.mgrid[0:h, 0:w]
+    page = np.where((((yy // 40) + (xx // 40)) % 2 == 0)[..., None], np.array(colour), np.array(colour) * 0.8)
+    a = rgba[..., 3:4].astype(np.float32) / 255.0
+    return np.asarray(np.rint(rgba[..., :3] * a + page * (1.0 - a)), np.uint8)
+
+
+def bench_set(before: Path, sheet: Path | None) -> None:
+    from gpu_kernels.segment.quality_set import CLASSES, quality_set
+
+    items = quality_set()
+    images = {f"i{k:02d}": it.image for k, it in enumerate(items)}
+    here = Path(__file__).resolve().parents[1]
+    runs = {"before": run_pipeline(before, images), "after": run_pipeline(here, images)}
+    rows: dict[str, dict[str, list[dict[str, float]]]] = {c: {"before": [], "after": []} for c in CLASSES}
+    print(f"cut-out quality set: {len(items)} items with true alpha (640x480), default path (u2netp)")
+    print(f"{'item':<34} {'IoU b/a':>13} {'bound F b/a':>13} {'SAD b/a':>13} {'db* b/a':>13} "
+          f"{'clear IoU b/a':>13} {'opaque bg % b/a':>16}")
+    for k, it in enumerate(items):
+        key = f"i{k:02d}"
+        figs = {which: item_figures(it, res, key) for which, res in runs.items()}
+        for which, f in figs.items():
+            rows[it.cls][which].append(f)
+        b, a = figs["before"], figs["after"]
+        db = f"{b['db']:+5.1f} {a['db']:+5.1f}" if "db" in b else ""
+        print(f"{it.name:<34} {b['iou']:.3f} {a['iou']:.3f}  {b['bf']:.3f} {a['bf']:.3f}  "
+              f"{b['sad']:5.2f} {a['sad']:5.2f}  {db:>13} {b['t_iou']:.3f} {a['t_iou']:.3f}  "
+              f"{b['opaque_bg']:6.2f} {a['opaque_bg']:6.2f}")
+    print("\nper class (means; colour: mean |shift| and worst |shift| of median a*, b*)")
+    print(f"{'class':<8} {'run':<7} {'IoU':>6} {'bound F':>8} {'SAD':>6} {'|da*|':>6} {'|db*|':>6} "
+          f"{'worst':>6} {'clear IoU':>9} {'opaque bg %':>11}")
+    for cls, runs_ in rows.items():
+        for which, figs_ in runs_.items():
+            arr = {k: np.asarray([f[k] for f in figs_]) for k in figs_[0]}
+            colour = "" if "db" not in arr else (
+                f"{np.abs(arr['da']).mean():6.2f} {np.abs(arr['db']).mean():6.2f} "
+                f"{max(np.abs(arr['da']).max(), np.abs(arr['db']).max()):6.2f}")
+            print(f"{cls:<8} {which:<7} {arr['iou'].mean():6.3f} {arr['bf'].mean():8.3f} {arr['sad'].mean():6.2f} "
+                  f"{colour:>20} {arr['t_iou'].mean():9.3f} {arr['opaque_bg'].mean():11.2f}")
+    if sheet is not None:
+        from lightbox.contact_sheet import GAP, compose_rows
+
+        n, rh = len(items), 160
+        halves = [compose_rows([it.image for it in items], [runs[w][f"alpha_i{k:02d}"] for k in range(n)],
+                               [f"{w}: {it.name}" for it in items], row_height=rh) for w in ("before", "after")]
+        columns = []
+        for w in ("before", "after"):  # transparent_png over a coloured page, one tile a row
+            col = np.full((halves[0].shape[0], rh + 2 * GAP, 3), 224, np.uint8)
+            for k in range(n):
+                tile = cv2.resize(on_page(runs[w][f"clear_i{k:02d}"]), (rh, rh), interpolation=cv2.INTER_AREA)
+                y = GAP + k * (rh + GAP)
+                col[y:y + rh, GAP:GAP + rh] = tile
+            columns.append(col)
+        grid = np.concatenate([halves[0], halves[1], *columns], axis=1)
+        sheet.parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(sheet), cv2.cvtColor(grid, cv2.COLOR_RGB2BGR))
+        print(f"contact sheet: {sheet}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", default=["wb", "mask"])
     parser.add_argument("--png", type=Path, default=None)
+    parser.add_argument("--sheet", type=Path, default=None, help="before/after contact sheet of the set (PNG)")
     parser.add_argument("--before", type=Path, required=True,
                         help="a checkout of the commit before issue 14 (git worktree add --detach DIR 96ff878)")
     args = parser.parse_args()
@@ -215,6 +361,8 @@ def main() -> None:
         bench_wb(args.before, args.png)
     if "mask" in args.parts:
         bench_mask(args.png)
+    if "set" in args.parts:
+        bench_set(args.before, args.sheet)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ from gpu_kernels.retouch import (
 )
 from gpu_kernels.retouch.checks import alpha_source, as_pixels
 from gpu_kernels.retouch.color import luma
+from gpu_kernels.retouch.composite import cutout_source
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.gpu import KERNEL_SOURCE, correct_launch, render_launch
 from schemas.errors import ErrorCode, LightboxError, ProcessingFailed
@@ -219,10 +220,12 @@ def soft_mask(mask: np.ndarray) -> np.ndarray:
 
 
 def test_white_composite_is_exactly_255_where_alpha_is_0() -> None:
+    """The composite's maths (edge colours left as they are; their decontamination:
+    tests/test_matting.py)."""
     image, hard = product_shot()
     mask = soft_mask(hard)
     assert np.count_nonzero((mask > 0) & (mask < 255)) > 0
-    r = CpuRetoucher()
+    r = CpuRetoucher(RetouchConfig(decontaminate=False))
     white = r.correct([image], [mask], RetouchOptions("white"))[0]
     keep = r.correct([image], [mask], RetouchOptions("keep"))[0]
     assert white.shape == image.shape and white.dtype == np.uint8
@@ -237,7 +240,7 @@ def test_white_composite_is_exactly_255_where_alpha_is_0() -> None:
 def test_transparent_output_keeps_the_alpha() -> None:
     image, hard = product_shot()
     mask = soft_mask(hard)
-    r = CpuRetoucher()
+    r = CpuRetoucher(RetouchConfig(decontaminate=False))
     rgba = r.correct([image], [mask], RetouchOptions("transparent"))[0]
     keep = r.correct([image], [mask], RetouchOptions("keep"))[0]
     assert rgba.shape == (*image.shape[:2], 4)
@@ -260,9 +263,9 @@ def test_an_rgba_image_without_a_mask_composites_with_its_own_alpha() -> None:
     image, hard = product_shot()
     mask = soft_mask(hard)
     rgba = np.dstack([image, mask])
-    r = CpuRetoucher()
-    own = r.correct([rgba], [None], RetouchOptions("white"))[0]
-    given = r.correct([image], [mask], RetouchOptions("white"))[0]
+    own = CpuRetoucher().correct([rgba], [None], RetouchOptions("white"))[0]
+    # a cut-out's own edge colours are its subject's: not decontaminated, as a mask's photo is
+    given = CpuRetoucher(RetouchConfig(decontaminate=False)).correct([image], [mask], RetouchOptions("white"))[0]
     assert np.array_equal(own, given)
 
 
@@ -500,6 +503,7 @@ def test_correct_kernel_source_equals_the_numpy_twin(kernels: ctypes.CDLL, backg
         for name, image, mask in variants():
             pixels = np.ascontiguousarray(as_pixels(image, stage="test"))
             alpha, own = alpha_source(mask, pixels, stage="test")
+            pixels = np.ascontiguousarray(r.edge_colours(pixels, None if own else alpha, options))
             plan = r.plan(image, mask, options)
             grid, block, args, out = correct_launch(
                 np, pixels, alpha, own, plan, effective_background(options.background, alpha),
@@ -522,8 +526,11 @@ def test_render_kernel_source_equals_the_numpy_twin_for_a_mixed_batch(
     items.append((np.full((1, 1, 3), 90, np.uint8), None))
     sources = []
     for image, mask in items:
-        sources.append((np.ascontiguousarray(as_pixels(image, stage="test")),
-                        r.placement(image, mask, preset)))
+        pixels = np.ascontiguousarray(as_pixels(image, stage="test"))
+        if preset.background == "transparent":  # as CupyRetoucher.render_batch: the subject's alpha
+            alpha, _ = alpha_source(mask, pixels, stage="test")
+            pixels = np.ascontiguousarray(cutout_source(np, pixels, alpha))
+        sources.append((pixels, r.placement(image, mask, preset)))
     grid, block, args, out = render_launch(
         np, sources, preset, r.config.geometry.cubic_coefficients(), lambda a: a.ctypes.data)
     launch(kernels, "emu_render", grid, block, args)

@@ -220,7 +220,7 @@ def test_the_kernel_source_reads_a_shifted_grid_as_the_numpy_twin(kernels: ctype
         options = RetouchOptions(background)  # type: ignore[arg-type]
         plan = r.plan(image, mask, options).shifted(y0, x0)
         assert plan.grid.origin_y == -y0 and plan.grid.origin_x == -x0
-        pixels = np.ascontiguousarray(as_pixels(image, stage="test")[y0:y1, x0:x1])
+        pixels = np.ascontiguousarray(r.edge_colours(as_pixels(image, stage="test"), mask, options)[y0:y1, x0:x1])
         alpha = np.ascontiguousarray(mask[y0:y1, x0:x1])
         grid, block, args, out = correct_launch(np, pixels, alpha, False, plan, background,
                                                 np.zeros(1, np.uint8), np.zeros(1, np.float32))

@@ -64,6 +64,15 @@ class WhiteBalanceConfig:
     illuminant and its texture (mean ``|grad L*|`` per sample pixel) is at most
     ``backdrop_max_texture`` (fading to 0 at twice that). Gains are clipped to
     ``[1 / max_gain, max_gain]``; they keep the mean level.
+
+    The subject as reference (with a mask): the subject's own near-neutral cluster (alpha >=
+    ``subject_min_alpha``, found alike) is the white reference when it is at least as light as
+    the backdrop less ``subject_darker`` L* (none at 1.5 times that below it: a white product in
+    the shade of a bright cream sweep is still the white reference). A subject's cluster tinted
+    less than ``tint_free`` (a*b* distance from neutral) is its own colour (a cream product is
+    cream): a backdrop of another colour (more than ``agree`` from it, fully at twice) is then a
+    colour, not a cast, and the gains are the subject's; from ``tint_full`` on (a real cast, or
+    a strongly coloured subject) the search over the whole frame decides as without a mask.
     """
 
     background_max_alpha: int = 16
@@ -79,8 +88,14 @@ class WhiteBalanceConfig:
     backdrop_min_share: float = 0.05
     backdrop_max_texture: float = 2.5
     max_gain: float = 1.6
+    subject_min_alpha: int = 128
+    subject_darker: float = 15.0
+    tint_free: float = 8.0
+    tint_full: float = 14.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.tint_free < self.tint_full or self.subject_darker <= 0:
+            raise ValueError(f"white balance needs 0 <= tint_free < tint_full, subject_darker > 0; got {self}")
         if self.max_gain < 1.0:
             raise ValueError(f"white balance max_gain must be >= 1; got {self.max_gain}")
         if not self.sigmas or min(self.sigmas) <= 0:
@@ -232,6 +247,31 @@ def _balancing_gains(xp: Any, illuminant: Array) -> Array:
     return illuminant.mean() / xp.maximum(illuminant, 1e-6)
 
 
+def _neutral_cluster(
+    xp: Any, flat: Array, light: Array, ab: Array, valid: Array, cfg: WhiteBalanceConfig
+) -> tuple[Array, Array, Array]:
+    """The near-neutral cluster of the ``valid`` pixels: ``(centre (2,) a*b*, kernel (n,) weights,
+    confidence)``. Pixels are weighted by their lightness near the ``valid`` pixels' top
+    (white-patch); a mean-shift in a*b* that starts at neutral and narrows finds the cluster."""
+    any_valid = xp.any(valid)
+    top = masked_percentiles(xp, light, valid | ~any_valid, (cfg.bright_pct,))[0]
+    bright = xp.clip((light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
+    weight = xp.where(valid, bright, 0.0)
+    total = xp.maximum(valid.sum(), 1.0)
+    centre = xp.zeros(2, xp.float64)
+    kernel = weight
+    ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+    for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
+        d2 = (ca - centre[0]) ** 2 + (cb - centre[1]) ** 2
+        kernel = weight * xp.exp(-0.5 * d2 / (sigma * sigma))
+        mass = kernel.sum()
+        centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
+    mass = kernel.sum()
+    confidence = xp.clip(mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
+    confidence = xp.where(mass > 1e-12, confidence, 0.0)
+    return centre, kernel, confidence
+
+
 def estimate_white_balance(
     xp: Any, rgb: Array, alpha: Array | None, cfg: WhiteBalanceConfig
 ) -> Array:
@@ -251,6 +291,8 @@ def estimate_white_balance(
        low texture (a studio sweep, paper, a grey table) is itself the neutral reference.
     3. Gains ``(illuminant mean / illuminant) ** confidence`` (blended, in log space, with the
        backdrop's by its trust), clipped to ``max_gain``. No evidence: gains 1.
+    4. The subject as reference (see :class:`WhiteBalanceConfig`): a white product on a cream or
+       beige backdrop stays white, a cream one stays cream; a cast both share is still removed.
     """
     n = rgb.shape[0] * rgb.shape[1]
     flat = rgb.reshape(-1, 3)
@@ -258,22 +300,9 @@ def estimate_white_balance(
     light, ab = lab[:, 0], lab[:, 1:]
     peak = xp.maximum(xp.maximum(flat[:, 0], flat[:, 1]), flat[:, 2])  # max over channels, without a reduce
     valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
-    top = masked_percentiles(xp, light, valid | ~xp.any(valid), (cfg.bright_pct,))[0]
-    bright = xp.clip((light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
-    weight = xp.where(valid, bright, 0.0)
-    total = xp.maximum(valid.sum(), 1.0)
-    centre = xp.zeros(2, xp.float64)
-    kernel = weight
-    ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
-    for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
-        d2 = (ca - centre[0]) ** 2 + (cb - centre[1]) ** 2
-        kernel = weight * xp.exp(-0.5 * d2 / (sigma * sigma))
-        mass = kernel.sum()
-        centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
+    centre, kernel, confidence = _neutral_cluster(xp, flat, light, ab, valid, cfg)
     mass = kernel.sum()
     illuminant = xp.maximum((kernel @ flat) / xp.maximum(mass, 1e-12), 1.0)
-    confidence = xp.clip(mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
-    confidence = xp.where(mass > 1e-12, confidence, 0.0)
     log_gain = confidence * xp.log(_balancing_gains(xp, illuminant))
     if alpha is not None:
         bg = valid & (alpha.reshape(-1) <= cfg.background_max_alpha)
@@ -300,6 +329,24 @@ def estimate_white_balance(
         )
         log_bg = xp.log(_balancing_gains(xp, xp.maximum(bg_rgb, 1.0)))
         log_gain = trust * log_bg + (1.0 - trust) * log_gain
+        # the subject as reference: its own near-neutral cluster, when it is as light as the backdrop
+        subject = valid & (alpha.reshape(-1) >= cfg.subject_min_alpha)
+        s_centre, s_kernel, s_conf = _neutral_cluster(xp, flat, light, ab, subject, cfg)
+        s_mass = xp.maximum(s_kernel.sum(), 1e-12)
+        s_light = (s_kernel @ light) / s_mass
+        bg_light = (bgw @ light) / xp.maximum(count, 1)
+        lighter = xp.clip((s_light - bg_light + 1.5 * cfg.subject_darker) / (0.5 * cfg.subject_darker), 0.0, 1.0)
+        own = s_conf * lighter * (count > 0)
+        tint = xp.sqrt((s_centre ** 2).sum())
+        cast = xp.clip((tint - cfg.tint_free) / (cfg.tint_full - cfg.tint_free), 0.0, 1.0)
+        s_illuminant = xp.maximum((s_kernel @ flat) / s_mass, 1.0)
+        log_own = cast * xp.log(_balancing_gains(xp, s_illuminant))
+        apart = xp.clip((xp.sqrt(((bg_ab - s_centre) ** 2).sum()) - cfg.agree) / cfg.agree, 0.0, 1.0)
+        # a backdrop of another colour than the subject's near-white: a colour, not a cast (a
+        # strongly tinted subject, an orange cat, is no white reference: the search above decides)
+        override = own * apart * (1.0 - cast)
+        log_gain = override * log_own + (1.0 - override) * log_gain
+        log_gain = log_gain * (1.0 - own * (1.0 - cast))  # a pale tint of the reference is its colour
     limit = math.log(cfg.max_gain)
     gains = xp.exp(xp.clip(log_gain, -limit, limit))
     return gains.astype(xp.float32)

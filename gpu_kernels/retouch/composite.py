@@ -11,6 +11,12 @@ or None. With a = alpha / 255 (float32):
 * ``"keep"``: ``round(y)`` → RGB.
 
 Rounding is ``floor(v + 0.5)`` clipped to [0, 255], as in the GPU kernels.
+
+A transparent preset needs the subject's alpha on its canvas, also when pass (a) composited the
+subject over white (the default): :func:`cutout_source` turns such an RGB image and its alpha back
+into RGBA, the colour un-composited from white (``c = (v - 255 (1 - a)) / a``), so that the
+render's premultiplied resampling sees ``c * a = v - 255 (1 - a)``: the subject's own colour,
+no white fringe, and alpha 0 wherever the mask is 0.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any, Literal
 
 from gpu_kernels.array import Array
 
-__all__ = ["Background", "composite", "round_levels"]
+__all__ = ["Background", "composite", "cutout_source", "round_levels"]
 
 Background = Literal["white", "transparent", "keep"]
 
@@ -40,3 +46,20 @@ def composite(xp: Any, y: Array, alpha: Array | None, background: Background) ->
         a = (alpha.astype(xp.float32) / xp.float32(255))[..., None]
         return round_levels(xp, y * a + xp.float32(255) * (xp.float32(1) - a))
     return round_levels(xp, y)
+
+
+def cutout_source(xp: Any, pixels: Array, alpha: Array | None) -> Array:
+    """The source a transparent canvas is rendered from: ``pixels`` itself when it has its own
+    alpha (4 channels) or there is no ``alpha``; else ``(H, W, 4)`` uint8 with ``alpha`` and the
+    colour un-composited from white (0 where alpha is 0). ``pixels``: ``(H, W, 1|3|4)`` uint8."""
+    if alpha is None or pixels.shape[2] == 4:
+        return pixels
+    a = alpha.astype(xp.float32) * xp.float32(1 / 255)
+    v = pixels.astype(xp.float32)
+    if v.shape[2] == 1:
+        v = xp.repeat(v, 3, axis=2)
+    colour = (v - xp.float32(255) * (xp.float32(1) - a)[..., None]) / xp.maximum(a, xp.float32(1 / 255))[..., None]
+    out = xp.empty((*pixels.shape[:2], 4), xp.uint8)
+    out[..., :3] = xp.where((alpha > 0)[..., None], round_levels(xp, colour), xp.uint8(0))
+    out[..., 3] = alpha
+    return out

@@ -29,6 +29,9 @@ class RetouchConfig:
     per-channel 256-entry tables instead of per-pixel arithmetic (same numbers).
     ``crop_to_presets``: the correct stage colours only the part of the image that some preset
     of the event will read (the union of their crop windows, plus a margin).
+    ``decontaminate``: before compositing, edge pixels (0 < alpha < 255) take the subject's own
+    colour (:func:`gpu_kernels.retouch.matting.decontaminate`, on the whole image, so a window
+    of it is coloured as the whole would be), so no backdrop colour fringes.
     """
 
     white_balance: WhiteBalanceConfig = field(default_factory=WhiteBalanceConfig)
@@ -39,6 +42,7 @@ class RetouchConfig:
     sample: Literal["area", "strided"] = "strided"
     tables: bool = True
     crop_to_presets: bool = True
+    decontaminate: bool = True
 
     def __post_init__(self) -> None:
         if self.sample_side < 8:

@@ -9,7 +9,7 @@ import numpy as np
 from gpu_kernels.backends import Array, RetouchOptions
 from gpu_kernels.presets import Preset
 from gpu_kernels.retouch.checks import alpha_source, as_pixels
-from gpu_kernels.retouch.composite import Background
+from gpu_kernels.retouch.composite import Background, cutout_source
 from gpu_kernels.retouch.config import RetouchConfig
 from gpu_kernels.retouch.correction import (
     ColorPlan,
@@ -19,6 +19,7 @@ from gpu_kernels.retouch.correction import (
 )
 from gpu_kernels.retouch.geometry import placement, read_window, subject_box
 from gpu_kernels.retouch.illumination import gaussian_matrix
+from gpu_kernels.retouch.matting import decontaminate
 from gpu_kernels.retouch.render import render_fused_cpu, render_reference
 from schemas.errors import per_item
 
@@ -94,6 +95,7 @@ class CpuRetoucher:
         ``ProcessingFailed``."""
         pixels, alpha = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
+        pixels = self.edge_colours(pixels, alpha, options)  # on the whole image: a window sees the same
         if window is not None:
             x0, y0, x1, y1 = window
             pixels = pixels[y0:y1, x0:x1]
@@ -109,7 +111,17 @@ class CpuRetoucher:
         pixels, alpha = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(np, pixels, alpha, options.lighting, self.config, gaussian_matrix)
         background = effective_background(options.background, alpha)
+        pixels = self.edge_colours(pixels, alpha, options)
         return np.asarray(correct_reference(np, pixels, alpha, plan, background))
+
+    def edge_colours(self, pixels: np.ndarray, alpha: np.ndarray | None, options: RetouchOptions) -> np.ndarray:
+        """``pixels`` with the subject's own colour at its soft edge (``RetouchConfig.decontaminate``),
+        when a cut-out is composited (background white or transparent, an RGB image and a mask)."""
+        if (not self.config.decontaminate or alpha is None or pixels.shape[2] != 3
+                or effective_background(options.background, alpha) == "keep"):
+            return pixels
+        out: np.ndarray = decontaminate(np, pixels, alpha)
+        return out
 
     def placement(self, image: Array, mask: Array | None, preset: Preset) -> np.ndarray:
         """``(3,)`` float32 ``[inv_k, ox, oy]`` for ``preset`` (see :mod:`.geometry`)."""
@@ -120,16 +132,20 @@ class CpuRetoucher:
 
     def render(self, image: Array, mask: Array | None, preset: Preset) -> np.ndarray:
         """Pass (b): ``(preset.height, preset.width, 3)`` uint8 (4 for a transparent preset)."""
-        pixels, _ = self._inputs(image, mask, "retouch.render")
+        pixels, alpha = self._inputs(image, mask, "retouch.render")
         params = self.placement(image, mask, preset)
+        if preset.background == "transparent":  # the subject's alpha, not an opaque white box
+            pixels = cutout_source(np, pixels, alpha)
         return render_fused_cpu(pixels, params, preset.width, preset.height,
                                 preset.background == "transparent", preset.sharpen,
                                 self.config.geometry.cubic_coefficients())
 
     def render_unfused(self, image: Array, mask: Array | None, preset: Preset) -> np.ndarray:
         """The unfused chain (crop, resize, pad, sharpen, finalize); same as :meth:`render`."""
-        pixels, _ = self._inputs(image, mask, "retouch.render")
+        pixels, alpha = self._inputs(image, mask, "retouch.render")
         params = self.placement(image, mask, preset)
+        if preset.background == "transparent":
+            pixels = cutout_source(np, pixels, alpha)
         return np.asarray(render_reference(
             np, pixels, params, preset.width, preset.height, preset.background == "transparent",
             preset.sharpen, self.config.geometry.cubic_coefficients()))

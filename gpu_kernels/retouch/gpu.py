@@ -28,11 +28,13 @@ import numpy as np
 from gpu_kernels.backends import Array, RetouchOptions
 from gpu_kernels.presets import Preset
 from gpu_kernels.retouch.checks import alpha_source, as_pixels
+from gpu_kernels.retouch.composite import cutout_source
 from gpu_kernels.retouch.config import RetouchConfig
 from gpu_kernels.retouch.correction import ColorPlan, correct_reference, plan_correction
 from gpu_kernels.retouch.cpu import Window, effective_background
 from gpu_kernels.retouch.geometry import placement, read_window, subject_box
 from gpu_kernels.retouch.illumination import gain_columns, gaussian_matrix
+from gpu_kernels.retouch.matting import decontaminate
 from gpu_kernels.retouch.render import render_reference
 from schemas.errors import LightboxError, ProcessingFailed, per_item
 
@@ -456,6 +458,7 @@ class CupyRetoucher:
         cp = self.cp
         pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(cp, pixels, alpha, options.lighting, self.config, self._matrix)
+        pixels = self.edge_colours(pixels, alpha, own, options)  # whole image: a window sees the same
         if window is not None and not own:
             x0, y0, x1, y1 = window
             pixels = cp.ascontiguousarray(pixels[y0:y1, x0:x1])
@@ -463,6 +466,13 @@ class CupyRetoucher:
             plan = plan.shifted(y0, x0)
         background = effective_background(options.background, alpha)
         return self.launch_correct(pixels, alpha, own, plan, background)
+
+    def edge_colours(self, pixels: Any, alpha: Any, own: bool, options: RetouchOptions) -> Any:
+        """As :meth:`CpuRetoucher.edge_colours` (the same array code, on the device)."""
+        if (not self.config.decontaminate or alpha is None or own or pixels.shape[2] != 3
+                or effective_background(options.background, alpha) == "keep"):
+            return pixels
+        return self.cp.ascontiguousarray(decontaminate(self.cp, pixels, alpha))
 
     def launch_correct(
         self, pixels: Any, alpha: Any, own: bool, plan: ColorPlan, background: str
@@ -475,9 +485,10 @@ class CupyRetoucher:
 
     def correct_unfused(self, image: Array, mask: Array | None, options: RetouchOptions) -> Any:
         """The unfused chain on the GPU (one CuPy pass per stage), for checks and benchmarks."""
-        pixels, alpha, _ = self._inputs(image, mask, "retouch.correct")
+        pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(self.cp, pixels, alpha, options.lighting, self.config, self._matrix)
         background = effective_background(options.background, alpha)
+        pixels = self.edge_colours(pixels, alpha, own, options)
         return correct_reference(self.cp, pixels, alpha, plan, background)
 
     # -- pass (b) --------------------------------------------------------------------------
@@ -508,7 +519,10 @@ class CupyRetoucher:
         for i, (image, mask) in enumerate(zip(images, masks, strict=True)):
             try:
                 pixels, alpha, _ = self._inputs(image, mask, stage)
-                batch.append((i, pixels, self._placement(pixels, alpha, preset)))
+                params = self._placement(pixels, alpha, preset)
+                if preset.background == "transparent":  # the subject's alpha, not an opaque white box
+                    pixels = cp.ascontiguousarray(cutout_source(cp, pixels, alpha))
+                batch.append((i, pixels, params))
             except LightboxError as exc:
                 results[i] = exc
         if not batch:
@@ -530,6 +544,8 @@ class CupyRetoucher:
         """The unfused chain on the GPU (crop, resize, pad, sharpen as separate CuPy passes)."""
         pixels, alpha, _ = self._inputs(image, mask, "retouch.render")
         params = self.cp.asnumpy(self._placement(pixels, alpha, preset))
+        if preset.background == "transparent":
+            pixels = cutout_source(self.cp, pixels, alpha)
         return render_reference(self.cp, pixels, params, preset.width, preset.height,
                                 preset.background == "transparent", preset.sharpen,
                                 self.config.geometry.cubic_coefficients())

@@ -3,8 +3,12 @@
     prob  = guided(prob, image) where the model is unsure   (the edge follows the photo's edges)
     hard  = prob >= threshold
             - islands small beside the largest, or far from it and not large, dropped
+            - other objects that touch the frame's edge and are unlike the largest, dropped
             + holes enclosed by the subject filled: specks always, larger ones up to a share of
               the subject unless they look like the background (a mug's handle stays open)
+    alpha = matte(hard, image) in a band around the outline and where the model was unsure
+            (a colour-guided alpha matte: soft where the photo's edge is soft; default)
+    or, without the image or with ``matte`` off:
     core  = hard eroded by ``erode_px``       (the edge pixels, mixed with background, go)
     alpha = min(blur(core, feather_px), hard) (a feathered edge that only fades *inward*)
 
@@ -26,16 +30,19 @@ from typing import Any
 
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import srgb_to_lab
+from gpu_kernels.retouch.matting import matte_band
 from gpu_kernels.segment.ops import ArrayOps
 
 __all__ = [
     "MaskPostprocess",
     "alpha_from_probability",
     "clean_cutout",
+    "drop_edge_clutter",
     "drop_islands",
     "drop_leaks",
     "fill_holes",
     "guided_probability",
+    "matte_alpha",
 ]
 
 
@@ -53,6 +60,18 @@ class MaskPostprocess:
     Leaks (off by default, ``leak_prob`` 0): subject pixels with ``prob < leak_prob`` within
     ``leak_delta_e`` of the background around the subject are dropped (on the sample catalog at
     0.8 it removes the backdrop patch between the coins but also trims a cat's fur by 5 %).
+    Edge clutter (``clutter_delta_e`` > 0): a component other than the largest that touches the
+    frame's edge, is smaller than the largest and whose mean colour is more than
+    ``clutter_delta_e`` (CIELAB ΔE) from the largest's is another object cut by the frame (a
+    flag beside a person, a plant at the border) and is dropped; parts of the product that do
+    not touch the edge (a lid, the second shoe) are kept whatever their colour.
+    Matte (``matte``, on): the trimap's unknown band is ``matte_band`` of the diagonal (at least
+    2 px) either side of the outline, plus the pixels within three bands of it whose probability
+    lies in ``matte_unsure``; there alpha is a colour-guided filter of the hard mask
+    (:func:`gpu_kernels.retouch.matting.matte_band`, regulariser ``matte_eps``), elsewhere 0 or 255;
+    outside the hard mask only where the probability and the matte are at least ``matte_outside``
+    (and below one half); the default 1 keeps it inside: outside, it closed the narrow gaps between
+    the sample catalog's coins into enclosed white islands, for a gain in alpha SAD of 2-10 % on fur.
     """
 
     threshold: float = 0.5  # probability at or above which a pixel is subject
@@ -70,6 +89,12 @@ class MaskPostprocess:
     guide_band: float = 0.45
     leak_prob: float = 0.0
     leak_delta_e: float = 10.0
+    clutter_delta_e: float = 25.0
+    matte: bool = True
+    matte_band: float = 0.004
+    matte_eps: float = 1e-3
+    matte_unsure: tuple[float, float] = (0.1, 0.9)
+    matte_outside: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -141,6 +166,39 @@ def drop_islands(hard: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
     keep = (areas >= cfg.min_component * big) & (touches | (areas >= cfg.far_component * big))
     keep[0] = False
     return keep[labels]
+
+
+def drop_edge_clutter(hard: Array, image: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """``hard`` without the edge clutter (see :class:`MaskPostprocess`); colours averaged on a
+    strided grid (about 0.5 MP)."""
+    xp = ops.xp
+    labels, n = ops.label(hard, 8)
+    if n <= 1:
+        return hard
+    frame = xp.zeros(n + 1, dtype=bool)
+    frame[xp.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]])] = True
+    frame[0] = False
+    areas = xp.bincount(labels.ravel(), minlength=n + 1).astype(xp.float64)
+    areas[0] = 0
+    main = int(xp.argmax(areas))
+    frame[main] = False
+    if not bool(frame.any()):
+        return hard
+    h, w = hard.shape[:2]
+    st = max(1, math.ceil(math.sqrt(h * w / 500_000)))
+    lab_s = labels[::st, ::st].ravel()
+    rgb = image[::st, ::st, :3] if image.ndim == 3 else image[::st, ::st, None]
+    rgb = rgb.astype(xp.float64)
+    if rgb.shape[-1] == 1:
+        rgb = xp.repeat(rgb, 3, axis=2)
+    counts = xp.bincount(lab_s, minlength=n + 1).astype(xp.float64)
+    sums = xp.stack([xp.bincount(lab_s, weights=rgb[..., c].ravel(), minlength=n + 1) for c in range(3)], axis=1)
+    lab = srgb_to_lab(xp, sums / xp.maximum(counts, 1.0)[:, None])
+    delta = xp.sqrt(((lab - lab[main][None, :]) ** 2).sum(axis=1))
+    drop = frame & (delta > cfg.clutter_delta_e) & (counts > 0) & (areas < areas[main])
+    if not bool(drop.any()):
+        return hard
+    return hard & ~drop[labels]
 
 
 def clean_cutout(alpha: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
@@ -232,6 +290,31 @@ def drop_leaks(hard: Array, prob: Array, image: Array, cfg: MaskPostprocess, ops
     return out
 
 
+def matte_alpha(prob: Array, hard: Array, image: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """``(H, W)`` uint8 alpha: the colour-guided matte of ``hard`` in the trimap's unknown band
+    (see :class:`MaskPostprocess`), ``hard`` elsewhere."""
+    xp = ops.xp
+    h, w = hard.shape[:2]
+    band = max(2, round(cfg.matte_band * math.hypot(h, w)))
+    outer = ~ops.erode(~hard, band)
+    unknown = outer & ~ops.erode(hard, band)
+    lo, hi = cfg.matte_unsure
+    near = ~ops.erode(~hard, 3 * band)
+    unknown |= near & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
+    rgb = image[..., :3] if image.ndim == 3 and image.shape[2] >= 3 else xp.repeat(
+        image.reshape(h, w, 1), 3, axis=2)
+    alpha = matte_band(xp, rgb, hard, unknown, band, cfg.matte_eps)
+    # outside the hard mask only where the model gave the pixel a chance (fur, a soft rim):
+    # elsewhere the backdrop's texture would leave a speckled fringe on a white canvas
+    outside_ok = (prob >= xp.float32(cfg.matte_outside)) & (alpha >= xp.float32(cfg.matte_outside))
+    # below one half outside it: the cut-out's outline (alpha >= 128) stays the hard mask's
+    alpha = xp.where(hard, alpha, xp.where(outside_ok, xp.minimum(alpha, xp.float32(127 / 255)), xp.float32(0)))
+    # inside it, never below the feathered mask: a highlight near the outline is no hole
+    floor = ops.blur(hard.astype(xp.float32), max(cfg.feather_px, 0.5))
+    alpha = xp.where(hard, xp.maximum(alpha, floor), alpha)
+    return xp.rint(alpha * xp.float32(255)).astype(xp.uint8)
+
+
 def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps, image: Array | None = None) -> Array:
     """``(H, W)`` float32 probability in [0, 1] -> ``(H, W)`` uint8 alpha (0 bg, 255 subject).
 
@@ -247,8 +330,12 @@ def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps, ima
     if cfg.min_component > 0:
         hard = drop_islands(hard, cfg, ops) if cfg.far_component > 0 else ops.keep_large_components(
             hard, cfg.min_component)
+    if image is not None and cfg.clutter_delta_e > 0:
+        hard = drop_edge_clutter(hard, image, cfg, ops)
     if cfg.speck_hole > 0 or (cfg.max_hole > 0 and image is not None):
         hard = fill_holes(hard, image, cfg, ops)
+    if cfg.matte and image is not None and image.shape[:2] == hard.shape[:2]:
+        return matte_alpha(prob, hard, image, cfg, ops)
     if cfg.feather_px <= 0:
         return ops.erode(hard, cfg.erode_px).astype(xp.uint8) * xp.uint8(255)
     core = ops.erode(hard, cfg.erode_px).astype(xp.float32)
