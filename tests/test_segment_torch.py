@@ -5,6 +5,7 @@ ONNX Runtime's masks, the gate, and its place in the runtime choice. Skipped wit
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +99,7 @@ def test_lower_precisions_pass_the_gate_against_onnxruntime(u2netp: ModelFiles, 
     if not torch_cpu_supports(precision):
         pytest.skip(f"oneDNN has no native {precision} on this CPU (autocast would emulate it slowly)")
     with OnnxSegmenter(u2netp.batched, threads=2) as ref, \
-            TorchSegmenter(u2netp.batched, precision=precision, threads=2) as seg:  # type: ignore[arg-type]
+            TorchSegmenter(u2netp.batched, precision=precision, threads=2) as seg:
         result = run_gate(f"torch-{precision}", seg, ref, small_gate())
         with torch.inference_mode():
             x = torch.zeros(1, 3, 320, 320)
@@ -133,8 +134,10 @@ def test_torch_runtimes_by_name_and_through_the_gate(u2netp: ModelFiles, tmp_pat
 
 
 @pytest.mark.slow
-def test_auto_gates_the_torch_candidates_and_doctor_reads_its_pick(u2netp: ModelFiles, tmp_path: Path) -> None:
-    """auto weighs torch beside the others; the cached verdicts alone then tell what auto picks."""
+def test_auto_gates_the_torch_candidates_and_doctor_reads_its_pick(u2netp: ModelFiles, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto weighs torch beside the others; the cached verdicts alone then tell what auto picks,
+    and ``lightbox doctor`` says it."""
     pick, why = cached_auto_choice(u2netp.batched, threads=2, cache_dir=tmp_path)
     assert pick is None and "not measured yet" in why
     seg, choice = make_model_segmenter(u2netp.batched, runtime="auto", cache_dir=tmp_path, images=small_gate,
@@ -146,3 +149,11 @@ def test_auto_gates_the_torch_candidates_and_doctor_reads_its_pick(u2netp: Model
     pick, why = cached_auto_choice(u2netp.batched, threads=2, cache_dir=tmp_path)
     assert pick == choice.runtime, (pick, why, choice)
     seg.close()
+    from lightbox.doctor import _runtimes
+
+    (tmp_path / "u2netp").mkdir()
+    shutil.copy(u2netp.batched, tmp_path / "u2netp" / "u2netp.batched.onnx")
+    for key, value in (("MODEL_DIR", str(tmp_path)), ("SEGMENT_THREADS", "2"), ("DEVICE", "cpu")):
+        monkeypatch.setenv(f"LIGHTBOX_{key}", value)
+    check = _runtimes()
+    assert check.status == "ok" and "torch-fp32" in check.detail and f"auto: {choice.runtime} (" in check.detail

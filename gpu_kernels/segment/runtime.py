@@ -257,7 +257,7 @@ def _torch_candidates(model_path: Path, spec: ModelSpec, threads: int, max_batch
 def _torch_segmenter(model_path: Path, spec: ModelSpec, device: str, precision: str, **options: Any) -> Segmenter:
     from gpu_kernels.segment.torch_runner import TorchSegmenter
 
-    return TorchSegmenter(model_path, spec, device=device, precision=precision, **options)  # type: ignore[arg-type]
+    return TorchSegmenter(model_path, spec, device=device, precision=precision, **options)
 
 
 def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: str = "cpu",

@@ -102,7 +102,7 @@ class TorchSegmenter(BucketedSegmenter):
     """
 
     def __init__(self, model_path: Path | str, spec: ModelSpec = U2NETP, *, device: str = "cpu",
-                 device_id: int = 0, precision: Precision = "fp32", threads: int | None = None,
+                 device_id: int = 0, precision: str = "fp32", threads: int | None = None,
                  max_batch: int | None = None, post: MaskPostprocess | None = None, channels_last: bool = True,
                  cuda_graphs: bool = False, compile: bool = False, warmup: bool = False) -> None:
         try:
