@@ -4,6 +4,7 @@ ONNX Runtime's masks, the gate, and its place in the runtime choice. Skipped wit
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -18,6 +19,7 @@ from gpu_kernels.segment import OnnxSegmenter
 from gpu_kernels.segment.fetch_model import ModelFiles
 from gpu_kernels.segment.model import U2NETP, preprocess
 from gpu_kernels.segment.onnx_runner import cpu_session_options
+from gpu_kernels.segment.onnx_torch import import_torch
 from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.runtime import (
     available_runtimes,
@@ -29,7 +31,9 @@ from gpu_kernels.segment.runtime import (
 from gpu_kernels.segment.samples import make_composite
 from schemas.errors import ProcessingFailed
 
-torch = pytest.importorskip("torch")
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("torch is not installed (the [torch] extra; make test-torch)", allow_module_level=True)
+torch = import_torch()  # idle OpenMP threads sleep, as in the worker
 
 from gpu_kernels.segment.onnx_torch import load_onnx_module  # noqa: E402
 from gpu_kernels.segment.torch_runner import TorchSegmenter, torch_cpu_supports  # noqa: E402

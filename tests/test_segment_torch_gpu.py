@@ -6,15 +6,19 @@ Skipped without torch's CUDA build, CuPy and a device. CPU twin: tests/test_segm
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from gpu_kernels.segment.onnx_torch import import_torch
 from tests.gpu import cupy_or_skip
 
 pytestmark = pytest.mark.gpu
-torch = pytest.importorskip("torch")
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("torch is not installed (the [torch] extra; make test-torch)", allow_module_level=True)
+torch = import_torch()  # idle OpenMP threads sleep, as in the worker
 if not torch.cuda.is_available():
     pytest.skip("torch has no CUDA device", allow_module_level=True)
 cp = cupy_or_skip()
