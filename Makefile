@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-gpu lint demo bench kafka-jars s3-jars image image-test clean
+.PHONY: setup test test-gpu test-torch lint demo bench kafka-jars s3-jars image image-test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ test: setup kafka-jars s3-jars  ## the whole suite; starts its own Kafka broker;
 
 test-gpu: setup  ## only the GPU tests (on a machine with an NVIDIA GPU and CuPy)
 	$(BIN)/pytest -q -m gpu
+
+test-torch: setup  ## the PyTorch runtime's tests (installs the [torch] extra: ~5 GB, ~5 min; not in CI)
+	$(BIN)/pip install -q -e '.[dev,torch]'
+	$(BIN)/pytest -q -p no:cacheprovider tests/test_segment_torch.py tests/test_segment_torch_gpu.py
 
 lint: setup  ## ruff + mypy + the import layers (pyproject [tool.importlinter])
 	$(BIN)/ruff check .

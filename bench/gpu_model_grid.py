@@ -9,6 +9,12 @@ written here by ``--export-gate-images DIR``, as scikit-image is not on the GPU 
 
     python3 bench/gpu_model_grid.py MODEL.onnx [--gate-images DIR] [--out FILE]
     python3 bench/gpu_model_grid.py MODEL.onnx --dry-run-cpu     # the code paths on the CPU
+    python3 bench/gpu_model_grid.py MODEL.onnx --torch [--dry-run-cpu]   # the PyTorch runtime
+
+``--torch``: the same grid with ``TorchSegmenter`` (needs only torch's CUDA build and CuPy, no
+onnxruntime-gpu): fp16 / bf16 / fp32 (autocast), eager and with CUDA graphs per bucket, then
+fp16 + ``torch.compile`` + CUDA graphs while time is left (``--deadline``), and the torch-fp16
+gate against ONNX Runtime fp32 masks (the CPU provider when onnxruntime has no CUDA).
 
 Without CuPy and a CUDA device (and without ``--dry-run-cpu``) it writes
 ``{"status": "skipped", "reason": ...}`` and exits 0. ``--dry-run-cpu`` runs fp32 and fp16 on
@@ -138,6 +144,90 @@ def grid(model: Path, fp16: Path, gpu: bool, batches: tuple[int, ...], budget_s:
     return rows
 
 
+def torch_grid(model: Path, gpu: bool, batches: tuple[int, ...], budget_s: float,
+               deadline: float) -> list[dict[str, Any]]:
+    """TorchSegmenter._infer by batch: precision x (eager, CUDA graphs), then compiled fp16 while
+    ``deadline`` (a perf_counter time) allows."""
+    from gpu_kernels.segment.torch_runner import TorchSegmenter
+
+    if gpu:
+        import cupy
+
+        xp: Any = cupy
+
+        def sync() -> None:
+            cupy.cuda.Device().synchronize()
+    else:
+        xp = np
+
+        def sync() -> None:
+            return None
+
+    configs: list[tuple[str, str, dict[str, Any]]] = [("fp16", "eager", {}), ("fp16", "cuda_graphs", {})]
+    if gpu:
+        configs += [("bf16", "eager", {}), ("bf16", "cuda_graphs", {}), ("fp32", "eager", {}),
+                    ("fp32", "cuda_graphs", {}), ("fp16", "compile+cuda_graphs", {"compile": True})]
+    else:
+        configs = [("fp32", "eager", {})]
+    rows: list[dict[str, Any]] = []
+    for precision, mode, opts in configs:
+        if time.perf_counter() > deadline:
+            rows.append({"runtime": "torch", "precision": precision, "mode": mode, "skipped": "out of time"})
+            continue
+        t0 = time.perf_counter()
+        try:
+            seg = TorchSegmenter(model, device="gpu" if gpu else "cpu", precision=precision, max_batch=max(batches),
+                                 cuda_graphs="cuda_graphs" in mode, threads=None if gpu else 2, **opts)
+        except Exception as exc:
+            rows.append({"runtime": "torch", "precision": precision, "mode": mode,
+                         "error": f"{type(exc).__name__}: {exc}"[:400]})
+            continue
+        for b in batches:
+            if time.perf_counter() > deadline:
+                break
+            x = xp.asarray(np.random.default_rng(b).random((b, 3, 320, 320), dtype=np.float32))
+            row: dict[str, Any] = {"runtime": "torch", "precision": f"torch-{precision}", "mode": mode, "batch": b}
+            try:
+                s = median_s(lambda x=x, seg=seg: seg._infer(x), sync, budget_s)
+                row |= {"ms_per_batch": round(s * 1000, 3), "img_per_s": round(b / s, 1)}
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        rows.append({"runtime": "torch", "precision": f"torch-{precision}", "mode": mode,
+                     "setup_and_run_s": round(time.perf_counter() - t0, 2), "providers": seg.providers,
+                     "graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors,
+                     "compile_error": seg.compile_error})
+        seg.close()
+    return rows
+
+
+def torch_gate(model: Path, gpu: bool, images: list[np.ndarray]) -> dict[str, Any]:
+    """torch fp16 (GPU; fp32 on a CPU dry run) masks against ONNX Runtime fp32 masks."""
+    from dataclasses import asdict
+
+    import onnxruntime as ort
+
+    from gpu_kernels.segment import OnnxSegmenter
+    from gpu_kernels.segment.runtime import run_gate
+    from gpu_kernels.segment.torch_runner import TorchSegmenter
+
+    if not images:
+        return {"status": "skipped", "reason": "no gate images (pass --gate-images DIR)"}
+    ort_gpu = gpu and "CUDAExecutionProvider" in ort.get_available_providers()
+    ref = OnnxSegmenter(model, device="gpu", use_tensorrt=False) if ort_gpu else OnnxSegmenter(model)
+    imgs: list[Any] = list(images if gpu else images[:3])
+    if ort_gpu:
+        import cupy
+
+        imgs = [cupy.asarray(i) for i in imgs]
+    cand = TorchSegmenter(model, device="gpu", precision="fp16") if gpu else TorchSegmenter(model, threads=2)
+    result = asdict(run_gate("torch-fp16" if gpu else "torch-fp32", cand, ref, imgs))
+    result["reference"] = "onnxruntime fp32 on the " + ("GPU" if ort_gpu else "CPU")
+    result["device"] = "gpu" if gpu else "cpu (dry run, 3 images)"
+    return result
+
+
 def fp16_gate(model: Path, fp16: Path, gpu: bool, images: list[np.ndarray]) -> dict[str, Any]:
     from dataclasses import asdict
 
@@ -168,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--export-gate-images", type=Path, default=None, help="write the gate PNGs here and exit")
     ap.add_argument("--budget", type=float, default=0.6, help="timed seconds per configuration")
     ap.add_argument("--dry-run-cpu", action="store_true")
+    ap.add_argument("--torch", action="store_true", help="the PyTorch runtime's grid and gate instead")
+    ap.add_argument("--deadline", type=float, default=70.0, help="--torch: seconds before no new row starts")
     args = ap.parse_args(argv)
     if args.export_gate_images:
         export_gate_images(args.export_gate_images)
@@ -183,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out, result)
         print(result["reason"])
         return 0
+    if args.torch:
+        return _torch_main(args, gpu, result)
     if not gpu:
         result["skipped"] = "CPU dry run: CUDA graphs and TensorRT need a GPU; batches 1 and 2 only"
     from gpu_kernels.segment.variants import derived_path, make_fp16
@@ -193,6 +287,40 @@ def main(argv: list[str] | None = None) -> int:
     steps: list[tuple[str, Callable[[], Any]]] = [
         ("grid", lambda: grid(args.model, fp16, gpu, BATCHES if gpu else (1, 2), args.budget if gpu else 0.05)),
         ("fp16_gate", lambda: fp16_gate(args.model, fp16, gpu, load_gate_images(args.gate_images))),
+    ]
+    for name, step in steps:
+        try:
+            result[name] = step()
+        except Exception:
+            result["errors"][name] = traceback.format_exc(limit=6)
+            print(f"[{name}] FAILED\n{result['errors'][name]}", flush=True)
+        _write(args.out, result)
+    if result["errors"]:
+        result["status"] = "partial"
+    _write(args.out, result)
+    print(f"status {result['status']}; wrote {args.out}")
+    return 0 if result["status"] == "ok" else 1
+
+
+def _torch_main(args: argparse.Namespace, gpu: bool, result: dict[str, Any]) -> int:
+    from gpu_kernels.segment.torch_runner import torch_available, torch_cuda_available
+
+    deadline = time.perf_counter() + args.deadline
+    result["runtime"] = "torch"
+    if not torch_available() or (gpu and not torch_cuda_available()):
+        result |= {"status": "skipped", "reason": "torch (with CUDA on a GPU) is not installed here"}
+        _write(args.out, result)
+        print(result["reason"])
+        return 0
+    if not gpu:
+        result["skipped"] = "CPU dry run: torch fp32 eager at batches 1 and 2; CUDA graphs and compile need a GPU"
+    from gpu_kernels.segment.onnx_torch import import_torch
+
+    result["torch"] = import_torch().__version__
+    steps: list[tuple[str, Callable[[], Any]]] = [
+        ("grid", lambda: torch_grid(args.model, gpu, BATCHES if gpu else (1, 2), args.budget if gpu else 0.05,
+                                    deadline)),
+        ("gate", lambda: torch_gate(args.model, gpu, load_gate_images(args.gate_images))),
     ]
     for name, step in steps:
         try:

@@ -3,12 +3,15 @@
 #
 #   OUT=out/gpu_suite bash bench/gpu_suite.sh [MODEL.onnx]
 #
-# Steps (each under its own time limit; the sum is 465 s):
+# Steps (each under its own time limit; the sum is 545 s):
 #   parity   75 s  GPU-vs-CPU parity tests: pytest -m gpu tests/*_gpu.py
+#   torch    90 s  u2netp on PyTorch (needs only torch's CUDA build + CuPy, no extra wheels):
+#                  fp16/bf16/fp32 x CUDA graphs off/on, fp16 compiled, by batch 1-64; the
+#                  torch-fp16 gate vs ONNX Runtime fp32 masks (bench/gpu_model_grid.py --torch)
 #   decode   75 s  DALI decode grid, nvJPEG encode sizes       (bench/gpu_check_codec.py)
 #   retouch  60 s  retouch kernels: bandwidth vs a device copy (bench/gpu_check_retouch.py)
-#   model   110 s  u2netp by batch 1-64: fp32/fp16 x CUDA graphs off/on (+TensorRT), FP16 gate
-#                                                             (bench/gpu_model_grid.py)
+#   model   100 s  u2netp on ONNX Runtime GPU (when its wheels installed) by batch 1-64:
+#                  fp32/fp16 x CUDA graphs off/on (+TensorRT), FP16 gate (bench/gpu_model_grid.py)
 #   e2e     130 s  lightbox process engine: img/s, p50/p99 at 3 presets, batch 1-64
 #                                                             (bench/gpu_e2e_grid.py)
 #   report   15 s  merge into gpu_suite.json, draw gpu_suite.png (bench/gpu_suite_report.py)
@@ -56,10 +59,19 @@ step() {  # step NAME LIMIT_S COMMAND...
 
 if $PY -c "import pytest" 2>/dev/null; then
   step parity 75 $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_codec_gpu.py tests/test_pipeline_gpu.py \
-    tests/test_retouch_gpu.py tests/test_segment_gpu.py tests/test_segment_runtime_gpu.py tests/test_shadow_gpu.py
+    tests/test_retouch_gpu.py tests/test_segment_gpu.py tests/test_segment_runtime_gpu.py tests/test_shadow_gpu.py \
+    tests/test_segment_torch_gpu.py
 else
   echo "== parity skipped: pytest is not installed here"
   echo '{"step": "parity", "rc": -1, "seconds": 0, "skipped": "pytest not installed"}' >> "$PARTS/steps.jsonl"
+fi
+TORCH=$($PY -c "import importlib.util as u; print(int(u.find_spec('torch') is not None))" 2>/dev/null || echo 0)
+if [[ "$TORCH" == 1 && -n "$MODEL" ]]; then  # first: the model path that needs no extra wheels on the GPU machine
+  step torch 90 $PY bench/gpu_model_grid.py "$MODEL" --torch --deadline 70 "${GATE_ARGS[@]}" "${DRY[@]}" \
+    --out "$PARTS/torch.json" --budget 0.3
+else
+  echo "== torch skipped: torch is not installed here (or no model file)"
+  echo '{"step": "torch", "rc": -1, "seconds": 0, "skipped": "torch not installed"}' >> "$PARTS/steps.jsonl"
 fi
 step decode 75 $PY bench/gpu_check_codec.py --out "$PARTS/codec.json" --min-seconds 0.5
 step retouch 60 env OUT="$PARTS" $PY bench/gpu_check_retouch.py --repeat 3
@@ -69,7 +81,7 @@ if [[ "$GPUS" -gt 0 && "$CUDA_EP" != 1 ]]; then
   echo "== model skipped: ONNX Runtime has no CUDA provider here (bring onnxruntime-gpu)"
   echo '{"step": "model", "rc": -1, "seconds": 0, "skipped": "no CUDA provider in onnxruntime"}' >> "$PARTS/steps.jsonl"
 elif [[ -n "$MODEL" ]]; then
-  step model 110 $PY bench/gpu_model_grid.py "$MODEL" "${GATE_ARGS[@]}" "${DRY[@]}" --out "$PARTS/model.json" --budget 0.4
+  step model 100 $PY bench/gpu_model_grid.py "$MODEL" "${GATE_ARGS[@]}" "${DRY[@]}" --out "$PARTS/model.json" --budget 0.4
 else
   echo '{"step": "model", "rc": -1, "seconds": 0, "skipped": "no model file"}' >> "$PARTS/steps.jsonl"
 fi

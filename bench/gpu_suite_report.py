@@ -39,7 +39,8 @@ def merge(parts: Path) -> dict[str, Any]:
     steps = [json.loads(ln) for ln in (parts / "steps.jsonl").read_text().splitlines() if ln.strip()] \
         if (parts / "steps.jsonl").is_file() else []
     data = {"codec": _load(parts / "codec.json"), "retouch": _load(parts / "gpu_check_retouch.json"),
-            "model": _load(parts / "model.json"), "e2e": _load(parts / "e2e.json")}
+            "model": _load(parts / "model.json"), "torch": _load(parts / "torch.json"),
+            "e2e": _load(parts / "e2e.json")}
     summary: dict[str, Any] = {"parity": parity_summary(parts / "parity.log")}
     for name, part in data.items():
         if part is None:
@@ -76,7 +77,7 @@ def draw(report: dict[str, Any], png: Path) -> None:
     ax = axes[0][0]
     model = report["parts"].get("model") or {}
     series: dict[str, list[tuple[int, float]]] = {}
-    for r in model.get("grid") or []:
+    for r in (model.get("grid") or []) + ((report["parts"].get("torch") or {}).get("grid") or []):
         if "img_per_s" in r:
             series.setdefault(f"{r['precision']} {r['mode']}", []).append((r["batch"], r["img_per_s"]))
     for label, pts in series.items():

@@ -178,6 +178,28 @@ def _model() -> Check:
     return Check("model", "ok", f"u2netp sha256 {digest[:12]}… verified ({path})")
 
 
+def _runtimes() -> Check:
+    """Which model runtimes this installation has, and what ``auto`` picked here (from the cached
+    gate verdicts; nothing is run)."""
+    from gpu_kernels.segment.fetch_model import model_cache_dir
+    from gpu_kernels.segment.runtime import available_runtimes, cached_auto_choice
+    from streams.settings import Settings
+
+    settings = Settings()
+    device = settings.resolved_device()
+    names = available_runtimes(device)
+    detail = f"{device}: {', '.join(names) or 'none'}"
+    fix = "" if "torch" in names else "pip install 'lightbox[torch]' adds the PyTorch runtimes (~5 GB)"
+    if device == "gpu":
+        return Check("model runtimes", "ok" if names else "missing", detail + "; auto: fp32 (ONNX Runtime) when it "
+                     "has CUDA, else torch", fix if names else "pip install 'lightbox[gpu]' or 'lightbox[torch]'")
+    model = model_cache_dir() / "u2netp" / "u2netp.batched.onnx"
+    if not model.is_file():
+        return Check("model runtimes", "ok", detail + "; auto: not measured yet (no cached model)", fix)
+    pick, why = cached_auto_choice(model, threads=settings.segment_threads)
+    return Check("model runtimes", "ok", f"{detail}; auto: " + (f"{pick} ({why})" if pick else why), fix)
+
+
 def _backfill() -> Check:
     """Where a worker here runs its backfill tier (``LIGHTBOX_BACKFILL_PROCESS``, the device)."""
     from streams.settings import Settings
@@ -211,7 +233,7 @@ def _broker(bootstrap: str, timeout_s: float = 2.0) -> Check:
 def run_checks(bootstrap: str) -> list[Check]:
     """Every check, in the order a new user needs them."""
     checks: list[Callable[[], Check]] = [_python, _lightbox, _java, _maven, _dali, _gpu, _onnxruntime, _model,
-                                         _backfill, lambda: _broker(bootstrap)]
+                                         _runtimes, _backfill, lambda: _broker(bootstrap)]
     if _image():  # in a lightbox image: its facts; no JDK or Kafka jars (it joins an existing broker)
         checks = [_python, _lightbox, _container, *(c for c in checks[2:] if c not in (_java, _maven))]
     out = []

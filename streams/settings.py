@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     log_level: str = Field("WARNING", description="the workers' log level when `--loglevel` is not given")
 
     # -- perf
-    segment_runtime: Literal["auto", "fp32", "int8", "openvino", "openvino-bf16", "openvino-f32", "fp16"] = Field(
+    segment_runtime: Literal["auto", "fp32", "int8", "openvino", "openvino-bf16", "openvino-f32", "fp16", "torch", "torch-fp32", "torch-bf16", "torch-fp16"] = Field(  # noqa: E501
         "auto", description="segment model runtime. CPU: auto picks the fastest of OpenVINO (bf16 where the CPU "
                             "has it) and an INT8 QDQ model that passes the fidelity gate against fp32 masks, else "
                             "fp32 (ONNX Runtime); openvino-bf16/-f32 and int8 by name are not gated; "

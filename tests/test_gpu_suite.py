@@ -3,6 +3,7 @@ parts say they were skipped and why, and the JSON and PNG are written."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -33,15 +34,21 @@ def test_gpu_suite_runs_through_without_a_gpu(tmp_path: Path) -> None:
     assert "NO GPU on this machine" in run.stdout
 
     steps = [json.loads(line) for line in (out / "parts" / "steps.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in steps] == ["parity", "decode", "retouch", "model", "e2e", "report"]
-    # pytest's 5 is "nothing collected": every GPU test module skips at import without CuPy
-    assert all(s["rc"] in (0, 5) for s in steps), steps
+    assert [s["step"] for s in steps] == ["parity", "torch", "decode", "retouch", "model", "e2e", "report"]
+    # pytest's 5 is "nothing collected": every GPU test module skips at import without CuPy;
+    # the torch step is skipped (-1) where the [torch] extra is not installed
+    has_torch = importlib.util.find_spec("torch") is not None
+    assert all(s["rc"] in (0, 5) or (s["step"] == "torch" and not has_torch and s["rc"] == -1) for s in steps), steps
 
     report = json.loads((out / "gpu_suite.json").read_text())
     summary = report["summary"]
     for name in ("parity", "codec", "retouch"):
         assert summary[name]["status"] == "skipped", (name, summary[name])
     assert "cupy" in " ".join(summary["parity"]["skip_reasons"]).lower()
+    if has_torch:  # the torch grid's CPU dry run, and its gate against ONNX Runtime's masks
+        assert summary["torch"]["status"] == "ok" and summary["torch"]["skipped"], summary["torch"]
+        torch_part = report["parts"]["torch"]
+        assert torch_part["gate"]["passed"] and any(r.get("img_per_s", 0) > 0 for r in torch_part["grid"])
     for name in ("model", "e2e"):  # small CPU dry runs in place of the GPU grids, and they say so
         assert summary[name]["status"] == "ok" and summary[name]["skipped"], (name, summary[name])
     grid = json.loads((out / "parts" / "e2e.json").read_text())

@@ -11,9 +11,14 @@ the alpha masks (alpha >= 128) at least :data:`GATE_MEAN_IOU` and every image at
   (a set disjoint from the gate set).
 - ``openvino-bf16``, ``openvino-f32``: that OpenVINO precision, ungated (for measurements).
 - ``fp16``: GPU only, a float16 copy on the CUDA/TensorRT provider (gated on the GPU).
-- ``auto``: on the CPU, the fastest of openvino-bf16, openvino-f32 and int8 that passes the
+- ``torch``: PyTorch (the ``[torch]`` extra), the model built from the same ONNX file
+  (``torch_runner``). On the CPU: bf16 (autocast) where oneDNN has it and it passes the gate,
+  else fp32; on the GPU: fp16 (autocast) when it passes the gate, else fp32.
+- ``torch-fp32``, ``torch-bf16``, ``torch-fp16``: that PyTorch precision, ungated.
+- ``auto``: on the CPU, the fastest of openvino-bf16, openvino-f32, int8 and (when torch is
+  installed) torch-bf16 / torch-fp16 (where oneDNN has them) and torch-fp32 that passes the
   gate and is at least :data:`MIN_SPEEDUP` faster than fp32 in the same interleaved run, else
-  fp32; on the GPU, fp32.
+  fp32; on the GPU, fp32, or ``torch`` when ONNX Runtime has no CUDA provider and torch has CUDA.
 
 A runtime asked for by name is used as asked, except bf16 under ``openvino``, which falls back
 to f32 when it fails the gate. Gate verdicts are cached (``model_cache_dir()/gate.json``) per
@@ -48,8 +53,11 @@ __all__ = [
     "GATE_WORST_IOU",
     "MIN_SPEEDUP",
     "RUNTIMES",
+    "TORCH_RUNTIMES",
     "GateResult",
     "RuntimeChoice",
+    "available_runtimes",
+    "cached_auto_choice",
     "calibration_images",
     "gate_images",
     "make_model_segmenter",
@@ -63,7 +71,9 @@ GATE_MEAN_IOU = 0.97
 GATE_WORST_IOU = 0.90
 MIN_SPEEDUP = 1.10
 GATE_VERSION = 2  # bump when the gate set, the rule or the mask post-processing changes (stale verdicts)
-RUNTIMES = ("auto", "fp32", "openvino", "openvino-bf16", "openvino-f32", "int8", "fp16")
+RUNTIMES: tuple[str, ...] = ("auto", "fp32", "openvino", "openvino-bf16", "openvino-f32", "int8", "fp16")
+TORCH_RUNTIMES = ("torch", "torch-fp32", "torch-bf16", "torch-fp16")
+RUNTIMES += TORCH_RUNTIMES
 GATE_PHOTOS = ("coffee", "chelsea", "astronaut", "rocket", "camera", "coins", "clock", "immunohistochemistry")
 
 
@@ -178,6 +188,9 @@ class _GateCache:
         versions = [onnxruntime.__version__]
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not imported: ~0.3 s at start
             versions.append(importlib.metadata.version("openvino"))
+        if runtime.startswith("torch"):
+            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+                versions.append(importlib.metadata.version("torch"))
         cpu = platform.processor() or platform.machine()
         with contextlib.suppress(OSError):
             cpu = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), cpu)
@@ -229,7 +242,24 @@ def _cpu_candidates(model_path: Path, spec: ModelSpec, threads: int, max_batch: 
         return OnnxSegmenter(path, spec, threads=threads, max_batch=max_batch)
 
     out["int8"] = int8
+    out.update(_torch_candidates(model_path, spec, threads, max_batch))
     return out
+
+
+def _torch_candidates(model_path: Path, spec: ModelSpec, threads: int, max_batch: int | None) -> dict[str, Factory]:
+    """torch-bf16 / torch-fp16 where oneDNN has them natively, and torch-fp32; none without torch."""
+    from gpu_kernels.segment.torch_runner import torch_cpu_supports
+
+    def factory(precision: str) -> Factory:
+        return lambda: _torch_segmenter(model_path, spec, "cpu", precision, threads=threads, max_batch=max_batch)
+
+    return {f"torch-{p}": factory(p) for p in ("bf16", "fp16", "fp32") if torch_cpu_supports(p)}
+
+
+def _torch_segmenter(model_path: Path, spec: ModelSpec, device: str, precision: str, **options: Any) -> Segmenter:
+    from gpu_kernels.segment.torch_runner import TorchSegmenter
+
+    return TorchSegmenter(model_path, spec, device=device, precision=precision, **options)
 
 
 def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: str = "cpu",
@@ -273,6 +303,9 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
                 return fp32(), RuntimeChoice("fp32", "no faster runtime passed the gate", known)
     variants_dir = cache_root / "variants"
     candidates = _cpu_candidates(model_path, spec, threads, max_batch, variants_dir)
+    if runtime in ("torch-fp32", "torch-bf16", "torch-fp16"):
+        return _torch_segmenter(model_path, spec, "cpu", runtime.removeprefix("torch-"), threads=threads,
+                                max_batch=max_batch), RuntimeChoice(runtime, "asked for (not gated)")
     if runtime in ("int8", "openvino-bf16", "openvino-f32"):
         if runtime not in candidates:
             raise ProcessingFailed(f"segment runtime {runtime} is not available on this machine", stage="segment")
@@ -281,6 +314,11 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
         if "openvino-f32" not in candidates:
             raise ProcessingFailed("the openvino runtime needs the 'openvino' package", stage="segment")
         candidates = {k: v for k, v in candidates.items() if k.startswith("openvino")}
+    if runtime == "torch":
+        candidates = {k: v for k, v in candidates.items() if k.startswith("torch") and k != "torch-fp32"}
+        if not candidates and "torch-fp32" not in _torch_candidates(model_path, spec, threads, max_batch):
+            raise ProcessingFailed("the torch runtime needs the 'torch' package (pip install 'lightbox[torch]')",
+                                   stage="segment")
     reference: Segmenter | None = None
     results: list[GateResult] = []
     gate_set: Sequence[np.ndarray] | None = None
@@ -309,18 +347,89 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
         return candidates[chosen](), RuntimeChoice(chosen, "asked for openvino; bf16 " +
                                                    ("passed the gate" if bf16 else "failed the gate or is absent"),
                                                    results)
-    good = sorted((r for r in results if r.passed and r.speedup >= MIN_SPEEDUP), key=lambda r: r.ms_per_image)
-    if not good:
+    if runtime == "torch":
+        low = sorted((r for r in results if r.passed), key=lambda r: r.ms_per_image)
+        if low:
+            return candidates[low[0].runtime](), RuntimeChoice(low[0].runtime, "asked for torch; it passed the gate",
+                                                              results)
+        return _torch_segmenter(model_path, spec, "cpu", "fp32", threads=threads, max_batch=max_batch), \
+            RuntimeChoice("torch-fp32", "asked for torch; no lower precision passed the gate", results)
+    best = _auto_pick(results)
+    if best is None:
         return fp32(), RuntimeChoice("fp32", "no faster runtime passed the gate", results)
-    best = good[0]
     return candidates[best.runtime](), RuntimeChoice(best.runtime, f"passed the gate, {best.speedup:.2f}x fp32",
                                                      results)
+
+
+def _auto_pick(results: Sequence[GateResult]) -> GateResult | None:
+    """auto's rule on the CPU: the fastest verdict that passed and is MIN_SPEEDUP faster than fp32."""
+    good = sorted((r for r in results if r.passed and r.speedup >= MIN_SPEEDUP), key=lambda r: r.ms_per_image)
+    return good[0] if good else None
+
+
+def _ort_has_cuda() -> bool:
+    import onnxruntime as ort
+
+    if hasattr(ort, "preload_dlls"):
+        with contextlib.suppress(OSError, RuntimeError):
+            ort.preload_dlls()
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+def available_runtimes(device: str = "cpu") -> list[str]:
+    """The runtime names this installation can run on ``device`` (without loading a model)."""
+    from gpu_kernels.segment.openvino_runner import openvino_available, supports_bf16
+    from gpu_kernels.segment.torch_runner import torch_available, torch_cpu_supports, torch_cuda_available
+
+    if device in ("gpu", "cuda"):
+        out = ["fp32", "fp16"] if _ort_has_cuda() else []
+        if torch_cuda_available():
+            out += ["torch", "torch-fp32", "torch-bf16", "torch-fp16"]
+        return out
+    out = ["fp32", "int8"]
+    if openvino_available():
+        out += ["openvino", "openvino-f32"] + (["openvino-bf16"] if supports_bf16() else [])
+    if torch_available():
+        out += ["torch", "torch-fp32"] + [f"torch-{p}" for p in ("bf16", "fp16") if torch_cpu_supports(p)]
+    return out
+
+
+def cached_auto_choice(model_path: Path, spec: ModelSpec = U2NETP, *, threads: int | None = None,
+                       cache_dir: Path | None = None,
+                       gate: tuple[float, float] = (GATE_MEAN_IOU, GATE_WORST_IOU)) -> tuple[str | None, str]:
+    """What ``auto`` picks on this CPU from the cached gate verdicts alone (no model is run):
+    ``(runtime, why)``, or ``(None, why)`` while a candidate has no verdict yet (the first
+    worker start with ``auto`` measures them)."""
+    threads = threads or usable_cores()
+    gates = _GateCache((cache_dir or model_cache_dir()) / "gate.json", gate)
+    names = list(_cpu_candidates(Path(model_path), spec, threads, None, Path(".")))
+    sha = sha256_file(Path(model_path))
+    results, missing = [], []
+    for name in names:
+        result = gates.get(_GateCache.key(sha, name, threads))
+        if result is None:
+            missing.append(name)
+        else:
+            results.append(result)
+    if missing:
+        return None, f"not measured yet for {', '.join(missing)} ({threads} threads): the first start measures it"
+    best = _auto_pick(results)
+    if best is None:
+        return "fp32", "no faster runtime passed the gate"
+    return best.runtime, f"passed the gate (IoU mean {best.mean_iou}, worst {best.worst_iou}), {best.speedup:.2f}x fp32"
 
 
 def _gpu_segmenter(model_path: Path, spec: ModelSpec, runtime: str, max_batch: int | None, cuda_graphs: bool,
                    cache_root: Path, gates: _GateCache, images: Callable[[], Sequence[np.ndarray]],
                    options: dict[str, Any]) -> tuple[Segmenter, RuntimeChoice]:
     """GPU: fp32 (auto), or the FP16 copy when it passes the gate against fp32 on this GPU."""
+    if runtime in TORCH_RUNTIMES or (runtime == "auto" and not _ort_has_cuda()):
+        from gpu_kernels.segment.torch_runner import torch_cuda_available
+
+        if runtime == "auto" and not torch_cuda_available():
+            raise ProcessingFailed("device 'gpu' needs onnxruntime-gpu or a CUDA build of torch", stage="segment")
+        return _torch_gpu_segmenter(model_path, spec, "torch" if runtime == "auto" else runtime, max_batch,
+                                    cuda_graphs, gates, images, options)
     if runtime not in ("auto", "fp32", "fp16"):
         raise ProcessingFailed(f"segment runtime {runtime!r} is CPU-only; on the GPU use auto, fp32 or fp16",
                                stage="segment")
@@ -348,3 +457,36 @@ def _gpu_segmenter(model_path: Path, spec: ModelSpec, runtime: str, max_batch: i
         return candidate, RuntimeChoice("fp16", "passed the gate", [result])
     candidate.close()
     return make(model_path), RuntimeChoice("fp32", "fp16 failed the gate", [result])
+
+
+def _torch_gpu_segmenter(model_path: Path, spec: ModelSpec, runtime: str, max_batch: int | None, cuda_graphs: bool,
+                         gates: _GateCache, images: Callable[[], Sequence[np.ndarray]],
+                         options: dict[str, Any]) -> tuple[Segmenter, RuntimeChoice]:
+    """PyTorch on the GPU: a precision by name, or ``torch``: fp16 when it passes the gate against
+    ONNX Runtime fp32 masks (on the GPU when onnxruntime has CUDA, else on the CPU), else fp32."""
+    torch_opts = {k: options[k] for k in ("device_id", "compile", "channels_last", "post") if k in options}
+
+    def make(precision: str) -> Segmenter:
+        return _torch_segmenter(model_path, spec, "gpu", precision, max_batch=max_batch, cuda_graphs=cuda_graphs,
+                                **torch_opts)
+
+    if runtime != "torch":
+        return make(runtime.removeprefix("torch-")), RuntimeChoice(runtime, "asked for (not gated)")
+    key = _GateCache.key(sha256_file(model_path), "torch-fp16-gpu", 0)
+    result = gates.get(key)
+    candidate = make("fp16")
+    if result is None:
+        if _ort_has_cuda():
+            import cupy
+
+            reference: Segmenter = OnnxSegmenter(model_path, spec, device="gpu", use_tensorrt=False)
+            imgs: list[Any] = [cupy.asarray(im) for im in images()]
+        else:
+            reference, imgs = OnnxSegmenter(model_path, spec), list(images())
+        result = run_gate("torch-fp16", candidate, reference, imgs, mean_min=gates.gate[0], worst_min=gates.gate[1])
+        reference.close()
+        gates.put(key, result)
+    if result.passed:
+        return candidate, RuntimeChoice("torch-fp16", "passed the gate", [result])
+    candidate.close()
+    return make("fp32"), RuntimeChoice("torch-fp32", "torch fp16 failed the gate", [result])

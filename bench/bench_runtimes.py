@@ -1,0 +1,153 @@
+"""u2netp on this CPU, every model runtime side by side: speed at batch 1 and 4, and gate scores.
+
+Runtimes: ONNX Runtime fp32 (the baseline), OpenVINO f32 / bf16, PyTorch fp32 / bf16 (and fp16
+where oneDNN has it), each timed on the same prepared ``(B, 3, 320, 320)`` batch (the model call
+alone: pre/post-processing is the same code for all), in interleaved rounds: each round runs
+every runtime once per batch size, in a rotated order, so a machine shared with other work
+disturbs them alike. Reported: median wall ms per image and median CPU ms per image (this
+process, all threads), and the ratio to ONNX Runtime fp32 of the same rounds.
+
+Then each runtime's fidelity gate against ONNX Runtime fp32 masks (``runtime.run_gate`` on the
+gate set: mean and worst IoU) and what ``auto`` picks (``make_model_segmenter``, verdicts from
+``--cache-dir``); the goal: auto's pick at least as fast as ONNX Runtime fp32 at batch 1 and 4.
+
+    PYTHONPATH=. python bench/bench_runtimes.py [--rounds 5] [--threads 2] [--out FILE.json]
+
+Needs the ``[torch]`` extra for the torch rows (they are left out without it, and say so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BATCHES = (1, 4)
+
+
+def build(names: list[str], model: Path, threads: int, max_batch: int, compile_torch: bool) -> dict[str, Any]:
+    from gpu_kernels.segment import OnnxSegmenter
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter, openvino_available, supports_bf16
+    from gpu_kernels.segment.torch_runner import torch_cpu_supports
+
+    segs: dict[str, Any] = {}
+    for name in names:
+        if name == "ort-fp32":
+            segs[name] = OnnxSegmenter(model, threads=threads, max_batch=max_batch)
+        elif name.startswith("openvino-") and openvino_available():
+            precision = name.removeprefix("openvino-")
+            if precision != "bf16" or supports_bf16():
+                segs[name] = OpenVinoSegmenter(model, precision=precision,  # type: ignore[arg-type]
+                                               threads=threads, max_batch=max_batch)
+        elif name.startswith("torch-"):
+            precision = name.removeprefix("torch-").removesuffix("+compile")
+            if torch_cpu_supports(precision):
+                from gpu_kernels.segment.torch_runner import TorchSegmenter
+
+                segs[name] = TorchSegmenter(model, precision=precision, threads=threads, max_batch=max_batch,
+                                            compile=name.endswith("+compile") and compile_torch)
+    return segs
+
+
+def timed_rounds(segs: dict[str, Any], rounds: int) -> dict[tuple[str, int], list[tuple[float, float]]]:
+    from gpu_kernels.segment.model import U2NETP, preprocess
+    from gpu_kernels.segment.ops import CpuOps
+    from gpu_kernels.segment.runtime import gate_images
+
+    imgs = gate_images()
+    xs = {b: preprocess(imgs[:b], U2NETP, b, CpuOps()) for b in BATCHES}
+    for seg in segs.values():  # warm-up: plans each shape (and compiles, where asked)
+        for x in xs.values():
+            seg._infer(x)
+    times: dict[tuple[str, int], list[tuple[float, float]]] = {(n, b): [] for n in segs for b in BATCHES}
+    names = list(segs)
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for b in BATCHES:
+            for name in order:
+                w0, c0 = time.perf_counter(), time.process_time()
+                segs[name]._infer(xs[b])
+                times[(name, b)].append(((time.perf_counter() - w0) * 1000 / b, (time.process_time() - c0) * 1000 / b))
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=None, help="model threads (default: the usable cores)")
+    ap.add_argument("--gate-n", type=int, default=16, help="gate images per runtime (16: the whole gate set)")
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile'd torch (slow to compile)")
+    ap.add_argument("--cache-dir", type=Path, default=None, help="gate verdicts for auto (default: the model cache)")
+    ap.add_argument("--out", type=Path, default=Path("out/bench_runtimes.json"))
+    args = ap.parse_args(argv)
+
+    from gpu_kernels.segment import ensure_u2netp
+    from gpu_kernels.segment.onnx_runner import usable_cores
+    from gpu_kernels.segment.runtime import gate_images, make_model_segmenter, run_gate
+    from gpu_kernels.segment.torch_runner import torch_available
+
+    threads = args.threads or usable_cores()
+    model = ensure_u2netp().batched
+    names = ["ort-fp32", "openvino-f32", "openvino-bf16", "torch-fp32", "torch-bf16", "torch-fp16"]
+    if args.compile:
+        names += ["torch-fp32+compile", "torch-bf16+compile"]
+    segs = build(names, model, threads, max(BATCHES), args.compile)
+    print(f"runtimes: {', '.join(segs)}; threads {threads}; {args.rounds} interleaved rounds", flush=True)
+    times = timed_rounds(segs, args.rounds)
+    rows = []
+    for b in BATCHES:
+        base_w = float(np.median([w for w, _ in times[("ort-fp32", b)]]))
+        base_c = float(np.median([c for _, c in times[("ort-fp32", b)]]))
+        for name in segs:
+            w = float(np.median([t[0] for t in times[(name, b)]]))
+            c = float(np.median([t[1] for t in times[(name, b)]]))
+            rows.append({"runtime": name, "batch": b, "wall_ms_per_img": round(w, 1), "cpu_ms_per_img": round(c, 1),
+                         "speed_vs_ort_fp32_wall": round(base_w / w, 2), "speed_vs_ort_fp32_cpu": round(base_c / c, 2)})
+    gates: dict[str, Any] = {}
+    imgs = gate_images()[: args.gate_n]
+    ref = segs["ort-fp32"]
+    for name, seg in segs.items():
+        if name != "ort-fp32":
+            gates[name] = asdict(run_gate(name, seg, ref, imgs))
+    for seg in segs.values():
+        seg.close()
+    t0 = time.perf_counter()
+    auto_seg, choice = make_model_segmenter(model, runtime="auto", threads=threads, cache_dir=args.cache_dir)
+    auto_seg.close()
+    picked = {"ort-fp32" if choice.runtime == "fp32" else choice.runtime}
+    goal = {}
+    for b in BATCHES:
+        row = next((r for r in rows if r["batch"] == b and r["runtime"] in picked), None)
+        goal[f"batch_{b}"] = {"auto": choice.runtime, "speed_vs_ort_fp32_cpu": row and row["speed_vs_ort_fp32_cpu"],
+                              "speed_vs_ort_fp32_wall": row and row["speed_vs_ort_fp32_wall"],
+                              "met": bool(row and row["speed_vs_ort_fp32_cpu"] >= 1.0)}
+    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "threads": threads, "load_avg": os.getloadavg()},
+              "rounds": args.rounds, "torch_installed": torch_available(), "rows": rows, "gates": gates,
+              "auto": {**choice.as_dict(), "seconds": round(time.perf_counter() - t0, 1)}, "goal": goal}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{'runtime':22s} {'batch':>5s} {'wall ms/img':>11s} {'cpu ms/img':>10s} {'x ORT(cpu)':>10s} "
+          f"{'gate mean/worst':>16s}")
+    for r in rows:
+        g = gates.get(r["runtime"])
+        gate = f"{g['mean_iou']:.3f}/{g['worst_iou']:.3f}{'' if g['passed'] else ' FAIL'}" if g else "reference"
+        print(f"{r['runtime']:22s} {r['batch']:5d} {r['wall_ms_per_img']:11.1f} {r['cpu_ms_per_img']:10.1f} "
+              f"{r['speed_vs_ort_fp32_cpu']:10.2f} {gate:>16s}")
+    print(f"auto picks {choice.runtime} ({choice.reason}); goal {json.dumps(goal)}")
+    print(f"load average {os.getloadavg()}; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
