@@ -50,10 +50,9 @@ from agents.observe import REFRESH_S, Observability
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
 from agents.tiers import TierBatcher
-from agents.wiring import batching_config, build_processor, runner_config, tier_batcher
+from agents.wiring import backfill_consumer, batching_config, build_processor, kafka_sink, runner_config, tier_batcher
 from streams.app import create_app, input_topic
 from streams.settings import Settings
-from streams.sink import KafkaSink
 
 __all__ = ["EXIT_FAIL_STOP", "FAIL_STOP_GRACE_S", "RetouchWorker", "build_worker", "main", "run_backfill",
            "run_backfill_worker", "run_worker"]
@@ -128,7 +127,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     proc = processor or build_processor(settings, device)
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     worker.live_work = functools.partial(_live_work, worker, settings, last_live)
-    backfill = BackfillConsumer(settings, lambda: worker.runner, worker.live_work)
+    backfill = backfill_consumer(settings, lambda: worker.runner, worker.live_work)
     worker.backfill = backfill
 
     @app.agent(input_topic(app, settings), name="lightbox.retouch")
@@ -141,12 +140,12 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
             else:
                 await manual.ack(event)
 
-        runner = worker.runner = BatchRunner(proc, KafkaSink(settings), tiers, ack=ack, config=config,
+        runner = worker.runner = BatchRunner(proc, kafka_sink(settings), tiers, ack=ack, config=config,
                                              observer=observer, on_fatal=worker.fail)
         pulling: asyncio.Task[None] | None = None
         try:
             await runner.start()
-            if settings.backfill_enabled:
+            if settings.backfill.enabled:
                 pulling = asyncio.create_task(backfill.run(), name="lightbox-backfill")
                 pulling.add_done_callback(functools.partial(_backfill_ended, worker))
             async for event in manual.events():
@@ -196,7 +195,7 @@ def _live_lag(app: faust.App, settings: Settings, last_live: dict[Any, int]) -> 
         return 0
     lag = 0
     for tp in assigned:
-        if tp.topic != settings.input_topic:
+        if tp.topic != settings.topics.input:
             continue
         try:
             high = consumer.highwater(tp)
@@ -214,8 +213,8 @@ def _backfill_ended(worker: RetouchWorker, task: asyncio.Task[None]) -> None:
 
 async def _finish(worker: RetouchWorker, runner: BatchRunner, settings: Settings) -> None:
     if worker.failure is None:
-        _exit_after(settings.shutdown_timeout_s + FAIL_STOP_GRACE_S, lambda: worker.exit_code)
-        drained = await runner.drain(settings.shutdown_timeout_s)
+        _exit_after(settings.runner.shutdown_timeout_s + FAIL_STOP_GRACE_S, lambda: worker.exit_code)
+        drained = await runner.drain(settings.runner.shutdown_timeout_s)
         if not drained:
             worker.app.conf.stream_wait_empty = False  # what is left is redelivered; do not wait for it
         with contextlib.suppress(Exception):  # commit now, while the consumer still holds its partitions
@@ -252,7 +251,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
     from streams.app import ensure_topics
     from streams.security import KafkaSecurityError
 
-    logs = logging_config(settings.log_format, loglevel)
+    logs = logging_config(settings.observe.log_format, loglevel)
     logging.config.dictConfig(logs)  # Faust's Worker applies the same again when it starts
     logging.captureWarnings(True)
     say = _say(settings)
@@ -261,7 +260,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
         created = asyncio.run(ensure_topics(settings))
         obs = Observability(settings)
         device = settings.resolved_device()
-        split = settings.backfill_enabled and settings.resolved_backfill_process(device)  # in a child process
+        split = settings.backfill.enabled and settings.resolved_backfill_process(device)  # in a child process
         port = settings.resolved_backfill_metrics_port() if split else 0
         if split:
             backfill_process.check_port(port)
@@ -281,8 +280,8 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
         return EXIT_FAIL_STOP
     if created:
         say(f"created topics: {', '.join(created)}")
-    say(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
-        f"on {settings.kafka_bootstrap}, device {device}"
+    say(f"lightbox worker {settings.worker.worker_id}: {settings.topics.input} → {settings.topics.output} "
+        f"on {settings.kafka.bootstrap}, device {device}"
         + (f", metrics on :{obs.server.port}" if obs.server is not None else ""))
     child = _start_backfill_child(retouch, settings, overrides, loglevel, port, say) if split else None
     code: Any = 0
@@ -295,14 +294,14 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
         code = exc.code
     finally:
         if child is not None:
-            backfill_process.stop(child, settings.shutdown_timeout_s + 5)
+            backfill_process.stop(child, settings.runner.shutdown_timeout_s + 5)
         obs.close()
     return retouch.exit_code or (code if isinstance(code, int) else 1)
 
 
 def _say(settings: Settings) -> Callable[[str], None]:
     """Start-up lines: a log record with JSON logs, else a plain line on stderr."""
-    if settings.log_format == "json":
+    if settings.observe.log_format == "json":
         return logging.getLogger("lightbox.worker").warning
     return functools.partial(print, file=sys.stderr, flush=True)
 
@@ -313,14 +312,14 @@ def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides:
     backfill_process.one_opencv_thread()
     live_work = backfill_process.LiveSignal.create()
     child = backfill_process.spawn(overrides, loglevel, live_work, port)
-    say(f"backfill lane: process {child.pid} ({settings.backfill_topic}), {settings.describe_backfill_process()}")
+    say(f"backfill lane: process {child.pid} ({settings.topics.backfill}), {settings.describe_backfill_process()}")
 
     @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
     async def watch_backfill() -> None:
         if (exc := backfill_process.watch(child)) is not None:
             retouch.fail(exc)
 
-    @retouch.app.timer(interval=settings.backfill_check_ms / 1000)  # type: ignore[untyped-decorator]
+    @retouch.app.timer(interval=settings.backfill.check_ms / 1000)  # type: ignore[untyped-decorator]
     async def share_live_work() -> None:
         live_work.write(*retouch.live_work())
 
@@ -330,12 +329,12 @@ def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides:
 # ---------------------------------------------------------------------- the backfill child
 def run_backfill_worker(settings: Settings, loglevel: str) -> int:
     """The backfill tier alone, at the lower CPU priority, until SIGTERM/SIGINT (0) or a fail-stop (70)."""
-    backfill_process.lower_priority(settings.backfill_nice, settings.backfill_sched_idle)  # before any thread
+    backfill_process.lower_priority(settings.backfill.nice, settings.backfill.sched_idle)  # before any thread
     import logging.config
 
     from agents.logs import logging_config
 
-    logging.config.dictConfig(logging_config(settings.log_format, loglevel))
+    logging.config.dictConfig(logging_config(settings.observe.log_format, loglevel))
     obs = None
     try:
         obs = Observability(settings)
@@ -364,11 +363,11 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Obser
         assert isinstance(event, BackfillEvent)
         backfill.ack(event)
 
-    runner = BatchRunner(processor, KafkaSink(settings), tiers, ack=ack, config=config,
+    runner = BatchRunner(processor, kafka_sink(settings), tiers, ack=ack, config=config,
                          observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set())
     fd = os.environ.get(backfill_process.LIVE_FD_ENV, "")
     live = backfill_process.LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no live work to see
-    backfill = BackfillConsumer(settings, lambda: runner, live.read if live is not None else lambda: (0, 0))
+    backfill = backfill_consumer(settings, lambda: runner, live.read if live is not None else lambda: (0, 0))
     if obs is not None:
         obs.describe(device=device, model=processor.model_version, version=version(), backfill=backfill)
     loop = asyncio.get_running_loop()
@@ -392,7 +391,7 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Obser
     if runner.failure is not None:
         code = EXIT_FAIL_STOP
     elif code == 0:
-        drained = await runner.drain(settings.shutdown_timeout_s)
+        drained = await runner.drain(settings.runner.shutdown_timeout_s)
         _stopping(runner, "lightbox backfill worker", drained)
     await backfill.close()  # commits what the runner acknowledged, leaves the group
     await _stop(runner, "lightbox backfill worker")
@@ -419,7 +418,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         settings = Settings()
-        return run_backfill_worker(settings, args.loglevel or settings.log_level)
+        return run_backfill_worker(settings, args.loglevel or settings.observe.log_level)
     except KafkaSecurityError as exc:
         print(f"kafka security: {exc}", file=sys.stderr)
         return 2

@@ -182,10 +182,10 @@ def fresh_settings(bootstrap: str, data: Path) -> Settings:
 
 def worker_env(s: Settings, extra: dict[str, str]) -> dict[str, str]:
     return {"LIGHTBOX_FILE_ROOTS": str(ROOT.resolve()),
-            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-            "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-            "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+            "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+            "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+            "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
             **extra}
 
 
@@ -246,17 +246,17 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
     s = fresh_settings(bootstrap, data)
     await ensure_topics(s)
     out, stop = Outputs(), asyncio.Event()
-    reader = asyncio.create_task(follow(bootstrap, s.output_topic, out, stop))
+    reader = asyncio.create_task(follow(bootstrap, s.topics.output, out, stop))
     backfill_ids: list[str] = []
     if backlog:
-        async with ImageProducer(bootstrap, s.backfill_topic) as prod:
+        async with ImageProducer(bootstrap, s.topics.backfill) as prod:
             backfill_ids = await publish_many(prod, images, backlog, "BF")
     worker = WorkerProcess(worker_env(s, extra_env), data / f"{name}.log",
                            args=os.environ.get("BENCH_WORKER_ARGS", "").split()).start()
     result: dict[str, Any] = {"phase": name, "env": extra_env}
     bf_set = set(backfill_ids)
     try:
-        async with ImageProducer(bootstrap, s.input_topic) as prod:
+        async with ImageProducer(bootstrap, s.topics.input) as prod:
             warm = await publish_many(prod, images, 4, "WARM")
             if not await wait_for(out, warm, 180):
                 raise RuntimeError(f"{name}: the worker did not answer; see {data / f'{name}.log'}")

@@ -47,14 +47,14 @@ class OutputStore(Protocol):
 
 
 class StoreSettings(Protocol):
-    """The settings :func:`make_store` reads (``streams.settings.Settings`` has them)."""
+    """The settings :func:`make_store` reads (``streams.settings.Settings().store`` has them)."""
 
     @property
     def s3_endpoint(self) -> str | None: ...
     @property
-    def store_timeout_s(self) -> float: ...
+    def timeout_s(self) -> float: ...
     @property
-    def store_retries(self) -> int: ...
+    def retries(self) -> int: ...
 
 
 def variant_key(sku: str, preset: str, sha256: str, fmt: str) -> str:
@@ -128,8 +128,8 @@ def make_store(url: str | None, settings: StoreSettings | None = None) -> Output
         return None
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    timeout = settings.store_timeout_s if settings else 30.0
-    retries = settings.store_retries if settings else 5
+    timeout = settings.timeout_s if settings else 30.0
+    retries = settings.retries if settings else 5
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"output store {url!r}: a file:// store names no host")

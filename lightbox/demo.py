@@ -112,17 +112,17 @@ def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, con
         console.print(f"[green]✓[/] worker started (log {out / 'worker.log'})")
 
         async def publish() -> None:
-            async with ImageProducer(kafka.bootstrap, settings.input_topic) as prod:
+            async with ImageProducer(kafka.bootstrap, settings.topics.input) as prod:
                 futs = [await prod.publish(prod.event_for_file(f, presets=presets)) for f in files]
                 futs += [await prod.publish(prod.event_for_file(p, presets=presets)) for p in bad.values()]
                 await prod.flush(futs)
 
         asyncio.run(publish())
         total = len(files) + len(bad)
-        console.print(f"[green]✓[/] published {total} events to {settings.input_topic}")
+        console.print(f"[green]✓[/] published {total} events to {settings.topics.input}")
         with console.status(f"waiting for {total} outputs…"):
             processed, dead = asyncio.run(collect_outputs(
-                kafka.bootstrap, [settings.output_topic, settings.dlq_topic], total, timeout_s, worker.running))
+                kafka.bootstrap, [settings.topics.output, settings.topics.dlq], total, timeout_s, worker.running))
         console.print(f"[green]✓[/] {len(processed)} processed, {len(dead)} dead letters")
         for d in dead:
             console.print(f"  dead letter [red]{d['error_code']}[/] {d['stage']}: {d['message'][:100]}")

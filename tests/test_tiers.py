@@ -512,7 +512,7 @@ def test_the_backfill_process_is_the_cpu_default_on_linux_and_its_metrics_sit_on
     linux = sys.platform.startswith("linux")
     monkeypatch.delenv("LIGHTBOX_BACKFILL_PROCESS", raising=False)
     s = Settings(metrics_port=9464)
-    assert s.backfill_process == "auto"
+    assert s.backfill.process == "auto"
     assert (s.resolved_backfill_process("cpu"), s.resolved_backfill_process("gpu")) == (linux, False)
     for forced, want in (("true", True), ("false", False)):
         monkeypatch.setenv("LIGHTBOX_BACKFILL_PROCESS", forced)
