@@ -49,7 +49,7 @@ from agents.backfill import BackfillConsumer, BackfillEvent
 from agents.observe import REFRESH_S, Observability
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
-from agents.tiers import TierBatcher
+from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
 from agents.wiring import backfill_consumer, batching_config, build_processor, kafka_sink, runner_config, tier_batcher
 from streams.app import create_app, input_topic
 from streams.settings import Settings
@@ -111,7 +111,7 @@ def _exit_after(seconds: float, code: Callable[[], int]) -> None:
 
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None,
-                 observer: RunnerObserver | None = None) -> RetouchWorker:
+                 observer: RunnerObserver | None = None, rules: BackfillRules = DEFAULT_RULES) -> RetouchWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
     One runner, two tiers: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
@@ -122,7 +122,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
-    config, tiers = _runner_parts(settings, device)
+    config, tiers = _runner_parts(settings, device, rules)
     worker.tiers = tiers
     proc = processor or build_processor(settings, device)
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
@@ -172,10 +172,10 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     return worker
 
 
-def _runner_parts(settings: Settings, device: str) -> tuple[RunnerConfig, TierBatcher[Pair]]:
+def _runner_parts(settings: Settings, device: str, rules: BackfillRules) -> tuple[RunnerConfig, TierBatcher[Pair]]:
     """The runner's configuration and its tiers' batcher, as every worker process builds them."""
     batching = batching_config(settings, device)
-    return runner_config(settings, batching), tier_batcher(settings, batching)
+    return runner_config(settings, batching), tier_batcher(settings, batching, rules)
 
 
 def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
@@ -238,10 +238,12 @@ def _stopping(runner: BatchRunner, who: str, drained: bool) -> None:
 
 
 # ------------------------------------------------------------------------ lightbox worker
-def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) -> int:
+def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
+               rules: BackfillRules = DEFAULT_RULES) -> int:
     """``lightbox worker``: build everything before joining the group, start the backfill child if
     the backfill tier runs in one, run the Faust worker until it stops; the exit code.
-    ``overrides``: the command line's settings, passed on to the child's environment.
+    ``overrides``: the command line's settings, passed on to the child's environment; ``rules``:
+    the backfill release rules (the defaults but in the backfill benchmark), the child's too.
     A :class:`~streams.security.KafkaSecurityError` propagates (a configuration error: exit 2)."""
     import logging.config
 
@@ -266,7 +268,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
             backfill_process.check_port(port)
         processor = build_processor(settings, device)
         live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
-        retouch = build_worker(live, processor=processor, observer=obs.telemetry)
+        retouch = build_worker(live, processor=processor, observer=obs.telemetry, rules=rules)
         obs.attach(retouch.app, device=device, model=processor.model_version, version=version(),
                    backfill=retouch.backfill)
     except KafkaSecurityError:
@@ -283,7 +285,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
     say(f"lightbox worker {settings.worker.worker_id}: {settings.topics.input} → {settings.topics.output} "
         f"on {settings.kafka.bootstrap}, device {device}"
         + (f", metrics on :{obs.server.port}" if obs.server is not None else ""))
-    child = _start_backfill_child(retouch, settings, overrides, loglevel, port, say) if split else None
+    child = _start_backfill_child(retouch, settings, overrides, loglevel, port, say, rules) if split else None
     code: Any = 0
     try:
         runner = Worker(retouch.app, loglevel=loglevel.upper(), quiet=True, logging_config=logs)
@@ -307,11 +309,11 @@ def _say(settings: Settings) -> Callable[[str], None]:
 
 
 def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides: Mapping[str, Any], loglevel: str,
-                          port: int, say: Callable[[str], None]) -> Any:
+                          port: int, say: Callable[[str], None], rules: BackfillRules) -> Any:
     """Start the backfill child, fail-stop when it ends by itself, share the live work with it."""
     backfill_process.one_opencv_thread()
     live_work = backfill_process.LiveSignal.create()
-    child = backfill_process.spawn(overrides, loglevel, live_work, port)
+    child = backfill_process.spawn(overrides, loglevel, live_work, port, rules.flags())
     say(f"backfill lane: process {child.pid} ({settings.topics.backfill}), {settings.describe_backfill_process()}")
 
     @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
@@ -327,7 +329,7 @@ def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides:
 
 
 # ---------------------------------------------------------------------- the backfill child
-def run_backfill_worker(settings: Settings, loglevel: str) -> int:
+def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules = DEFAULT_RULES) -> int:
     """The backfill tier alone, at the lower CPU priority, until SIGTERM/SIGINT (0) or a fail-stop (70)."""
     backfill_process.lower_priority(settings.backfill.nice, settings.backfill.sched_idle)  # before any thread
     import logging.config
@@ -345,16 +347,17 @@ def run_backfill_worker(settings: Settings, loglevel: str) -> int:
             obs.close()
         return EXIT_FAIL_STOP
     try:
-        return asyncio.run(run_backfill(settings, processor, obs))
+        return asyncio.run(run_backfill(settings, processor, obs, rules))
     finally:
         obs.close()
 
 
-async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Observability | None = None) -> int:
+async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Observability | None = None,
+                       rules: BackfillRules = DEFAULT_RULES) -> int:
     """The backfill tier alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
     ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
     device = settings.resolved_device()
-    config, tiers = _runner_parts(settings, device)
+    config, tiers = _runner_parts(settings, device, rules)
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
     config = dataclasses.replace(config, backfill_threads=0)
     stopping = asyncio.Event()
@@ -412,13 +415,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.worker", description="the backfill child of a worker")
     parser.add_argument("command", choices=[BACKFILL_COMMAND])
     parser.add_argument("--loglevel", "-l", default=None, help="default: LIGHTBOX_LOG_LEVEL")
+    parser.add_argument("--no-pipelined", action="store_true", help=argparse.SUPPRESS)  # BackfillRules.flags
+    parser.add_argument("--no-wait-for-live", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     from streams.security import KafkaSecurityError
 
     try:
         settings = Settings()
-        return run_backfill_worker(settings, args.loglevel or settings.observe.log_level)
+        rules = BackfillRules(pipelined=not args.no_pipelined, wait_for_live=not args.no_wait_for_live)
+        return run_backfill_worker(settings, args.loglevel or settings.observe.log_level, rules)
     except KafkaSecurityError as exc:
         print(f"kafka security: {exc}", file=sys.stderr)
         return 2

@@ -20,18 +20,22 @@ __all__ = ["WorkerProcess", "collect_outputs", "run_demo"]
 
 
 class WorkerProcess:
-    """``lightbox worker`` in a child process (as an operator runs it), stopped with SIGTERM."""
+    """``lightbox worker`` in a child process (as an operator runs it), stopped with SIGTERM.
+    ``command``: another command line instead of ``python -m lightbox.cli worker`` (a benchmark's
+    launcher), then ``args``."""
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, args: Sequence[str] = ()) -> None:
+    def __init__(self, env: Mapping[str, str], log_path: Path, args: Sequence[str] = (),
+                 command: Sequence[str] | None = None) -> None:
         self.env = {**os.environ, **env}
         self.log_path = log_path
         self.args = list(args)
+        self.command = list(command) if command is not None else [sys.executable, "-m", "lightbox.cli", "worker"]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker", *self.args],
+            self.proc = subprocess.Popen([*self.command, *self.args],
                                          env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
         return self

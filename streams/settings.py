@@ -277,12 +277,6 @@ class BackfillSettings(_Section):
     device_share: float = Field(1.0, gt=0, le=1, description="the most of the decode and device lanes' time the "
                                                              "backfill takes: after a backfill batch of d s, none "
                                                              "starts for d*(1/share-1) s (1: no gap)")
-    wait_for_live: bool = Field(True, description="a closed backfill batch also waits until no live input "
-                                                  "waits in the batcher or before the device (off: only "
-                                                  "until the previous backfill batch left the device)")
-    pipelined: bool = Field(True, description="the next backfill batch is decoded while one is on the "
-                                              "device (off: the first rule, every released batch through "
-                                              "the device first)")
     fill_to: int = Field(0, ge=0, description="a live batch that closes smaller than this while no other "
                                               "live work waits for the device takes held backfill inputs "
                                               "of its shape class into its empty seats (0: never)")

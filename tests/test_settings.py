@@ -84,8 +84,6 @@ ENV: list[tuple[str, str, Any]] = [
     ("LIGHTBOX_BACKFILL_METRICS_PORT", "9500", 9500),
     ("LIGHTBOX_BACKFILL_SCHED_IDLE", "false", False),
     ("LIGHTBOX_BACKFILL_DEVICE_SHARE", "0.25", 0.25),
-    ("LIGHTBOX_BACKFILL_WAIT_FOR_LIVE", "false", False),
-    ("LIGHTBOX_BACKFILL_PIPELINED", "false", False),
     ("LIGHTBOX_BACKFILL_FILL_TO", "3", 3),
     ("LIGHTBOX_FETCH_ALLOW", "s3://cat,*.example.com", ["s3://cat", "*.example.com"]),
     ("LIGHTBOX_FETCH_TIMEOUT_S", "15.0", 15.0),
