@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.process import InRecord
+from agents.records import InRecord
 from agents.tiers import BACKFILL, BackfillGate, pause_backfill
 from streams.security import aiokafka_kwargs
 from streams.settings import BackfillSettings, KafkaSettings
