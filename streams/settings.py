@@ -46,8 +46,8 @@ def _split_list(value: Any) -> Any:
 
 
 class _Section(BaseModel):
-    """One frozen group of settings; ``env_prefix`` is what its fields' environment names start with
-    after ``LIGHTBOX_`` (``""`` where each field keeps a name of its own, see ``_env_names``)."""
+    """One frozen group of settings. A field's flat name (its environment variable without
+    ``LIGHTBOX_``, upper-cased) is ``env_prefix`` + the field's name, or the one ``env_names`` gives it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     env_prefix: ClassVar[str] = ""
