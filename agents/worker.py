@@ -11,8 +11,9 @@ Two kinds of process run this module:
   ``python -m agents.worker backfill-worker``: a runner whose live tier stays empty, no Faust.
 
 Everything that decides anything lives in pure modules: batching (:mod:`agents.batching`),
-acknowledgement order (:mod:`agents.watermark`), records in/out (:mod:`agents.process`), the
-pipeline (:mod:`gpu_kernels.pipeline`). This module only assembles them and ends the process.
+acknowledgement order (:mod:`agents.watermark`), the records out and their sizes
+(:mod:`agents.records`), the pipeline (:mod:`gpu_kernels.pipeline`). This module only assembles
+them and ends the process.
 
 Process life cycle (both kinds):
 
