@@ -23,11 +23,22 @@ from streams.settings import Settings
 if TYPE_CHECKING:
     from agents.backfill import BackfillConsumer
 
-__all__ = ["REFRESH_S", "Observability"]
+__all__ = ["REFRESH_S", "Observability", "version"]
 
 log = logging.getLogger(__name__)
 
 REFRESH_S = 5.0
+
+
+def version() -> str:
+    """The installed distribution's version (what ``lightbox --version`` prints)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("lightbox")
+    except PackageNotFoundError:
+        return "0+unknown"  # running from a checkout without an install
 
 
 class Observability:

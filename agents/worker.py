@@ -47,12 +47,12 @@ import faust
 
 from agents import backfill_process
 from agents.backfill import BackfillConsumer, BackfillEvent
-from agents.observe import REFRESH_S, Observability
+from agents.observe import REFRESH_S, Observability, version
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
 from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
 from agents.wiring import backfill_consumer, batching_config, build_processor, kafka_sink, runner_config, tier_batcher
-from streams.app import create_app, input_topic
+from streams.app import create_app, input_topic, live_lag
 from streams.settings import Settings
 
 __all__ = ["EXIT_FAIL_STOP", "FAIL_STOP_GRACE_S", "RetouchWorker", "build_worker", "main", "run_backfill",
@@ -63,17 +63,6 @@ log = logging.getLogger(__name__)
 EXIT_FAIL_STOP = 70  # EX_SOFTWARE: the worker cannot go on; an orchestrator restarts it
 FAIL_STOP_GRACE_S = 10.0  # longest a fail-stop waits for a clean group leave before exiting anyway
 BACKFILL_COMMAND = "backfill-worker"  # python -m agents.worker backfill-worker: the backfill child
-
-
-def version() -> str:
-    """The installed distribution's version (what ``lightbox --version`` prints)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("lightbox")
-    except PackageNotFoundError:
-        return "0+unknown"  # running from a checkout without an install
 
 
 class RetouchWorker:
@@ -184,27 +173,7 @@ def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, i
     the device) and live records waiting in the brokers: what pauses the backfill tier."""
     runner, tiers = worker.runner, worker.tiers
     queued = 0 if runner is None or tiers is None else runner.preparing("live") + tiers.live_queued
-    return queued, _live_lag(worker.app, settings, last_live)
-
-
-def _live_lag(app: faust.App, settings: Settings, last_live: dict[Any, int]) -> int:
-    """Live records in the brokers past the last one handed to the runner (from the last fetch's high water)."""
-    consumer = app.consumer
-    try:
-        assigned = consumer.assignment()
-    except Exception:  # not started or rebalancing: nothing known
-        return 0
-    lag = 0
-    for tp in assigned:
-        if tp.topic != settings.topics.input:
-            continue
-        try:
-            high = consumer.highwater(tp)
-        except Exception:  # AssertionError: not assigned any more
-            continue
-        if high is not None:
-            lag += max(0, high - last_live.get(tp, -1) - 1)
-    return lag
+    return queued, live_lag(worker.app, settings.topics.input, last_live)
 
 
 def _backfill_ended(worker: RetouchWorker, task: asyncio.Task[None]) -> None:

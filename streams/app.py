@@ -12,7 +12,7 @@ import faust
 from streams.security import aiokafka_kwargs, faust_credentials, preflight
 from streams.settings import KafkaSettings, Settings
 
-__all__ = ["create_app", "ensure_topics", "input_topic", "max_message_bytes", "topic_configs"]
+__all__ = ["create_app", "ensure_topics", "input_topic", "live_lag", "max_message_bytes", "topic_configs"]
 
 
 def create_app(settings: Settings) -> faust.App:
@@ -46,6 +46,27 @@ def input_topic(app: faust.App, settings: Settings) -> faust.TopicT:
     """The input topic as raw bytes. Outputs and dead letters are sent by the agent's own
     idempotent producer (:class:`streams.sink.KafkaSink`), so they need no Faust topic."""
     return app.topic(settings.topics.input, value_type=bytes, key_type=bytes, partitions=settings.topics.partitions)
+
+
+def live_lag(app: faust.App, topic: str, handed: dict[Any, int]) -> int:
+    """Records of ``topic`` in the brokers past the last offset handed on (``handed``, by
+    partition), from the app consumer's last fetch's high water; 0 while nothing is known."""
+    consumer = app.consumer
+    try:
+        assigned = consumer.assignment()
+    except Exception:  # not started or rebalancing: nothing known
+        return 0
+    lag = 0
+    for tp in assigned:
+        if tp.topic != topic:
+            continue
+        try:
+            high = consumer.highwater(tp)
+        except Exception:  # AssertionError: not assigned any more
+            continue
+        if high is not None:
+            lag += max(0, high - handed.get(tp, -1) - 1)
+    return lag
 
 
 async def _admin(kafka: KafkaSettings, timeout_s: float) -> Any:
