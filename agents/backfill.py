@@ -31,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from agents.process import InRecord
+from agents.records import InRecord
 from agents.tiers import BACKFILL, BackfillGate, pause_backfill
 from streams.security import aiokafka_kwargs
-from streams.settings import Settings
+from streams.settings import BackfillSettings, KafkaSettings
 
 __all__ = ["BackfillConsumer", "BackfillEvent"]
 
@@ -59,12 +59,14 @@ class BackfillConsumer:
     worker and live records waiting in the brokers (:attr:`agents.worker.RetouchWorker.live_work`;
     in a backfill process, what its worker shares: :class:`agents.backfill_process.LiveSignal`)."""
 
-    def __init__(self, settings: Settings, runner: Callable[[], Any], live_work: Callable[[], tuple[int, int]],
+    def __init__(self, kafka: KafkaSettings, backfill: BackfillSettings, *, topic: str, client_id: str,
+                 runner: Callable[[], Any], live_work: Callable[[], tuple[int, int]],
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.settings, self._runner, self._live_work = settings, runner, live_work
-        self.gate = BackfillGate(idle_s=settings.backfill_idle_ms / 1000, busy_cap=settings.backfill_busy_in_flight,
+        self.kafka, self.backfill, self.topic, self.client_id = kafka, backfill, topic, client_id
+        self._runner, self._live_work = runner, live_work
+        self.gate = BackfillGate(idle_s=backfill.idle_ms / 1000, busy_cap=backfill.busy_in_flight,
                                  clock=clock)
-        self.group_id = f"{settings.group_id}.backfill"
+        self.group_id = f"{kafka.group_id}.backfill"
         self.pauses = 0
         self._acked: dict[Any, int] = {}  # TopicPartition -> next offset to commit
         self._committed: dict[Any, int] = {}
@@ -116,7 +118,7 @@ class BackfillConsumer:
     async def run(self) -> None:
         from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
 
-        s = self.settings
+        kafka, backfill = self.kafka, self.backfill
         outer = self
 
         class Listener(ConsumerRebalanceListener):  # type: ignore[misc]
@@ -133,15 +135,15 @@ class BackfillConsumer:
                 pass
 
         consumer = self._consumer = AIOKafkaConsumer(
-            **aiokafka_kwargs(s), bootstrap_servers=s.kafka_bootstrap, group_id=self.group_id,
-            client_id=f"lightbox-{s.worker_id}-backfill", enable_auto_commit=False, auto_offset_reset="earliest",
+            **aiokafka_kwargs(kafka), bootstrap_servers=kafka.bootstrap, group_id=self.group_id,
+            client_id=self.client_id, enable_auto_commit=False, auto_offset_reset="earliest",
             # small fetches: a paused partition's fetched records are dropped and fetched again on
             # resume (aiokafka), and the loop pauses and resumes many times a second; the brokers
             # still return a first record larger than this whole (Kafka's KIP-74), so inline images pass
             max_partition_fetch_bytes=FETCH_BYTES, fetch_max_bytes=4 * FETCH_BYTES,
-            session_timeout_ms=int(s.session_timeout_s * 1000),
-            heartbeat_interval_ms=int(min(3.0, s.session_timeout_s / 3) * 1000))
-        consumer.subscribe([s.backfill_topic], listener=Listener())
+            session_timeout_ms=int(kafka.session_timeout_s * 1000),
+            heartbeat_interval_ms=int(min(3.0, kafka.session_timeout_s / 3) * 1000))
+        consumer.subscribe([self.topic], listener=Listener())
         await consumer.start()
         paused, last_commit = False, asyncio.get_running_loop().time()
         try:
@@ -152,7 +154,7 @@ class BackfillConsumer:
                 if runner is not None:
                     free, limit = runner.free_slots(BACKFILL), runner.config.backfill_in_flight
                     queued, lag = self._live_work()
-                    live_active = pause_backfill(queued, lag, s.backfill_max_live_lag)
+                    live_active = pause_backfill(queued, lag, backfill.max_live_lag)
                     room = min(free, self.gate.room(live_active, held=limit - free, limit=limit))
                 pause = room == 0
                 if pause and assigned:
@@ -163,7 +165,7 @@ class BackfillConsumer:
                     self.pauses += pause
                 paused = pause
                 # a poll even while paused keeps the group membership (max.poll.interval.ms)
-                batch = await consumer.getmany(timeout_ms=int(s.backfill_check_ms), max_records=max(1, room))
+                batch = await consumer.getmany(timeout_ms=int(backfill.check_ms), max_records=max(1, room))
                 for records in batch.values():
                     for r in records:
                         rec = InRecord(topic=r.topic, partition=r.partition, offset=r.offset, value=r.value,

@@ -13,11 +13,10 @@ from typing import Any
 
 from agents.intake import Intake, Item, Pair, Sent, log_ids
 from agents.interfaces import Ack, OutputSink, Processor, RunnerConfig, RunnerObserver, RunnerStats
-from agents.process import InRecord, OutRecord
+from agents.records import InRecord, OutRecord, over_limit
 from agents.supervision import Supervisor
 from agents.watermark import Ticket, Watermarks
 from schemas.errors import FatalError, LightboxError, OutputTooLarge, ProcessingFailed, SchemaInvalid
-from streams.records import record_size
 
 __all__ = ["Delivery"]
 
@@ -138,8 +137,8 @@ class Delivery:
         OUTPUT_TOO_LARGE dead letter; a dead letter still too large leaves the original value out
         (the input topic keeps it at the offset the dead letter names)."""
         limit = self.sink.limits.get(out.kind)
-        size = record_size(out)
-        if limit is None or size <= limit:
+        size = over_limit(out, limit)
+        if size is None:
             return out
         what = "processed event" if out.kind == "processed" else "dead letter"
         message = f"{what} of {size} bytes exceeds its topic's limit of {limit} bytes"
@@ -153,7 +152,7 @@ class Delivery:
                 if not isinstance(exc.__cause__, SchemaInvalid):
                     raise
                 dead = self.dead_letter(item, ProcessingFailed(message, stage="output"), item.parsed, rec=rec)
-            if dlq_limit is None or record_size(dead) <= dlq_limit:
+            if over_limit(dead, dlq_limit) is None:
                 log.error("%s:%d:%d: %s", item.record.topic, item.record.partition, item.record.offset, message,
                           extra=log_ids([item.record]))
                 return dead

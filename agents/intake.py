@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from agents.interfaces import Processor, RunnerConfig
-from agents.process import InRecord, OutRecord
+from agents.records import InRecord, OutRecord
 from agents.tiers import BACKFILL, LIVE
 from agents.watermark import Ticket
 from schemas.errors import FatalError

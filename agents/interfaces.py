@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from agents.batching import Batch
-from agents.process import InRecord, OutRecord
+from agents.records import InRecord, OutRecord
 from schemas.errors import LightboxError
 
 __all__ = ["Ack", "Batcher", "NullObserver", "OutputSink", "Processor", "RunnerConfig", "RunnerObserver",

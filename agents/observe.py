@@ -23,11 +23,22 @@ from streams.settings import Settings
 if TYPE_CHECKING:
     from agents.backfill import BackfillConsumer
 
-__all__ = ["REFRESH_S", "Observability"]
+__all__ = ["REFRESH_S", "Observability", "version"]
 
 log = logging.getLogger(__name__)
 
 REFRESH_S = 5.0
+
+
+def version() -> str:
+    """The installed distribution's version (what ``lightbox --version`` prints)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("lightbox")
+    except PackageNotFoundError:
+        return "0+unknown"  # running from a checkout without an install
 
 
 class Observability:
@@ -37,16 +48,17 @@ class Observability:
     def __init__(self, settings: Settings, *, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.health = Health(stall_after_s=settings.health_stall_s)
+        self.health = Health(stall_after_s=settings.observe.health_stall_s)
         self.tracing = tracing if tracing is not None else tracing_from_env(
-            group=settings.group_id, worker_id=settings.worker_id, item_stages=settings.trace_item_stages)
+            group=settings.kafka.group_id, worker_id=settings.worker.worker_id,
+            item_stages=settings.observe.trace_item_stages)
         self.telemetry = Telemetry(self.metrics, self.health, self.tracing)
         self.server = None
-        if settings.metrics_port:
+        if settings.observe.metrics_port:
             try:
-                self.server = MetricsServer(self.metrics, self.health, port=settings.metrics_port).start()
+                self.server = MetricsServer(self.metrics, self.health, port=settings.observe.metrics_port).start()
             except OSError as exc:
-                raise OSError(exc.errno, f"metrics port {settings.metrics_port}: {exc.strerror} (set "
+                raise OSError(exc.errno, f"metrics port {settings.observe.metrics_port}: {exc.strerror} (set "
                                          "LIGHTBOX_METRICS_PORT to a free port, one per worker on a host, or 0 "
                                          "for none)") from exc
         self._device = "cpu"

@@ -24,10 +24,21 @@ import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
+from agents.records import (
+    InRecord,
+    OutRecord,
+    created_ms,
+    dead_letter_record,
+    fits,
+    headers_of,
+    processed_record,
+    shrink_order,
+    store_upfront,
+    variant_record,
+)
 from blobio.fetch import Fetcher, FetchPolicy
 from blobio.store import make_store, variant_key
 from gpu_kernels.backends import RetouchOptions
@@ -43,50 +54,11 @@ from schemas.errors import (
     OutputTooLarge,
     ProcessingFailed,
 )
-from schemas.events import EventCodecs, dead_letter_id, processed_event_id
-from schemas.headers import attempts_of
+from schemas.events import EventCodecs
 from streams.records import payload_size
 
 __all__ = ["BatchProcessor", "BatchState", "InRecord", "OutRecord", "Prepared", "VariantStore",
            "resolution_bin"]
-
-Headers = list[tuple[str, bytes | None]]
-PASS_HEADERS = ("traceparent", "tracestate")
-
-
-@dataclass(frozen=True, slots=True)
-class InRecord:
-    """A consumed Kafka record, as the agent saw it."""
-
-    topic: str
-    partition: int
-    offset: int
-    value: bytes | None
-    key: bytes | None = None
-    headers: Headers | None = None
-    timestamp_ms: int | None = None
-
-
-RecordKey = tuple[str, int, int]  # topic, partition, offset
-
-
-@dataclass(frozen=True, slots=True)
-class OutRecord:
-    """One record to produce. The fields after ``error_code`` are for observers (metrics and
-    traces) and never travel: the item's per-stage span records as in the event, the monotonic
-    nanoseconds their ``start_us`` count from, the input's ``created_at`` and the batch's inputs."""
-
-    kind: Literal["processed", "dead_letter"]
-    key: bytes | None
-    value: bytes
-    headers: Headers
-    source: InRecord
-    error_code: str | None = None
-    spans: tuple[dict[str, Any], ...] = ()
-    origin_ns: int | None = None
-    created_ms: int | None = None
-    batch: tuple[RecordKey, ...] = ()
-
 
 def resolution_bin(width: int, height: int) -> int:
     """The longer side's bin: 0 up to 1024 px, 1 up to 2048, 2 up to 4096, 3 beyond."""
@@ -114,14 +86,6 @@ class Prepared:
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _created_ms(event: dict[str, Any] | None) -> int | None:
-    """An event's ``created_at`` in epoch milliseconds (None when unknown)."""
-    created = (event or {}).get("created_at")
-    if isinstance(created, datetime):
-        return int(created.timestamp() * 1000)
-    return int(created) if isinstance(created, int) else None
 
 
 def _describe(exc: BaseException) -> str:
@@ -292,51 +256,36 @@ class BatchProcessor:
 
     # -- records -----------------------------------------------------------------------------
     def processed(self, p: Prepared, res: JobResult, *, max_record_bytes: int | None = None) -> OutRecord:
+        """The processed event of ``p``, within ``max_record_bytes`` (key + value + headers;
+        :func:`agents.records.value_limit`): variants go to the store as :mod:`agents.records` plans."""
         ev, spans = p.event, p.job.spans
         start = spans.clock()
-        now = self.wall_ms()
-        created_ms = _created_ms(ev)
-        q = res.quality
-        variants = [self._variant(v) for v in res.variants]
-        if self.store is not None and self.offload == "always":
-            for rec, v in zip(variants, res.variants, strict=True):
-                self._offload(ev, rec, v, keep_inline=v.size <= self.inline_max_bytes)
-        record = {
-            "event_id": processed_event_id(ev["event_id"], self.pipeline_version, self.model_version),
-            "source_event_id": ev["event_id"],
-            "sku": ev["sku"], "image_id": ev["image_id"], "merchant_id": ev["merchant_id"],
-            "variants": variants,
-            "quality": {"subject_coverage": q.subject_coverage if q else 0.0,
-                        "background_whiteness": q.background_whiteness if q else 0.0,
-                        "sharpness": q.sharpness if q else 0.0},
-            "spans": [],
-            "latency_us": max(0, (now - (created_ms or now)) * 1000),
-            "worker_id": self.worker_id, "model_version": self.model_version,
-            "pipeline_version": self.pipeline_version, "processed_at": now,
-        }
-        key, headers = p.record.key, self._headers(p.record)
+        variants = [variant_record(v) for v in res.variants]
+        for k, keep_inline in store_upfront(res.variants, has_store=self.store is not None, offload=self.offload,
+                                            inline_max_bytes=self.inline_max_bytes):
+            self._offload(ev, variants[k], res.variants[k], keep_inline=keep_inline)
+        record = processed_record(ev, res, variants, worker_id=self.worker_id, model_version=self.model_version,
+                                  pipeline_version=self.pipeline_version, now_ms=self.wall_ms())
+        key, headers = p.record.key, headers_of(p.record)
         value = self._seal(record, spans, start)
-        if max_record_bytes is not None and payload_size(value, key, headers) > max_record_bytes:
+        if not fits(value, key, headers, max_record_bytes):
             first = payload_size(value, key, headers)
             if self.store is None:
                 sizes = ", ".join(f"{v.preset} {v.size} B" for v in res.variants)
                 raise OutputTooLarge(f"processed event of {first} bytes exceeds the output limit of {max_record_bytes} "
                                      f"bytes (variants: {sizes}); configure an output store to send variants out "
                                      "of line", stage="produce")
-            # largest variants first, until the event fits
-            for k in sorted(range(len(variants)), key=lambda k: -res.variants[k].size):
-                if variants[k]["data"] is None:
-                    continue
+            for k in shrink_order(res.variants, [v["data"] is not None for v in variants]):
                 self._offload(ev, variants[k], res.variants[k])
                 value = self._seal(record, spans, start)
-                if payload_size(value, key, headers) <= max_record_bytes:
+                if fits(value, key, headers, max_record_bytes):
                     break
-            if payload_size(value, key, headers) > max_record_bytes:
+            else:
                 raise OutputTooLarge(f"processed event of {payload_size(value, key, headers)} bytes (variants out of "
                                      f"line; {first} bytes inline) still exceeds the output limit of "
                                      f"{max_record_bytes} bytes", stage="produce")
         return OutRecord("processed", key, value, headers, p.record, spans=tuple(record["spans"]),
-                         origin_ns=spans.origin_ns, created_ms=created_ms)
+                         origin_ns=spans.origin_ns, created_ms=created_ms(ev))
 
     def _seal(self, record: dict[str, Any], spans: SpanRecorder, start: int) -> bytes:
         # "produce" covers building and serializing this event (store writes included) up to the
@@ -347,15 +296,6 @@ class BatchProcessor:
         record["spans"] = [s.as_record() for s in spans.spans]
         return self.codecs.processed.encode(record)
 
-    @staticmethod
-    def _variant(v: Variant) -> dict[str, Any]:
-        c = v.compliance
-        return {"preset": v.preset, "width": v.width, "height": v.height, "format": v.format,
-                "data": v.data, "uri": None, "sha256": v.sha256, "size": v.size,
-                "compliance": None if c is None else {"white_border": c.white_border, "fill": c.fill,
-                                                      "cut_off": c.cut_off, "min_side_ok": c.min_side_ok,
-                                                      "compliant": c.compliant}}
-
     def _offload(self, ev: dict[str, Any], rec: dict[str, Any], v: Variant, *, keep_inline: bool = False) -> None:
         """Move one variant's bytes into the store (content-addressed key, SKU sanitized), its URI into the event."""
         assert self.store is not None
@@ -364,23 +304,8 @@ class BatchProcessor:
         rec["data"] = v.data if keep_inline else None
 
     def dead_letter(self, rec: InRecord, exc: LightboxError, event: dict[str, Any] | None = None) -> OutRecord:
-        record = {
-            "event_id": dead_letter_id(rec.topic, rec.partition, rec.offset, self.pipeline_version),
-            "source_event_id": event.get("event_id") if event else None,
-            "original": {
-                "topic": rec.topic, "partition": rec.partition, "offset": rec.offset,
-                "timestamp_ms": rec.timestamp_ms, "key": rec.key, "value": rec.value,
-                "headers": [{"key": k, "value": v} for k, v in (rec.headers or [])],
-            },
-            "error_code": str(exc.code), "message": exc.message, "stage": exc.stage or "unknown",
-            "attempts": attempts_of(rec.headers), "worker_id": self.worker_id, "failed_at": self.wall_ms(),
-        }
-        headers = [*self._headers(rec), ("lightbox-error", str(exc.code).encode())]
+        record = dead_letter_record(rec, exc, event, worker_id=self.worker_id, pipeline_version=self.pipeline_version,
+                                    now_ms=self.wall_ms())
+        headers = [*headers_of(rec), ("lightbox-error", str(exc.code).encode())]
         return OutRecord("dead_letter", rec.key, self.codecs.dead_letter.encode(record), headers, rec,
-                         error_code=str(exc.code), created_ms=_created_ms(event))
-
-    @staticmethod
-    def _headers(rec: InRecord) -> Headers:
-        kept = [(k, v) for k, v in (rec.headers or []) if k in PASS_HEADERS]
-        src = f"{rec.topic}:{rec.partition}:{rec.offset}".encode()
-        return [*kept, ("lightbox-source", src)]
+                         error_code=str(exc.code), created_ms=created_ms(event))

@@ -82,11 +82,10 @@ from agents.interfaces import (
     RunnerObserver,
     RunnerStats,
 )
-from agents.process import InRecord, OutRecord
+from agents.records import InRecord, OutRecord, value_limit
 from agents.supervision import RunnerFailed, Supervisor
 from agents.watermark import OffsetRewound, Watermarks
 from schemas.errors import FatalError, ProcessingFailed
-from streams.records import RECORD_OVERHEAD
 
 __all__ = ["BatchRunner", "Pair", "RunnerConfig", "RunnerFailed", "RunnerObserver", "RunnerStats"]
 
@@ -397,13 +396,11 @@ class BatchRunner:
         if wait:
             await intake.output_slots.acquire()
         try:
-            limit = self.sink.limits.get("processed")
-            # the processor sizes key + value + headers (agents.process.record_size); framing is ours
-            value_limit = None if limit is None else limit - RECORD_OVERHEAD
+            budget = value_limit(self.sink.limits.get("processed"))  # the size policy: agents/records.py
             t0 = self.clock()
             try:
                 outs = await self._call("output", len(pairs),
-                                        functools.partial(self.processor.output, max_record_bytes=value_limit), state,
+                                        functools.partial(self.processor.output, max_record_bytes=budget), state,
                                         pool=intake.output_pool)
                 if len(outs) != len(pairs):
                     raise ProcessingFailed(f"output lane returned {len(outs)} records for {len(pairs)} items",

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from agents.batching import BatchingConfig, MicroBatcher
 from agents.process import BatchProcessor
 from agents.runner import Pair, RunnerConfig
-from agents.tiers import TierBatcher
+from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
 from blobio.fetch import Fetcher, FetchPolicy
 from blobio.store import make_store
 from gpu_kernels.backends import Retoucher, Segmenter
@@ -18,7 +20,11 @@ from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
 from schemas.codec import FileSchemaStore
 from schemas.errors import ProcessingFailed
 from schemas.events import EventCodecs
-from streams.settings import PIPELINE_VERSION, Settings
+from streams.settings import PIPELINE_VERSION, FetchSettings, Settings
+
+if TYPE_CHECKING:
+    from agents.backfill import BackfillConsumer
+    from streams.sink import KafkaSink
 
 __all__ = ["backfill_batching", "batching_config", "build_fetcher", "build_pipeline", "build_processor",
            "runner_config"]
@@ -30,45 +36,46 @@ def _retoucher(device: str) -> Retoucher:
 
 def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segmenter | None, str]:
     """(model, classical fallback, model version) as configured."""
-    if settings.segmenter == "none":
+    seg = settings.segment
+    if seg.segmenter == "none":
         return None, None, "none"
     from gpu_kernels.segment import ensure_u2netp, make_segmenter
 
     classical = make_segmenter("classical", device)
-    if settings.segmenter == "classical":
+    if seg.segmenter == "classical":
         return None, classical, str(getattr(classical, "version", "classical"))
     from gpu_kernels.segment import make_model_segmenter
     from gpu_kernels.segment.model import resolve_model
 
-    if settings.segmenter == "triton":  # the model runs on a shared Triton server; masks made here
+    if seg.segmenter == "triton":  # the model runs on a shared Triton server; masks made here
         from gpu_kernels.segment.model import KNOWN_SPECS, load_model_config
         from gpu_kernels.segment.triton_runner import TritonSegmenter
 
-        if settings.model_config_file is not None:
-            spec = load_model_config(settings.model_config_file)[1]
-        elif settings.model_spec in KNOWN_SPECS:
-            spec = KNOWN_SPECS[settings.model_spec]
+        if seg.model_config_file is not None:
+            spec = load_model_config(seg.model_config_file)[1]
+        elif seg.model_spec in KNOWN_SPECS:
+            spec = KNOWN_SPECS[seg.model_spec]
         else:
-            raise ProcessingFailed(f"unknown model spec {settings.model_spec!r}; known: {sorted(KNOWN_SPECS)}",
+            raise ProcessingFailed(f"unknown model spec {seg.model_spec!r}; known: {sorted(KNOWN_SPECS)}",
                                    stage="segment")
-        remote = TritonSegmenter(settings.triton_url, settings.triton_model, spec,
-                                 max_batch=settings.max_batch or 16, timeout_s=settings.triton_timeout_s)
+        remote = TritonSegmenter(settings.triton.url, settings.triton.model, spec,
+                                 max_batch=settings.batching.max_batch or 16, timeout_s=settings.triton.timeout_s)
         return remote, classical, remote.version
 
-    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    path, spec = resolve_model(seg.model_path, seg.model_spec, seg.model_config_file)
     model, choice = make_model_segmenter(path or ensure_u2netp().batched, spec, device=device,
-                                         runtime=settings.segment_runtime, threads=settings.segment_threads,
-                                         cuda_graphs=settings.cuda_graphs,
-                                         max_batch=settings.max_batch if device == "gpu" else None)  # CPU: 1
+                                         runtime=seg.runtime, threads=seg.threads,
+                                         cuda_graphs=seg.cuda_graphs,
+                                         max_batch=settings.batching.max_batch if device == "gpu" else None)  # CPU: 1
     runtime = "" if choice.runtime == "fp32" else f"+{choice.runtime}"  # events name the runtime when not fp32
     return model, classical, f"{getattr(model, 'version', 'model')}{runtime}"
 
 
 def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:
     """The pipeline and its model version string."""
-    decoder = make_decoder(device, max_pixels=settings.max_pixels, max_bytes=settings.max_image_bytes,
-                           max_frames=settings.max_frames, max_scans=settings.max_scans,
-                           time_budget_s=settings.decode_time_budget_s)
+    decoder = make_decoder(device, max_pixels=settings.limits.max_pixels, max_bytes=settings.limits.max_image_bytes,
+                           max_frames=settings.limits.max_frames, max_scans=settings.limits.max_scans,
+                           time_budget_s=settings.limits.decode_time_budget_s)
     model, classical, model_version = _segmenters(settings, device)
     return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), model, classical), model_version
 
@@ -77,33 +84,36 @@ def build_processor(settings: Settings, device: str | None = None) -> BatchProce
     device = device or settings.resolved_device()
     pipeline, model_version = build_pipeline(settings, device)
     return BatchProcessor(
-        pipeline, load_presets(settings.presets_file), EventCodecs.create(FileSchemaStore(settings.schema_store)),
-        worker_id=settings.worker_id, pipeline_version=PIPELINE_VERSION, model_version=model_version,
-        max_image_bytes=settings.max_image_bytes, max_pixels=settings.max_pixels,
-        max_frames=settings.max_frames, max_scans=settings.max_scans,
-        file_roots=settings.file_roots, fetcher=build_fetcher(settings),
-        store=make_store(settings.output_store_url(), settings), inline_max_bytes=settings.inline_max_bytes)
+        pipeline, load_presets(settings.worker.presets_file),
+        EventCodecs.create(FileSchemaStore(settings.worker.schema_store)),
+        worker_id=settings.worker.worker_id, pipeline_version=PIPELINE_VERSION, model_version=model_version,
+        max_image_bytes=settings.limits.max_image_bytes, max_pixels=settings.limits.max_pixels,
+        max_frames=settings.limits.max_frames, max_scans=settings.limits.max_scans,
+        file_roots=settings.fetch.file_roots, fetcher=build_fetcher(settings.fetch, settings.limits.max_image_bytes),
+        store=make_store(settings.store.resolved_url(), settings.store),
+        inline_max_bytes=settings.store.inline_max_bytes)
 
 
-def build_fetcher(settings: Settings) -> Fetcher:
+def build_fetcher(fetch: FetchSettings, max_bytes: int) -> Fetcher:
+    """The worker's fetcher: the fetch section's allow-lists and timeouts, inputs up to ``max_bytes``."""
     return Fetcher(FetchPolicy(
-        max_bytes=settings.max_image_bytes, file_roots=tuple(settings.file_roots), allow=tuple(settings.fetch_allow),
-        timeout_s=settings.fetch_timeout_s, connect_timeout_s=settings.fetch_connect_timeout_s,
-        retries=settings.fetch_retries, s3_endpoint=settings.s3_endpoint, ca_file=settings.fetch_ca_file))
+        max_bytes=max_bytes, file_roots=tuple(fetch.file_roots), allow=tuple(fetch.allow),
+        timeout_s=fetch.timeout_s, connect_timeout_s=fetch.connect_timeout_s,
+        retries=fetch.retries, s3_endpoint=fetch.s3_endpoint, ca_file=fetch.ca_file))
 
 
 def batching_config(settings: Settings, device: str) -> BatchingConfig:
     """The micro-batcher's settings for ``device``, with the ones set in ``settings``."""
-    overrides = {"max_batch": settings.max_batch, "slo_s": settings.slo_ms and settings.slo_ms / 1000,
-                 "max_wait_s": settings.max_wait_ms and settings.max_wait_ms / 1000,
-                 "fixed_batch": settings.fixed_batch}
+    b = settings.batching
+    overrides = {"max_batch": b.max_batch, "slo_s": b.slo_ms and b.slo_ms / 1000,
+                 "max_wait_s": b.max_wait_ms and b.max_wait_ms / 1000, "fixed_batch": b.fixed_batch}
     return BatchingConfig.for_device(device, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def backfill_batching(settings: Settings, live: BatchingConfig) -> BatchingConfig:
     """The backfill tier's batching: the live tier's, capped at ``backfill_max_batch`` (the most a
     live batch can wait behind)."""
-    size = min(settings.backfill_max_batch or live.max_batch, live.max_batch)
+    size = min(settings.backfill.max_batch or live.max_batch, live.max_batch)
     fixed = None if live.fixed_batch is None else min(live.fixed_batch, size)
     return replace(live, max_batch=size, fixed_batch=fixed)
 
@@ -115,25 +125,45 @@ def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
     lanes hold small batches, and every batch costs thread hops and a produce request (with a
     backlog of 64×64 images and 64 in flight, batches averaged 2 items; bench/bench_overhead.py)."""
     depth = RunnerConfig().queue_depth
-    slots = 2 * (1 + depth) + settings.output_threads + depth + 1
+    slots = 2 * (1 + depth) + settings.runner.output_threads + depth + 1
     backfill = backfill_batching(settings, batching)
-    return RunnerConfig(max_in_flight=max(settings.max_in_flight, slots * batching.max_batch + 8),
-                        backfill_in_flight=max(settings.backfill_in_flight, backfill.max_batch),
-                        prepare_threads=settings.prepare_threads, output_threads=settings.output_threads,
-                        backfill_threads=settings.backfill_threads, backfill_nice=settings.backfill_nice,
-                        delivery_timeout_s=settings.delivery_timeout_s, stage_timeout_s=settings.stage_timeout_s)
+    return RunnerConfig(max_in_flight=max(settings.batching.max_in_flight, slots * batching.max_batch + 8),
+                        backfill_in_flight=max(settings.backfill.in_flight, backfill.max_batch),
+                        prepare_threads=settings.runner.prepare_threads, output_threads=settings.runner.output_threads,
+                        backfill_threads=settings.backfill.threads, backfill_nice=settings.backfill.nice,
+                        delivery_timeout_s=settings.runner.delivery_timeout_s,
+                        stage_timeout_s=settings.runner.stage_timeout_s)
 
 
-def tier_batcher(settings: Settings, batching: BatchingConfig) -> TierBatcher[Pair]:
+def tier_batcher(settings: Settings, batching: BatchingConfig,
+                 rules: BackfillRules = DEFAULT_RULES) -> TierBatcher[Pair]:
     """The runner's batcher: live and backfill tiers (agents/tiers.py), live buckets by the event's priority."""
     return TierBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
                        tier_of=lambda pair: pair[0].tier, priority_of=_priority,
-                       backfill_share=settings.backfill_device_share, wait_for_live=settings.backfill_wait_for_live,
-                       pipelined=settings.backfill_pipelined,
-                       fill_to=min(settings.backfill_fill_to, batching.max_batch),
+                       backfill_share=settings.backfill.device_share, wait_for_live=rules.wait_for_live,
+                       pipelined=rules.pipelined,
+                       fill_to=min(settings.backfill.fill_to, batching.max_batch),
                        nbytes_of=lambda pair: pair[1].nbytes, memory_budget_bytes=batching.memory_budget_bytes)
 
 
 def _priority(pair: Pair) -> int:
     event = getattr(pair[1], "event", None)
     return int(event.get("priority", 0) or 0) if isinstance(event, dict) else 0
+
+
+def kafka_sink(settings: Settings) -> KafkaSink:
+    """The output producer: the Kafka and topic sections, the delivery timeout and this worker's client id."""
+    from streams.sink import KafkaSink
+
+    return KafkaSink(settings.kafka, settings.topics, delivery_timeout_s=settings.runner.delivery_timeout_s,
+                     client_id=f"lightbox-{settings.worker.worker_id}")
+
+
+def backfill_consumer(settings: Settings, runner: Callable[[], Any],
+                      live_work: Callable[[], tuple[int, int]]) -> BackfillConsumer:
+    """The backfill topic's consumer: the Kafka and backfill sections, the backfill topic."""
+    from agents.backfill import BackfillConsumer
+
+    return BackfillConsumer(settings.kafka, settings.backfill, topic=settings.topics.backfill,
+                            client_id=f"lightbox-{settings.worker.worker_id}-backfill", runner=runner,
+                            live_work=live_work)

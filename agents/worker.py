@@ -11,8 +11,9 @@ Two kinds of process run this module:
   ``python -m agents.worker backfill-worker``: a runner whose live tier stays empty, no Faust.
 
 Everything that decides anything lives in pure modules: batching (:mod:`agents.batching`),
-acknowledgement order (:mod:`agents.watermark`), records in/out (:mod:`agents.process`), the
-pipeline (:mod:`gpu_kernels.pipeline`). This module only assembles them and ends the process.
+acknowledgement order (:mod:`agents.watermark`), the records out and their sizes
+(:mod:`agents.records`), the pipeline (:mod:`gpu_kernels.pipeline`). This module only assembles
+them and ends the process.
 
 Process life cycle (both kinds):
 
@@ -46,14 +47,13 @@ import faust
 
 from agents import backfill_process
 from agents.backfill import BackfillConsumer, BackfillEvent
-from agents.observe import REFRESH_S, Observability
+from agents.observe import REFRESH_S, Observability, version
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
-from agents.tiers import TierBatcher
-from agents.wiring import batching_config, build_processor, runner_config, tier_batcher
-from streams.app import create_app, input_topic
+from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
+from agents.wiring import backfill_consumer, batching_config, build_processor, kafka_sink, runner_config, tier_batcher
+from streams.app import create_app, input_topic, live_lag
 from streams.settings import Settings
-from streams.sink import KafkaSink
 
 __all__ = ["EXIT_FAIL_STOP", "FAIL_STOP_GRACE_S", "RetouchWorker", "build_worker", "main", "run_backfill",
            "run_backfill_worker", "run_worker"]
@@ -63,17 +63,6 @@ log = logging.getLogger(__name__)
 EXIT_FAIL_STOP = 70  # EX_SOFTWARE: the worker cannot go on; an orchestrator restarts it
 FAIL_STOP_GRACE_S = 10.0  # longest a fail-stop waits for a clean group leave before exiting anyway
 BACKFILL_COMMAND = "backfill-worker"  # python -m agents.worker backfill-worker: the backfill child
-
-
-def version() -> str:
-    """The installed distribution's version (what ``lightbox --version`` prints)."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as dist_version
-
-    try:
-        return dist_version("lightbox")
-    except PackageNotFoundError:
-        return "0+unknown"  # running from a checkout without an install
 
 
 class RetouchWorker:
@@ -112,7 +101,7 @@ def _exit_after(seconds: float, code: Callable[[], int]) -> None:
 
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None,
-                 observer: RunnerObserver | None = None) -> RetouchWorker:
+                 observer: RunnerObserver | None = None, rules: BackfillRules = DEFAULT_RULES) -> RetouchWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
     One runner, two tiers: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
@@ -123,12 +112,12 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
-    config, tiers = _runner_parts(settings, device)
+    config, tiers = _runner_parts(settings, device, rules)
     worker.tiers = tiers
     proc = processor or build_processor(settings, device)
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     worker.live_work = functools.partial(_live_work, worker, settings, last_live)
-    backfill = BackfillConsumer(settings, lambda: worker.runner, worker.live_work)
+    backfill = backfill_consumer(settings, lambda: worker.runner, worker.live_work)
     worker.backfill = backfill
 
     @app.agent(input_topic(app, settings), name="lightbox.retouch")
@@ -141,12 +130,12 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
             else:
                 await manual.ack(event)
 
-        runner = worker.runner = BatchRunner(proc, KafkaSink(settings), tiers, ack=ack, config=config,
+        runner = worker.runner = BatchRunner(proc, kafka_sink(settings), tiers, ack=ack, config=config,
                                              observer=observer, on_fatal=worker.fail)
         pulling: asyncio.Task[None] | None = None
         try:
             await runner.start()
-            if settings.backfill_enabled:
+            if settings.backfill.enabled:
                 pulling = asyncio.create_task(backfill.run(), name="lightbox-backfill")
                 pulling.add_done_callback(functools.partial(_backfill_ended, worker))
             async for event in manual.events():
@@ -173,10 +162,10 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     return worker
 
 
-def _runner_parts(settings: Settings, device: str) -> tuple[RunnerConfig, TierBatcher[Pair]]:
+def _runner_parts(settings: Settings, device: str, rules: BackfillRules) -> tuple[RunnerConfig, TierBatcher[Pair]]:
     """The runner's configuration and its tiers' batcher, as every worker process builds them."""
     batching = batching_config(settings, device)
-    return runner_config(settings, batching), tier_batcher(settings, batching)
+    return runner_config(settings, batching), tier_batcher(settings, batching, rules)
 
 
 def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
@@ -184,27 +173,7 @@ def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, i
     the device) and live records waiting in the brokers: what pauses the backfill tier."""
     runner, tiers = worker.runner, worker.tiers
     queued = 0 if runner is None or tiers is None else runner.preparing("live") + tiers.live_queued
-    return queued, _live_lag(worker.app, settings, last_live)
-
-
-def _live_lag(app: faust.App, settings: Settings, last_live: dict[Any, int]) -> int:
-    """Live records in the brokers past the last one handed to the runner (from the last fetch's high water)."""
-    consumer = app.consumer
-    try:
-        assigned = consumer.assignment()
-    except Exception:  # not started or rebalancing: nothing known
-        return 0
-    lag = 0
-    for tp in assigned:
-        if tp.topic != settings.input_topic:
-            continue
-        try:
-            high = consumer.highwater(tp)
-        except Exception:  # AssertionError: not assigned any more
-            continue
-        if high is not None:
-            lag += max(0, high - last_live.get(tp, -1) - 1)
-    return lag
+    return queued, live_lag(worker.app, settings.topics.input, last_live)
 
 
 def _backfill_ended(worker: RetouchWorker, task: asyncio.Task[None]) -> None:
@@ -214,8 +183,8 @@ def _backfill_ended(worker: RetouchWorker, task: asyncio.Task[None]) -> None:
 
 async def _finish(worker: RetouchWorker, runner: BatchRunner, settings: Settings) -> None:
     if worker.failure is None:
-        _exit_after(settings.shutdown_timeout_s + FAIL_STOP_GRACE_S, lambda: worker.exit_code)
-        drained = await runner.drain(settings.shutdown_timeout_s)
+        _exit_after(settings.runner.shutdown_timeout_s + FAIL_STOP_GRACE_S, lambda: worker.exit_code)
+        drained = await runner.drain(settings.runner.shutdown_timeout_s)
         if not drained:
             worker.app.conf.stream_wait_empty = False  # what is left is redelivered; do not wait for it
         with contextlib.suppress(Exception):  # commit now, while the consumer still holds its partitions
@@ -239,10 +208,12 @@ def _stopping(runner: BatchRunner, who: str, drained: bool) -> None:
 
 
 # ------------------------------------------------------------------------ lightbox worker
-def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) -> int:
+def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
+               rules: BackfillRules = DEFAULT_RULES) -> int:
     """``lightbox worker``: build everything before joining the group, start the backfill child if
     the backfill tier runs in one, run the Faust worker until it stops; the exit code.
-    ``overrides``: the command line's settings, passed on to the child's environment.
+    ``overrides``: the command line's settings, passed on to the child's environment; ``rules``:
+    the backfill release rules (the defaults but in the backfill benchmark), the child's too.
     A :class:`~streams.security.KafkaSecurityError` propagates (a configuration error: exit 2)."""
     import logging.config
 
@@ -252,7 +223,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
     from streams.app import ensure_topics
     from streams.security import KafkaSecurityError
 
-    logs = logging_config(settings.log_format, loglevel)
+    logs = logging_config(settings.observe.log_format, loglevel)
     logging.config.dictConfig(logs)  # Faust's Worker applies the same again when it starts
     logging.captureWarnings(True)
     say = _say(settings)
@@ -261,13 +232,13 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
         created = asyncio.run(ensure_topics(settings))
         obs = Observability(settings)
         device = settings.resolved_device()
-        split = settings.backfill_enabled and settings.resolved_backfill_process(device)  # in a child process
+        split = settings.backfill.enabled and settings.resolved_backfill_process(device)  # in a child process
         port = settings.resolved_backfill_metrics_port() if split else 0
         if split:
             backfill_process.check_port(port)
         processor = build_processor(settings, device)
         live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
-        retouch = build_worker(live, processor=processor, observer=obs.telemetry)
+        retouch = build_worker(live, processor=processor, observer=obs.telemetry, rules=rules)
         obs.attach(retouch.app, device=device, model=processor.model_version, version=version(),
                    backfill=retouch.backfill)
     except KafkaSecurityError:
@@ -281,10 +252,10 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
         return EXIT_FAIL_STOP
     if created:
         say(f"created topics: {', '.join(created)}")
-    say(f"lightbox worker {settings.worker_id}: {settings.input_topic} → {settings.output_topic} "
-        f"on {settings.kafka_bootstrap}, device {device}"
+    say(f"lightbox worker {settings.worker.worker_id}: {settings.topics.input} → {settings.topics.output} "
+        f"on {settings.kafka.bootstrap}, device {device}"
         + (f", metrics on :{obs.server.port}" if obs.server is not None else ""))
-    child = _start_backfill_child(retouch, settings, overrides, loglevel, port, say) if split else None
+    child = _start_backfill_child(retouch, settings, overrides, loglevel, port, say, rules) if split else None
     code: Any = 0
     try:
         runner = Worker(retouch.app, loglevel=loglevel.upper(), quiet=True, logging_config=logs)
@@ -295,32 +266,32 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
         code = exc.code
     finally:
         if child is not None:
-            backfill_process.stop(child, settings.shutdown_timeout_s + 5)
+            backfill_process.stop(child, settings.runner.shutdown_timeout_s + 5)
         obs.close()
     return retouch.exit_code or (code if isinstance(code, int) else 1)
 
 
 def _say(settings: Settings) -> Callable[[str], None]:
     """Start-up lines: a log record with JSON logs, else a plain line on stderr."""
-    if settings.log_format == "json":
+    if settings.observe.log_format == "json":
         return logging.getLogger("lightbox.worker").warning
     return functools.partial(print, file=sys.stderr, flush=True)
 
 
 def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides: Mapping[str, Any], loglevel: str,
-                          port: int, say: Callable[[str], None]) -> Any:
+                          port: int, say: Callable[[str], None], rules: BackfillRules) -> Any:
     """Start the backfill child, fail-stop when it ends by itself, share the live work with it."""
     backfill_process.one_opencv_thread()
     live_work = backfill_process.LiveSignal.create()
-    child = backfill_process.spawn(overrides, loglevel, live_work, port)
-    say(f"backfill lane: process {child.pid} ({settings.backfill_topic}), {settings.describe_backfill_process()}")
+    child = backfill_process.spawn(overrides, loglevel, live_work, port, rules.flags())
+    say(f"backfill lane: process {child.pid} ({settings.topics.backfill}), {settings.describe_backfill_process()}")
 
     @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
     async def watch_backfill() -> None:
         if (exc := backfill_process.watch(child)) is not None:
             retouch.fail(exc)
 
-    @retouch.app.timer(interval=settings.backfill_check_ms / 1000)  # type: ignore[untyped-decorator]
+    @retouch.app.timer(interval=settings.backfill.check_ms / 1000)  # type: ignore[untyped-decorator]
     async def share_live_work() -> None:
         live_work.write(*retouch.live_work())
 
@@ -328,14 +299,14 @@ def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides:
 
 
 # ---------------------------------------------------------------------- the backfill child
-def run_backfill_worker(settings: Settings, loglevel: str) -> int:
+def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules = DEFAULT_RULES) -> int:
     """The backfill tier alone, at the lower CPU priority, until SIGTERM/SIGINT (0) or a fail-stop (70)."""
-    backfill_process.lower_priority(settings.backfill_nice, settings.backfill_sched_idle)  # before any thread
+    backfill_process.lower_priority(settings.backfill.nice, settings.backfill.sched_idle)  # before any thread
     import logging.config
 
     from agents.logs import logging_config
 
-    logging.config.dictConfig(logging_config(settings.log_format, loglevel))
+    logging.config.dictConfig(logging_config(settings.observe.log_format, loglevel))
     obs = None
     try:
         obs = Observability(settings)
@@ -346,16 +317,17 @@ def run_backfill_worker(settings: Settings, loglevel: str) -> int:
             obs.close()
         return EXIT_FAIL_STOP
     try:
-        return asyncio.run(run_backfill(settings, processor, obs))
+        return asyncio.run(run_backfill(settings, processor, obs, rules))
     finally:
         obs.close()
 
 
-async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Observability | None = None) -> int:
+async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Observability | None = None,
+                       rules: BackfillRules = DEFAULT_RULES) -> int:
     """The backfill tier alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
     ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
     device = settings.resolved_device()
-    config, tiers = _runner_parts(settings, device)
+    config, tiers = _runner_parts(settings, device, rules)
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
     config = dataclasses.replace(config, backfill_threads=0)
     stopping = asyncio.Event()
@@ -364,11 +336,11 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Obser
         assert isinstance(event, BackfillEvent)
         backfill.ack(event)
 
-    runner = BatchRunner(processor, KafkaSink(settings), tiers, ack=ack, config=config,
+    runner = BatchRunner(processor, kafka_sink(settings), tiers, ack=ack, config=config,
                          observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set())
     fd = os.environ.get(backfill_process.LIVE_FD_ENV, "")
     live = backfill_process.LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no live work to see
-    backfill = BackfillConsumer(settings, lambda: runner, live.read if live is not None else lambda: (0, 0))
+    backfill = backfill_consumer(settings, lambda: runner, live.read if live is not None else lambda: (0, 0))
     if obs is not None:
         obs.describe(device=device, model=processor.model_version, version=version(), backfill=backfill)
     loop = asyncio.get_running_loop()
@@ -392,7 +364,7 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Obser
     if runner.failure is not None:
         code = EXIT_FAIL_STOP
     elif code == 0:
-        drained = await runner.drain(settings.shutdown_timeout_s)
+        drained = await runner.drain(settings.runner.shutdown_timeout_s)
         _stopping(runner, "lightbox backfill worker", drained)
     await backfill.close()  # commits what the runner acknowledged, leaves the group
     await _stop(runner, "lightbox backfill worker")
@@ -413,13 +385,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.worker", description="the backfill child of a worker")
     parser.add_argument("command", choices=[BACKFILL_COMMAND])
     parser.add_argument("--loglevel", "-l", default=None, help="default: LIGHTBOX_LOG_LEVEL")
+    parser.add_argument("--no-pipelined", action="store_true", help=argparse.SUPPRESS)  # BackfillRules.flags
+    parser.add_argument("--no-wait-for-live", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     from streams.security import KafkaSecurityError
 
     try:
         settings = Settings()
-        return run_backfill_worker(settings, args.loglevel or settings.log_level)
+        rules = BackfillRules(pipelined=not args.no_pipelined, wait_for_live=not args.no_wait_for_live)
+        return run_backfill_worker(settings, args.loglevel or settings.observe.log_level, rules)
     except KafkaSecurityError as exc:
         print(f"kafka security: {exc}", file=sys.stderr)
         return 2

@@ -12,12 +12,15 @@ on fresh topics and a fresh worker (``lightbox worker``, device cpu), with Poiss
 * ``baseline`` — a backlog of ``--backlog-factor`` (10) × as many images as the live window
   publishes waits on the backfill topic first, and the worker runs the previous backfill policy
   (``BASELINE_ENV``: the backfill lane shares the live prepare/output threads at the same CPU
-  priority, takes up to ``backfill_in_flight`` inputs whenever no live work is queued, and a
-  backfill batch is released only once every released batch has left the device);
+  priority, takes up to ``backfill_in_flight`` inputs whenever no live work is queued; and
+  ``BASELINE_RULES``: a backfill batch is released only once every released batch has left the
+  device, which is no setting: the worker is started by ``bench/backfill_worker.py`` with its flags);
 * ``candidate`` — the same backlog, the worker's default backfill settings (or ``--candidate-env``).
 
 ``--baseline-env`` replaces the first policy with other settings (``--baseline-env ""``: the
-defaults), to compare two settings side by side, e.g. ``--baseline-env LIGHTBOX_BACKFILL_PROCESS=false``
+defaults), to compare two settings side by side, e.g. ``--baseline-env LIGHTBOX_BACKFILL_PROCESS=false``;
+``LIGHTBOX_BACKFILL_PIPELINED=false`` and ``LIGHTBOX_BACKFILL_WAIT_FOR_LIVE=false`` in either
+``--*-env`` become the launcher's ``--no-pipelined`` and ``--no-wait-for-live``
 (the lane in the worker's process) against the defaults (on a CPU worker on Linux, the lane in a
 process of its own). The CPU use
 per phase is the machine's (cores busy), the worker process's (a backfill process apart), the
@@ -80,6 +83,17 @@ BROKER_PID = 0  # the local broker's process (its CPU use per phase), 0: an outs
 BASELINE_ENV = {"LIGHTBOX_BACKFILL_THREADS": "0", "LIGHTBOX_BACKFILL_NICE": "0", "LIGHTBOX_BACKFILL_IDLE_MS": "0",
                 "LIGHTBOX_BACKFILL_BUSY_IN_FLIGHT": "0", "LIGHTBOX_BACKFILL_PIPELINED": "false",
                 "LIGHTBOX_BACKFILL_FILL_TO": "0", "LIGHTBOX_BACKFILL_PROCESS": "false"}
+#: the backfill release rules are no settings: these names in a phase's environment become the
+#: flags of the worker's launcher (bench/backfill_worker.py, agents.tiers.BackfillRules)
+RULE_FLAGS = {"LIGHTBOX_BACKFILL_PIPELINED": "--no-pipelined", "LIGHTBOX_BACKFILL_WAIT_FOR_LIVE": "--no-wait-for-live"}
+LAUNCHER = Path(__file__).resolve().parent / "backfill_worker.py"
+
+
+def launcher(extra_env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """A phase's environment without the rule names, and the launcher's command line with their flags."""
+    env = {k: v for k, v in extra_env.items() if k not in RULE_FLAGS}
+    flags = [flag for name, flag in RULE_FLAGS.items() if extra_env.get(name, "true").lower() in ("false", "0", "no")]
+    return env, [sys.executable, str(LAUNCHER), *flags]
 MODES = ("alone", "baseline", "candidate")
 
 
@@ -182,10 +196,10 @@ def fresh_settings(bootstrap: str, data: Path) -> Settings:
 
 def worker_env(s: Settings, extra: dict[str, str]) -> dict[str, str]:
     return {"LIGHTBOX_FILE_ROOTS": str(ROOT.resolve()),
-            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-            "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-            "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+            "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+            "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+            "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
             **extra}
 
 
@@ -246,17 +260,18 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
     s = fresh_settings(bootstrap, data)
     await ensure_topics(s)
     out, stop = Outputs(), asyncio.Event()
-    reader = asyncio.create_task(follow(bootstrap, s.output_topic, out, stop))
+    reader = asyncio.create_task(follow(bootstrap, s.topics.output, out, stop))
     backfill_ids: list[str] = []
     if backlog:
-        async with ImageProducer(bootstrap, s.backfill_topic) as prod:
+        async with ImageProducer(bootstrap, s.topics.backfill) as prod:
             backfill_ids = await publish_many(prod, images, backlog, "BF")
-    worker = WorkerProcess(worker_env(s, extra_env), data / f"{name}.log",
+    env, command = launcher(extra_env)
+    worker = WorkerProcess(worker_env(s, env), data / f"{name}.log", command=command,
                            args=os.environ.get("BENCH_WORKER_ARGS", "").split()).start()
     result: dict[str, Any] = {"phase": name, "env": extra_env}
     bf_set = set(backfill_ids)
     try:
-        async with ImageProducer(bootstrap, s.input_topic) as prod:
+        async with ImageProducer(bootstrap, s.topics.input) as prod:
             warm = await publish_many(prod, images, 4, "WARM")
             if not await wait_for(out, warm, 180):
                 raise RuntimeError(f"{name}: the worker did not answer; see {data / f'{name}.log'}")

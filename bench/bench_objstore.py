@@ -120,8 +120,8 @@ def main() -> None:
 class _Cfg:
     def __init__(self, endpoint: str) -> None:
         self.s3_endpoint = endpoint
-        self.store_timeout_s = 30.0
-        self.store_retries = 3
+        self.timeout_s = 30.0
+        self.retries = 3
 
 
 if __name__ == "__main__":

@@ -432,16 +432,16 @@ async def floor_worker() -> None:
     s = Settings()
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    consumer = AIOKafkaConsumer(s.input_topic, bootstrap_servers=s.kafka_bootstrap, group_id=s.group_id,
+    consumer = AIOKafkaConsumer(s.topics.input, bootstrap_servers=s.kafka.bootstrap, group_id=s.kafka.group_id,
                                 enable_auto_commit=False, auto_offset_reset="earliest")
-    producer = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap, acks="all", enable_idempotence=True,
+    producer = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap, acks="all", enable_idempotence=True,
                                 linger_ms=5)
     await consumer.start()
     await producer.start()
     try:
         while not stop.is_set():
             batch = await consumer.getmany(timeout_ms=200, max_records=500)
-            futs = [await producer.send(s.output_topic, r.value, key=r.key, headers=list(r.headers))
+            futs = [await producer.send(s.topics.output, r.value, key=r.key, headers=list(r.headers))
                     for records in batch.values() for r in records]
             await asyncio.gather(*futs)
             if batch:

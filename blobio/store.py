@@ -47,14 +47,14 @@ class OutputStore(Protocol):
 
 
 class StoreSettings(Protocol):
-    """The settings :func:`make_store` reads (``streams.settings.Settings`` has them)."""
+    """The settings :func:`make_store` reads (``streams.settings.Settings().store`` has them)."""
 
     @property
     def s3_endpoint(self) -> str | None: ...
     @property
-    def store_timeout_s(self) -> float: ...
+    def timeout_s(self) -> float: ...
     @property
-    def store_retries(self) -> int: ...
+    def retries(self) -> int: ...
 
 
 def variant_key(sku: str, preset: str, sha256: str, fmt: str) -> str:
@@ -121,15 +121,15 @@ class ObjectOutputStore:
         """Nothing to release: obstore's client pools close with the store object."""
 
 
-def make_store(url: str | None, settings: StoreSettings | None = None) -> OutputStore | None:
+def make_store(url: str | None, options: StoreSettings | None = None) -> OutputStore | None:
     """The output store named by ``url`` (None: no store). Configuration errors raise ValueError; a
     folder that cannot be created raises StoreUnavailable."""
     if not url:
         return None
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    timeout = settings.store_timeout_s if settings else 30.0
-    retries = settings.store_retries if settings else 5
+    timeout = options.timeout_s if options else 30.0
+    retries = options.retries if options else 5
     if scheme == "file":
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"output store {url!r}: a file:// store names no host")
@@ -146,7 +146,7 @@ def make_store(url: str | None, settings: StoreSettings | None = None) -> Output
         bucket = parts.netloc
         if not bucket:
             raise ValueError(f"output store {url!r}: expected {scheme}://bucket/prefix")
-        endpoint = settings.s3_endpoint if settings and scheme == "s3" else None
+        endpoint = options.s3_endpoint if options and scheme == "s3" else None
         store = open_bucket(scheme, bucket, endpoint=endpoint, timeout_s=timeout, retries=retries,
                             retry_timeout_s=timeout * (retries + 1))
         return ObjectOutputStore(store, f"{scheme}://{bucket}", parts.path, name=url)

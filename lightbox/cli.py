@@ -75,7 +75,7 @@ def _bootstrap(explicit: str | None) -> str:
     state = read_state()
     if state is not None and state.alive():
         return state.bootstrap
-    return Settings().kafka_bootstrap
+    return Settings().kafka.bootstrap
 
 
 # ---------------------------------------------------------------------------------- kafka
@@ -352,7 +352,7 @@ def worker(
     from agents.worker import run_worker
 
     settings = Settings(**overrides)
-    raise typer.Exit(run_worker(settings, overrides, loglevel or settings.log_level))
+    raise typer.Exit(run_worker(settings, overrides, loglevel or settings.observe.log_level))
 
 
 @app.command("backfill-worker")
@@ -372,7 +372,7 @@ def backfill_worker(
     from agents.worker import run_backfill_worker
 
     settings = Settings(kafka_bootstrap=_bootstrap(bootstrap))
-    raise typer.Exit(run_backfill_worker(settings, loglevel or settings.log_level))
+    raise typer.Exit(run_backfill_worker(settings, loglevel or settings.observe.log_level))
 
 
 # ---------------------------------------------------------------------------------- produce
@@ -423,7 +423,7 @@ def produce(
     settings = Settings()
 
     async def go() -> None:
-        async with ImageProducer(_bootstrap(bootstrap), topic or settings.input_topic) as prod:
+        async with ImageProducer(_bootstrap(bootstrap), topic or settings.topics.input) as prod:
             futs = []
             with Progress(console=err) as bar:
                 task = bar.add_task("publishing", total=len(rows))
@@ -439,7 +439,7 @@ def produce(
     except FileNotFoundError as exc:  # a manifest row naming a local file that is not there
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
-    console.print(f"published {len(rows)} events to {topic or settings.input_topic}")
+    console.print(f"published {len(rows)} events to {topic or settings.topics.input}")
 
 
 # ---------------------------------------------------------------------------------- tail
@@ -461,7 +461,7 @@ def tail(
     from streams.consume import read_events
 
     settings = Settings()
-    topic = settings.dlq_topic if dead_letters else settings.output_topic
+    topic = settings.topics.dlq if dead_letters else settings.topics.output
     reader = variant_reader(settings) if save else None
     stop_after = count if count is not None else None
 
@@ -501,12 +501,12 @@ def report(
     settings = Settings()
 
     async def go() -> list[dict[str, Any]]:
-        return [ev async for kind, ev in read_events(_bootstrap(bootstrap), [settings.output_topic],
+        return [ev async for kind, ev in read_events(_bootstrap(bootstrap), [settings.topics.output],
                                                       limit=count, idle_s=idle) if kind == "processed"]
 
     events = asyncio.run(go())
     if not events:
-        err.print(f"no processed events on {settings.output_topic}")
+        err.print(f"no processed events on {settings.topics.output}")
         raise typer.Exit(1)
     print_latency_table(events)
     if png:
@@ -621,8 +621,8 @@ def audit(
     from lightbox.audit import run_audit
 
     settings = Settings()
-    topics = input_topic or [settings.input_topic, settings.backfill_topic]
-    report = asyncio.run(run_audit(_bootstrap(bootstrap), topics, [settings.output_topic, settings.dlq_topic],
+    topics = input_topic or [settings.topics.input, settings.topics.backfill]
+    report = asyncio.run(run_audit(_bootstrap(bootstrap), topics, [settings.topics.output, settings.topics.dlq],
                                    from_offset=from_offset, to_offset=to_offset,
                                    since_ms=_when_ms(since), until_ms=_when_ms(until)))
     if as_json:
@@ -763,7 +763,7 @@ def _run_replay(make_source: Any, *, bootstrap: str | None, topic: str | None, r
     from streams.producer import ManifestError
 
     settings = Settings()
-    target = topic or settings.backfill_topic
+    target = topic or settings.topics.backfill
     stop = asyncio.Event()
 
     async def go() -> Any:
@@ -863,7 +863,7 @@ def replay_prefix(
     from lightbox.replay import PrefixSource
 
     _run_replay(lambda: PrefixSource(url, _defaults(presets, background, merchant), pattern=pattern,
-                                     endpoint=Settings().s3_endpoint),
+                                     endpoint=Settings().fetch.s3_endpoint),
                 bootstrap=bootstrap, topic=topic, rate=rate, dry_run=dry_run, checkpoint=checkpoint, restart=restart)
 
 
@@ -897,7 +897,7 @@ def replay_topic(
     from lightbox.replay import TopicSource
 
     def make() -> TopicSource:
-        return TopicSource(_bootstrap(bootstrap), source_topic or Settings().input_topic, partitions=partition,
+        return TopicSource(_bootstrap(bootstrap), source_topic or Settings().topics.input, partitions=partition,
                            start_offset=from_offset, end_offset=to_offset, start_ms=_ms(since), end_ms=_ms(until))
 
     _run_replay(make, bootstrap=bootstrap, topic=topic, rate=rate, dry_run=dry_run, checkpoint=checkpoint,
@@ -933,11 +933,11 @@ def redrive(
         raise typer.BadParameter(str(exc)) from None
     flt = RedriveFilter(codes=codes, since_ms=_ms(since), until_ms=_ms(until), source_topic=source_topic,
                         max_attempts=max_attempts)
-    target = topic or settings.input_topic
-    res = asyncio.run(run_redrive(_bootstrap(bootstrap), settings.dlq_topic, target, flt, dry_run=dry_run))
+    target = topic or settings.topics.input
+    res = asyncio.run(run_redrive(_bootstrap(bootstrap), settings.topics.dlq, target, flt, dry_run=dry_run))
     verb = "would redrive" if dry_run else "redrove"
     by_code = ", ".join(f"{c} {n}" for c, n in res.by_code.most_common()) or "none"
-    console.print(f"read {res.read} dead letters from {settings.dlq_topic}; {verb} {res.redriven} to {target} "
+    console.print(f"read {res.read} dead letters from {settings.topics.dlq}; {verb} {res.redriven} to {target} "
                   f"({by_code})")
     if res.left_out:
         console.print("left out: " + ", ".join(f"{why} {n}" for why, n in res.left_out.most_common()))

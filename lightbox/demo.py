@@ -20,18 +20,22 @@ __all__ = ["WorkerProcess", "collect_outputs", "run_demo"]
 
 
 class WorkerProcess:
-    """``lightbox worker`` in a child process (as an operator runs it), stopped with SIGTERM."""
+    """``lightbox worker`` in a child process (as an operator runs it), stopped with SIGTERM.
+    ``command``: another command line instead of ``python -m lightbox.cli worker`` (a benchmark's
+    launcher), then ``args``."""
 
-    def __init__(self, env: Mapping[str, str], log_path: Path, args: Sequence[str] = ()) -> None:
+    def __init__(self, env: Mapping[str, str], log_path: Path, args: Sequence[str] = (),
+                 command: Sequence[str] | None = None) -> None:
         self.env = {**os.environ, **env}
         self.log_path = log_path
         self.args = list(args)
+        self.command = list(command) if command is not None else [sys.executable, "-m", "lightbox.cli", "worker"]
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker", *self.args],
+            self.proc = subprocess.Popen([*self.command, *self.args],
                                          env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent)
         return self
@@ -112,17 +116,17 @@ def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, con
         console.print(f"[green]✓[/] worker started (log {out / 'worker.log'})")
 
         async def publish() -> None:
-            async with ImageProducer(kafka.bootstrap, settings.input_topic) as prod:
+            async with ImageProducer(kafka.bootstrap, settings.topics.input) as prod:
                 futs = [await prod.publish(prod.event_for_file(f, presets=presets)) for f in files]
                 futs += [await prod.publish(prod.event_for_file(p, presets=presets)) for p in bad.values()]
                 await prod.flush(futs)
 
         asyncio.run(publish())
         total = len(files) + len(bad)
-        console.print(f"[green]✓[/] published {total} events to {settings.input_topic}")
+        console.print(f"[green]✓[/] published {total} events to {settings.topics.input}")
         with console.status(f"waiting for {total} outputs…"):
             processed, dead = asyncio.run(collect_outputs(
-                kafka.bootstrap, [settings.output_topic, settings.dlq_topic], total, timeout_s, worker.running))
+                kafka.bootstrap, [settings.topics.output, settings.topics.dlq], total, timeout_s, worker.running))
         console.print(f"[green]✓[/] {len(processed)} processed, {len(dead)} dead letters")
         for d in dead:
             console.print(f"  dead letter [red]{d['error_code']}[/] {d['stage']}: {d['message'][:100]}")

@@ -206,13 +206,13 @@ def _backfill() -> Check:
 
     settings = Settings()
     device = settings.resolved_device()
-    if not settings.backfill_enabled:
+    if not settings.backfill.enabled:
         return Check("backfill lane", "ok", "off (LIGHTBOX_BACKFILL_ENABLED=false)")
     if not settings.resolved_backfill_process(device):
         where = "the device queue puts live first" if device == "gpu" else "threads at a lower CPU priority"
         return Check("backfill lane", "ok", f"in the worker's process ({device}: {where})")
     detail = f"a process of its own beside each worker, {settings.describe_backfill_process()}"
-    if settings.backfill_sched_idle and not hasattr(os, "SCHED_IDLE"):
+    if settings.backfill.sched_idle and not hasattr(os, "SCHED_IDLE"):
         return Check("backfill lane", "warn", detail + "; no idle scheduling class on this system",
                      "live work is then kept first by the CPU priority alone")
     return Check("backfill lane", "ok", detail)

@@ -65,7 +65,7 @@ def variant_reader(settings: Settings) -> Callable[[str, str], bytes]:
     from blobio.fetch import Fetcher
     from blobio.store import store_location
 
-    fetcher = build_fetcher(settings)
+    fetcher = build_fetcher(settings.fetch, settings.limits.max_image_bytes)
     allow, roots = store_location(settings.output_store_url())
     policy = replace(fetcher.policy.with_allowed(*allow), file_roots=(*fetcher.policy.file_roots, *roots))
     reader = Fetcher(policy)

@@ -1,7 +1,7 @@
 """How every Kafka client connects: the one translation of the ``LIGHTBOX_KAFKA_*`` security settings.
 
-    AIOKafkaProducer(bootstrap_servers=..., **aiokafka_kwargs(settings))      # producer, consumer, admin
-    faust.App(..., broker_credentials=faust_credentials(settings))            # the worker
+    AIOKafkaProducer(bootstrap_servers=..., **aiokafka_kwargs(settings.kafka))    # producer, consumer, admin
+    faust.App(..., broker_credentials=faust_credentials(settings.kafka))          # the worker
 
 Protocols: PLAINTEXT (local development), SSL (TLS, optionally a client certificate), SASL_PLAINTEXT and
 SASL_SSL with PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512. TLS always verifies the broker's certificate and
@@ -20,7 +20,7 @@ import ssl
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from streams.settings import Settings
+from streams.settings import KafkaSettings, Settings
 
 if TYPE_CHECKING:
     from faust.types.auth import CredentialsT
@@ -39,25 +39,25 @@ class KafkaSecurityError(RuntimeError):
     retriable = False
 
 
-def ssl_context(settings: Settings) -> ssl.SSLContext | None:
+def ssl_context(kafka: KafkaSettings) -> ssl.SSLContext | None:
     """The TLS context for SSL and SASL_SSL (``None`` for the others): TLS 1.2+, verified certificate and host."""
-    if settings.kafka_security_protocol not in _TLS:
-        if settings.kafka_ssl_cafile or settings.kafka_ssl_certfile:
+    if kafka.security_protocol not in _TLS:
+        if kafka.ssl_cafile or kafka.ssl_certfile:
             raise KafkaSecurityError(f"LIGHTBOX_KAFKA_SSL_* files are set but LIGHTBOX_KAFKA_SECURITY_PROTOCOL is "
-                                     f"{settings.kafka_security_protocol}: use SSL or SASL_SSL")
+                                     f"{kafka.security_protocol}: use SSL or SASL_SSL")
         return None
-    cafile = settings.kafka_ssl_cafile
+    cafile = kafka.ssl_cafile
     try:
         ctx = ssl.create_default_context(cafile=str(cafile) if cafile else None)
     except (OSError, ssl.SSLError) as exc:
         raise KafkaSecurityError(f"LIGHTBOX_KAFKA_SSL_CAFILE={cafile}: cannot load a CA bundle from it "
                                  f"({type(exc).__name__}: {exc.strerror or exc})") from None
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    cert, key = settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile
+    cert, key = kafka.ssl_certfile, kafka.ssl_keyfile
     if key and not cert:
         raise KafkaSecurityError("LIGHTBOX_KAFKA_SSL_KEYFILE is set without LIGHTBOX_KAFKA_SSL_CERTFILE")
     if cert:
-        key_pw = settings.kafka_ssl_key_password
+        key_pw = kafka.ssl_key_password
         try:
             ctx.load_cert_chain(str(cert), str(key) if key else None,
                                 key_pw.get_secret_value() if key_pw else None)
@@ -67,15 +67,15 @@ def ssl_context(settings: Settings) -> ssl.SSLContext | None:
     return ctx
 
 
-def sasl_password(settings: Settings) -> str:
+def sasl_password(kafka: KafkaSettings) -> str:
     """The SASL password, from ``kafka_sasl_password`` or the first line of ``kafka_sasl_password_file``."""
-    if settings.kafka_sasl_password is not None and settings.kafka_sasl_password_file is not None:
+    if kafka.sasl_password is not None and kafka.sasl_password_file is not None:
         raise KafkaSecurityError("set LIGHTBOX_KAFKA_SASL_PASSWORD or LIGHTBOX_KAFKA_SASL_PASSWORD_FILE, not both")
-    if settings.kafka_sasl_password is not None:
-        return settings.kafka_sasl_password.get_secret_value()
-    path = settings.kafka_sasl_password_file
+    if kafka.sasl_password is not None:
+        return kafka.sasl_password.get_secret_value()
+    path = kafka.sasl_password_file
     if path is None:
-        raise KafkaSecurityError(f"LIGHTBOX_KAFKA_SECURITY_PROTOCOL={settings.kafka_security_protocol} needs "
+        raise KafkaSecurityError(f"LIGHTBOX_KAFKA_SECURITY_PROTOCOL={kafka.security_protocol} needs "
                                  f"LIGHTBOX_KAFKA_SASL_PASSWORD or LIGHTBOX_KAFKA_SASL_PASSWORD_FILE")
     try:
         lines = path.read_text().splitlines()
@@ -87,40 +87,40 @@ def sasl_password(settings: Settings) -> str:
     return lines[0]
 
 
-def _sasl(settings: Settings) -> tuple[str, str]:
-    protocol, mechanism = settings.kafka_security_protocol, settings.kafka_sasl_mechanism
-    if not settings.kafka_sasl_username:
+def _sasl(kafka: KafkaSettings) -> tuple[str, str]:
+    protocol, mechanism = kafka.security_protocol, kafka.sasl_mechanism
+    if not kafka.sasl_username:
         raise KafkaSecurityError(f"LIGHTBOX_KAFKA_SECURITY_PROTOCOL={protocol} needs LIGHTBOX_KAFKA_SASL_USERNAME")
-    if protocol == "SASL_PLAINTEXT" and mechanism == "PLAIN" and not settings.kafka_allow_plain_over_plaintext:
+    if protocol == "SASL_PLAINTEXT" and mechanism == "PLAIN" and not kafka.allow_plain_over_plaintext:
         raise KafkaSecurityError("SASL PLAIN over SASL_PLAINTEXT sends the password in the clear: use SASL_SSL, a "
                                  "SCRAM mechanism, or set LIGHTBOX_KAFKA_ALLOW_PLAIN_OVER_PLAINTEXT=true")
-    return settings.kafka_sasl_username, sasl_password(settings)
+    return kafka.sasl_username, sasl_password(kafka)
 
 
-def aiokafka_kwargs(settings: Settings) -> dict[str, Any]:
+def aiokafka_kwargs(kafka: KafkaSettings) -> dict[str, Any]:
     """Keyword arguments for ``AIOKafkaProducer``, ``AIOKafkaConsumer`` and ``AIOKafkaAdminClient``."""
-    protocol = settings.kafka_security_protocol
+    protocol = kafka.security_protocol
     kwargs: dict[str, Any] = {"security_protocol": protocol}
-    ctx = ssl_context(settings)
+    ctx = ssl_context(kafka)
     if ctx is not None:
         kwargs["ssl_context"] = ctx
     if protocol in _SASL:
-        user, password = _sasl(settings)
-        kwargs.update(sasl_mechanism=settings.kafka_sasl_mechanism, sasl_plain_username=user,
+        user, password = _sasl(kafka)
+        kwargs.update(sasl_mechanism=kafka.sasl_mechanism, sasl_plain_username=user,
                       sasl_plain_password=password)
     return kwargs
 
 
-def faust_credentials(settings: Settings) -> CredentialsT | None:
+def faust_credentials(kafka: KafkaSettings) -> CredentialsT | None:
     """Faust's ``broker_credentials`` for the same settings (``None`` for PLAINTEXT)."""
     import faust
 
-    protocol = settings.kafka_security_protocol
-    ctx = ssl_context(settings)
+    protocol = kafka.security_protocol
+    ctx = ssl_context(kafka)
     if protocol in _SASL:
-        user, password = _sasl(settings)
+        user, password = _sasl(kafka)
         return faust.SASLCredentials(username=user, password=password, ssl_context=ctx,
-                                     mechanism=settings.kafka_sasl_mechanism)
+                                     mechanism=kafka.sasl_mechanism)
     if ctx is not None:
         return faust.SSLCredentials(ctx)
     return None
@@ -129,7 +129,7 @@ def faust_credentials(settings: Settings) -> CredentialsT | None:
 def client_kwargs(security: Mapping[str, Any] | None) -> dict[str, Any]:
     """``security`` as given, or, when ``None``, :func:`aiokafka_kwargs` of the environment's settings
     (so a library client such as ``ImageProducer(bootstrap)`` follows ``LIGHTBOX_KAFKA_*``)."""
-    return dict(security) if security is not None else aiokafka_kwargs(Settings())
+    return dict(security) if security is not None else aiokafka_kwargs(Settings().kafka)
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -18,31 +18,32 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from streams.app import max_message_bytes
 from streams.records import Outgoing
 from streams.security import aiokafka_kwargs, preflight
-from streams.settings import Settings
+from streams.settings import KafkaSettings, TopicSettings
 
 __all__ = ["KafkaSink"]
 
 class KafkaSink:
     """Outputs and dead letters through one idempotent producer with acks=all."""
 
-    def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.topics = {"processed": settings.output_topic, "dead_letter": settings.dlq_topic}
+    def __init__(self, kafka: KafkaSettings, topics: TopicSettings, *, delivery_timeout_s: float,
+                 client_id: str) -> None:
+        self.kafka, self.delivery_timeout_s, self.client_id = kafka, delivery_timeout_s, client_id
+        self.topics = {"processed": topics.output, "dead_letter": topics.dlq}
         #: the largest record (see :func:`record_size`) each kind's topic accepts; read at start
         self.limits: Mapping[str, int | None] = {kind: None for kind in self.topics}
         self._producer: AIOKafkaProducer | None = None
 
     async def start(self) -> None:
-        await preflight(self.settings.kafka_bootstrap, security := aiokafka_kwargs(self.settings))
-        by_topic = await max_message_bytes(self.settings, list(self.topics.values()))
+        await preflight(self.kafka.bootstrap, security := aiokafka_kwargs(self.kafka))
+        by_topic = await max_message_bytes(self.kafka, list(self.topics.values()))
         request_max = max(by_topic.values())
         self.limits = {kind: by_topic[topic] for kind, topic in self.topics.items()}
         self._producer = AIOKafkaProducer(**security,
-            bootstrap_servers=self.settings.kafka_bootstrap, acks="all", enable_idempotence=True,
+            bootstrap_servers=self.kafka.bootstrap, acks="all", enable_idempotence=True,
             linger_ms=5, max_request_size=request_max,
             max_batch_size=min(16384, *by_topic.values()),  # batched small records stay under every limit
-            request_timeout_ms=int(min(self.settings.delivery_timeout_s, 30.0) * 1000),
-            client_id=f"lightbox-{self.settings.worker_id}")
+            request_timeout_ms=int(min(self.delivery_timeout_s, 30.0) * 1000),
+            client_id=self.client_id)
         await self._producer.start()
 
     async def send_batch(self, records: Sequence[Outgoing]) -> list[BaseException | None]:

@@ -154,10 +154,10 @@ async def committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
 
 async def group_members(s: Settings) -> int:
     """Members of the group once it is stable (0 while it rebalances or does not exist)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap)
     try:
         await admin.start()
-        groups = await admin.describe_consumer_groups([s.group_id])
+        groups = await admin.describe_consumer_groups([s.kafka.group_id])
     except KafkaError as exc:
         if exc.retriable or isinstance(exc, KafkaConnectionError):
             return 0
@@ -181,11 +181,12 @@ async def create_topics(bootstrap: str, topics: dict[str, dict[str, str]], parti
 
 
 def outputs(s: Settings) -> list[RawRecord]:
-    return asyncio.run(read_records(s.kafka_bootstrap, [s.output_topic, s.dlq_topic]))
+    return asyncio.run(read_records(s.kafka.bootstrap, [s.topics.output, s.topics.dlq]))
 
 
 def audit(s: Settings) -> AuditReport:
-    return asyncio.run(run_audit(s.kafka_bootstrap, [s.input_topic, s.backfill_topic], [s.output_topic, s.dlq_topic]))
+    t = s.topics
+    return asyncio.run(run_audit(s.kafka.bootstrap, [t.input, t.backfill], [t.output, t.dlq]))
 
 
 def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.5,
@@ -218,7 +219,7 @@ def wait_drained(s: Settings, ends: dict[int, int], timeout_s: float, alive: Cal
     """Wait until the group has committed every partition up to ``ends``: the workers have done
     (and acknowledged) all they will ever do with these inputs."""
     def done() -> dict[int, int] | None:
-        got = asyncio.run(committed(s.kafka_bootstrap, s.group_id, s.input_topic))
+        got = asyncio.run(committed(s.kafka.bootstrap, s.kafka.group_id, s.topics.input))
         return got if all(got.get(p, 0) >= end for p, end in ends.items()) else None
 
     result: dict[int, int] = wait_for(done, timeout_s, f"the group to commit up to {ends}", alive=alive)
@@ -227,10 +228,10 @@ def wait_drained(s: Settings, ends: dict[int, int], timeout_s: float, alive: Cal
 
 # -- workers -----------------------------------------------------------------------------------
 def worker_env(s: Settings, presets: Path, **extra: str) -> dict[str, str]:
-    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-           "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-           "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-           "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+           "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+           "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+           "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
            "LIGHTBOX_PRESETS_FILE": str(presets), "LIGHTBOX_SESSION_TIMEOUT_S": "6",
            "OMP_NUM_THREADS": "1"}
     env.update({k if k.startswith(("LIGHTBOX_", "OMP_")) else f"LIGHTBOX_{k.upper()}": v for k, v in extra.items()})

@@ -118,14 +118,14 @@ def test_audit_on_real_topics(settings, catalog: list[Path], bad_files: dict[str
 
     async def publish() -> None:
         await ensure_topics(settings)
-        async with ImageProducer(settings.kafka_bootstrap, settings.input_topic) as prod:
+        async with ImageProducer(settings.kafka.bootstrap, settings.topics.input) as prod:
             futs = [await prod.publish(prod.event_for_file(f, presets=["thumb_webp"])) for f in catalog[:3]]
             futs.append(await prod.publish(prod.event_for_file(bad_files["truncated.jpg"], presets=["thumb_webp"])))
             futs.append(await prod.publish_raw(b"not avro", key=b"k"))
             await prod.flush(futs)
 
     asyncio.run(publish())
-    records = asyncio.run(read_records(settings.kafka_bootstrap, [settings.input_topic]))
+    records = asyncio.run(read_records(settings.kafka.bootstrap, [settings.topics.input]))
     assert len(records) == 5
     processor = build_processor(settings, "cpu")
     outs: list[OutRecord] = []
@@ -138,8 +138,8 @@ def test_audit_on_real_topics(settings, catalog: list[Path], bad_files: dict[str
     sent.append(next(o for o in sent if o.kind == "processed"))  # a duplicate, identical
 
     async def send() -> None:  # as the worker's sink does: one topic per kind, the record's key and headers
-        topics = {"processed": settings.output_topic, "dead_letter": settings.dlq_topic}
-        prod = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap, acks="all", enable_idempotence=True,
+        topics = {"processed": settings.topics.output, "dead_letter": settings.topics.dlq}
+        prod = AIOKafkaProducer(bootstrap_servers=settings.kafka.bootstrap, acks="all", enable_idempotence=True,
                                 max_request_size=48 << 20)
         await prod.start()
         try:
@@ -149,8 +149,8 @@ def test_audit_on_real_topics(settings, catalog: list[Path], bad_files: dict[str
             await prod.stop()
 
     asyncio.run(send())
-    report = asyncio.run(run_audit(settings.kafka_bootstrap, [settings.input_topic, settings.backfill_topic],
-                                   [settings.output_topic, settings.dlq_topic]))
+    report = asyncio.run(run_audit(settings.kafka.bootstrap, [settings.topics.input, settings.topics.backfill],
+                                   [settings.topics.output, settings.topics.dlq]))
     src = left_out.source
     assert report.missing == [f"{src.topic}:{src.partition}:{src.offset}"]
     assert (report.inputs, report.processed, report.dead_letters) == (5, 2, 2)
@@ -159,14 +159,14 @@ def test_audit_on_real_topics(settings, catalog: list[Path], bad_files: dict[str
 
     # a time range selects inputs by record timestamp
     first, last = min(r.timestamp_ms for r in records), max(r.timestamp_ms for r in records)
-    topics = ([settings.input_topic], [settings.output_topic, settings.dlq_topic])
-    assert asyncio.run(run_audit(settings.kafka_bootstrap, *topics, since_ms=first)).inputs == 5
-    assert asyncio.run(run_audit(settings.kafka_bootstrap, *topics, since_ms=last + 1)).inputs == 0
-    assert asyncio.run(run_audit(settings.kafka_bootstrap, *topics, until_ms=first)).inputs == 0
+    topics = ([settings.topics.input], [settings.topics.output, settings.topics.dlq])
+    assert asyncio.run(run_audit(settings.kafka.bootstrap, *topics, since_ms=first)).inputs == 5
+    assert asyncio.run(run_audit(settings.kafka.bootstrap, *topics, since_ms=last + 1)).inputs == 0
+    assert asyncio.run(run_audit(settings.kafka.bootstrap, *topics, until_ms=first)).inputs == 0
 
-    for key, val in (("KAFKA_BOOTSTRAP", settings.kafka_bootstrap), ("INPUT_TOPIC", settings.input_topic),
-                     ("BACKFILL_TOPIC", settings.backfill_topic), ("OUTPUT_TOPIC", settings.output_topic),
-                     ("DLQ_TOPIC", settings.dlq_topic)):
+    for key, val in (("KAFKA_BOOTSTRAP", settings.kafka.bootstrap), ("INPUT_TOPIC", settings.topics.input),
+                     ("BACKFILL_TOPIC", settings.topics.backfill), ("OUTPUT_TOPIC", settings.topics.output),
+                     ("DLQ_TOPIC", settings.topics.dlq)):
         monkeypatch.setenv(f"LIGHTBOX_{key}", val)
     res = CliRunner().invoke(app, ["audit", "--json"])
     assert res.exit_code == 1, res.output

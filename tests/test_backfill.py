@@ -78,12 +78,12 @@ def test_replay_interrupted_resumes_without_gaps_or_repeats(settings: Settings, 
             stop.set()
 
     async def go() -> tuple[Any, Any, Any]:
-        dry = await run_replay(source(), bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+        dry = await run_replay(source(), bootstrap=settings.kafka.bootstrap, topic=settings.topics.backfill,
                                checkpoint=ckpt, dry_run=True)
         assert not ckpt.exists()  # a dry run writes nothing
-        first = await run_replay(source(), bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+        first = await run_replay(source(), bootstrap=settings.kafka.bootstrap, topic=settings.topics.backfill,
                                  checkpoint=ckpt, stop=stop, on_progress=stop_after, max_in_flight=2)
-        second = await run_replay(source(), bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+        second = await run_replay(source(), bootstrap=settings.kafka.bootstrap, topic=settings.topics.backfill,
                                   checkpoint=ckpt, rate=200.0)
         return dry, first, second
 
@@ -92,11 +92,11 @@ def test_replay_interrupted_resumes_without_gaps_or_repeats(settings: Settings, 
     assert dry.dry_run and dry.total == n and dry.published == 0
     assert not first.complete and 7 <= first.published < n
     assert second.complete and second.published == n and second.this_run == n - first.published
-    records = asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic))
+    records = asyncio.run(read_raw(settings.kafka.bootstrap, settings.topics.backfill))
     seen = seqs_of(records, first.job)
     assert sorted(seen) == [(0, i) for i in range(n)] and set(seen.values()) == {1}
     # a third run of the same command is a no-op
-    third = asyncio.run(run_replay(source(), bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+    third = asyncio.run(run_replay(source(), bootstrap=settings.kafka.bootstrap, topic=settings.topics.backfill,
                                    checkpoint=ckpt))
     assert third.complete and third.this_run == 0
 
@@ -113,8 +113,8 @@ def test_replay_killed_resumes_without_gaps_or_repeats(settings: Settings, catal
     topic and skipped by the next run of the same command."""
     asyncio.run(ensure_topics(settings))
     ckpt = tmp_path / "ckpt.json"
-    args = ("replay", "folder", str(catalog_dir / "good"), "--presets", "jd_main", "--topic", settings.backfill_topic,
-            "-b", settings.kafka_bootstrap, "--checkpoint", str(ckpt))
+    args = ("replay", "folder", str(catalog_dir / "good"), "--presets", "jd_main", "--topic", settings.topics.backfill,
+            "-b", settings.kafka.bootstrap, "--checkpoint", str(ckpt))
     proc = _cli(*args, "--rate", "8")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait for a checkpoint with progress, then a bit more
@@ -130,7 +130,7 @@ def test_replay_killed_resumes_without_gaps_or_repeats(settings: Settings, catal
     out, errs = second.communicate(timeout=120)
     assert second.returncode == 0, errs.decode()[-2000:]
     assert "found already published" in " ".join(out.decode().split())  # the scan past the checkpoint found some
-    records = asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic))
+    records = asyncio.run(read_raw(settings.kafka.bootstrap, settings.topics.backfill))
     seen = seqs_of(records, killed_at["job"])
     n = len(list((catalog_dir / "good").iterdir()))
     assert sorted(seen) == [(0, i) for i in range(n)] and set(seen.values()) == {1}
@@ -143,24 +143,24 @@ def test_replay_a_topic_range_references_the_originals(settings: Settings, catal
     asyncio.run(ensure_topics(settings))
 
     async def go() -> Any:
-        async with ImageProducer(settings.kafka_bootstrap, settings.input_topic) as prod:
+        async with ImageProducer(settings.kafka.bootstrap, settings.topics.input) as prod:
             futs = [await prod.publish(prod.event_for_file(f, presets=["jd_main"], inline=False)) for f in catalog[:6]]
             metas = await asyncio.gather(*futs)
-        src = TopicSource(settings.kafka_bootstrap, settings.input_topic, start_offset=1)
-        res = await run_replay(src, bootstrap=settings.kafka_bootstrap, topic=settings.backfill_topic,
+        src = TopicSource(settings.kafka.bootstrap, settings.topics.input, start_offset=1)
+        res = await run_replay(src, bootstrap=settings.kafka.bootstrap, topic=settings.topics.backfill,
                                checkpoint=tmp_path / "c.json")
         return metas, res
 
     metas, res = asyncio.run(go())
-    originals = asyncio.run(read_raw(settings.kafka_bootstrap, settings.input_topic))
-    replayed = asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic))
+    originals = asyncio.run(read_raw(settings.kafka.bootstrap, settings.topics.input))
+    replayed = asyncio.run(read_raw(settings.kafka.bootstrap, settings.topics.backfill))
     wanted = {(r.partition, r.offset): r for r in originals if r.offset >= 1}
     assert res.complete and res.published == len(wanted) == len(replayed) and len(metas) == 6
     for r in replayed:
         h = dict(r.headers)
         topic, p, off = h[REPLAY_OF_HEADER].decode().rsplit(":", 2)
         orig = wanted.pop((int(p), int(off)))
-        assert topic == settings.input_topic
+        assert topic == settings.topics.input
         assert r.value == orig.value and r.key == orig.key  # same event, same event_id
     assert not wanted
 
@@ -168,10 +168,10 @@ def test_replay_a_topic_range_references_the_originals(settings: Settings, catal
 def worker_env(s: Settings, roots: list[Path], **extra: str) -> dict[str, str]:
     """A worker on the test's topics; file:// only under ``roots`` (closed by default)."""
     return {"LIGHTBOX_FILE_ROOTS": ",".join(str(r.resolve()) for r in roots),
-            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-            "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-            "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+            "LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+            "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+            "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+            "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
             **extra}
 
 
@@ -189,7 +189,7 @@ def test_redrive_round_trip(settings: Settings, catalog: list[Path], tmp_path: P
     worker = WorkerProcess(worker_env(settings, [tmp_path]), tmp_path / "worker.log").start()
     try:
         async def publish() -> dict[str, str]:
-            async with ImageProducer(settings.kafka_bootstrap, settings.input_topic) as prod:
+            async with ImageProducer(settings.kafka.bootstrap, settings.topics.input) as prod:
                 ids = {}
                 for f in (fixed, still_missing):
                     ev = prod.event({"uri": f.as_uri(), "sha256": None}, sku=f.stem, image_id=f.name,
@@ -199,24 +199,24 @@ def test_redrive_round_trip(settings: Settings, catalog: list[Path], tmp_path: P
                 return ids
 
         ids = asyncio.run(publish())
-        _, dead = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.dlq_topic], 2, 120,
+        _, dead = asyncio.run(collect_outputs(settings.kafka.bootstrap, [settings.topics.dlq], 2, 120,
                                               worker.running))
         assert sorted((d["error_code"], d["attempts"]) for d in dead) == [("FETCH_FAILED", 1)] * 2, worker.log_tail()
 
         fixed.parent.mkdir()
         fixed.write_bytes(catalog[0].read_bytes())  # the fix
         flt = RedriveFilter(codes=frozenset({"FETCH_FAILED"}))
-        dry = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic, flt,
+        dry = asyncio.run(run_redrive(settings.kafka.bootstrap, settings.topics.dlq, settings.topics.input, flt,
                                       dry_run=True))
         assert (dry.read, dry.redriven) == (2, 2)
-        none = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic,
+        none = asyncio.run(run_redrive(settings.kafka.bootstrap, settings.topics.dlq, settings.topics.input,
                                        RedriveFilter(codes=frozenset({"DECODE_FAILED"}))))
         assert (none.redriven, none.left_out["code"]) == (0, 2)
-        res = asyncio.run(run_redrive(settings.kafka_bootstrap, settings.dlq_topic, settings.input_topic, flt))
+        res = asyncio.run(run_redrive(settings.kafka.bootstrap, settings.topics.dlq, settings.topics.input, flt))
         assert res.redriven == 2
 
         processed, dead = asyncio.run(collect_outputs(
-            settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic], 4, 180, worker.running))
+            settings.kafka.bootstrap, [settings.topics.output, settings.topics.dlq], 4, 180, worker.running))
         assert [p["source_event_id"] for p in processed] == [ids["SKU-fixed"]], worker.log_tail()
         again = [d for d in dead if d["attempts"] == 2]
         assert [(d["source_event_id"], d["error_code"]) for d in again] == [(ids["SKU-broken"], "FETCH_FAILED")]
@@ -224,7 +224,7 @@ def test_redrive_round_trip(settings: Settings, catalog: list[Path], tmp_path: P
     finally:
         worker.stop()
 
-    inputs = asyncio.run(read_raw(settings.kafka_bootstrap, settings.input_topic))
+    inputs = asyncio.run(read_raw(settings.kafka.bootstrap, settings.topics.input))
     originals = [r for r in inputs if ATTEMPTS_HEADER not in dict(r.headers)]
     redriven = [r for r in inputs if ATTEMPTS_HEADER in dict(r.headers)]
     assert len(originals) == len(redriven) == 2
@@ -264,24 +264,24 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
 
     async def publish(topic: str, files: list[Path], tag: str) -> set[str]:
         """All sent, then one wait: the live three reach the worker together."""
-        async with ImageProducer(settings.kafka_bootstrap, topic) as prod:
+        async with ImageProducer(settings.kafka.bootstrap, topic) as prod:
             events = [prod.event_for_file(f, presets=["thumb_webp"], inline=f == big, sku=f"{tag}-{i}")
                       for i, f in enumerate(files)]
             await prod.flush([await prod.publish(ev) for ev in events])
             return {ev["event_id"] for ev in events}
 
-    backfill_ids = asyncio.run(publish(settings.backfill_topic, backlog, "BF"))
+    backfill_ids = asyncio.run(publish(settings.topics.backfill, backlog, "BF"))
     worker = WorkerProcess(worker_env(settings, [catalog[0].parent], LIGHTBOX_BACKFILL_IN_FLIGHT=str(held),
                                       LIGHTBOX_BACKFILL_MAX_BATCH="1", LIGHTBOX_MAX_BATCH="2",
                                       LIGHTBOX_BACKFILL_PROCESS=process),
                            tmp_path / "worker.log").start()
     try:
-        first, _ = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.output_topic], 3, 180,
+        first, _ = asyncio.run(collect_outputs(settings.kafka.bootstrap, [settings.topics.output], 3, 180,
                                                worker.running))
         assert len(first) == 3 and {e["source_event_id"] for e in first} <= set(backfill_ids), worker.log_tail()
-        live_ids = asyncio.run(publish(settings.input_topic, catalog[:3], "LIVE"))
+        live_ids = asyncio.run(publish(settings.topics.input, catalog[:3], "LIVE"))
         processed, dead = asyncio.run(collect_outputs(
-            settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic], len(backlog) + 3, 300,
+            settings.kafka.bootstrap, [settings.topics.output, settings.topics.dlq], len(backlog) + 3, 300,
             worker.running))
     finally:
         worker.stop()
@@ -310,8 +310,8 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
     # lightbox audit covers the backfill lane: every input of both topics has exactly one output
     from lightbox.audit import run_audit
 
-    report = asyncio.run(run_audit(settings.kafka_bootstrap, [settings.input_topic, settings.backfill_topic],
-                                   [settings.output_topic, settings.dlq_topic]))
+    report = asyncio.run(run_audit(settings.kafka.bootstrap, [settings.topics.input, settings.topics.backfill],
+                                   [settings.topics.output, settings.topics.dlq]))
     assert report.ok and report.missing == [] and report.conflicts == []
     assert (report.inputs, report.processed, report.dead_letters) == (len(backlog) + 3, len(backlog) + 3, 0)
 
@@ -321,8 +321,8 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
     waiting on them, per partition, in ``lightbox_consumer_lag`` (what the backfill dashboards read)."""
     from types import SimpleNamespace
 
-    from agents.backfill import BackfillConsumer
     from agents.observe import Observability
+    from agents.wiring import backfill_consumer
 
     asyncio.run(ensure_topics(settings))
     s = settings.model_copy(update={"metrics_port": 0})
@@ -330,14 +330,14 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
     async def go() -> dict[tuple[str, int], int]:
         from aiokafka import AIOKafkaProducer
 
-        prod = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        prod = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
         await prod.start()
         try:
             for i in range(7):
-                await prod.send_and_wait(s.backfill_topic, b"x", partition=i % 2)
+                await prod.send_and_wait(s.topics.backfill, b"x", partition=i % 2)
         finally:
             await prod.stop()
-        consumer = BackfillConsumer(s, runner=lambda: None, live_work=lambda: (0, 0))
+        consumer = backfill_consumer(s, runner=lambda: None, live_work=lambda: (0, 0))
         task = asyncio.create_task(consumer.run())
         obs = Observability(s)
         obs._backfill = consumer
@@ -360,8 +360,8 @@ def test_the_backfill_lag_is_exported_beside_the_live_lag(settings: Settings) ->
         return lags
 
     lags = asyncio.run(go())
-    assert lags == {(s.backfill_topic, 0): 4, (s.backfill_topic, 1): 3} | {
-        (s.backfill_topic, p): 0 for p in range(2, s.topic_partitions)}
+    assert lags == {(s.topics.backfill, 0): 4, (s.topics.backfill, 1): 3} | {
+        (s.topics.backfill, p): 0 for p in range(2, s.topics.partitions)}
 
 
 def test_the_backfill_consumer_holds_back_while_the_shared_live_work_says_live_inputs_wait(settings: Settings) -> None:
@@ -370,8 +370,8 @@ def test_the_backfill_consumer_holds_back_while_the_shared_live_work_says_live_i
     work is gone, the rest up to its window. Real broker; the runner only records what it is handed."""
     from types import SimpleNamespace
 
-    from agents.backfill import BackfillConsumer
     from agents.backfill_process import LiveSignal
+    from agents.wiring import backfill_consumer
 
     asyncio.run(ensure_topics(settings))
     s = settings.model_copy(update={"backfill_busy_in_flight": 2, "backfill_in_flight": 16, "backfill_idle_ms": 0})
@@ -394,16 +394,16 @@ def test_the_backfill_consumer_holds_back_while_the_shared_live_work_says_live_i
     async def go() -> tuple[int, int]:
         from aiokafka import AIOKafkaProducer
 
-        prod = AIOKafkaProducer(bootstrap_servers=s.kafka_bootstrap)
+        prod = AIOKafkaProducer(bootstrap_servers=s.kafka.bootstrap)
         await prod.start()
         try:
             for _ in range(10):
-                await prod.send_and_wait(s.backfill_topic, b"x", partition=0)
+                await prod.send_and_wait(s.topics.backfill, b"x", partition=0)
         finally:
             await prod.stop()
         live, runner = LiveSignal.create(), Recorder()
         live.write(3, 0)  # the worker has live inputs queued
-        consumer = BackfillConsumer(s, runner=lambda: runner, live_work=live.read)
+        consumer = backfill_consumer(s, runner=lambda: runner, live_work=live.read)
         task = asyncio.create_task(consumer.run())
         try:
             for _ in range(300):  # the group forms and fetches (a hang guard, not a speed bound)
@@ -453,7 +453,7 @@ async def sources_until(settings: Settings, wanted: set[str], timeout_s: float) 
     seen: set[str] = set()
 
     async def go() -> None:
-        async for _kind, ev in read_events(settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic]):
+        async for _kind, ev in read_events(settings.kafka.bootstrap, [settings.topics.output, settings.topics.dlq]):
             seen.add(ev["source_event_id"])
             if seen >= wanted:
                 return
@@ -543,7 +543,7 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
     asyncio.run(ensure_topics(settings))
 
     async def publish(topic: str, files: list[Path], tag: str) -> set[str]:
-        async with ImageProducer(settings.kafka_bootstrap, topic) as prod:
+        async with ImageProducer(settings.kafka.bootstrap, topic) as prod:
             events = [prod.event_for_file(f, presets=["thumb_webp"], sku=f"{tag}-{i}") for i, f in enumerate(files)]
             await prod.flush([await prod.publish(ev) for ev in events])
             return {ev["event_id"] for ev in events}
@@ -561,21 +561,21 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
         assert len(kids) == 1, worker.log_tail()
         return worker, kids[0]
 
-    ids = asyncio.run(publish(settings.backfill_topic, catalog[:6], "BF"))
-    ids |= asyncio.run(publish(settings.input_topic, catalog[:3], "LIVE"))
+    ids = asyncio.run(publish(settings.topics.backfill, catalog[:6], "BF"))
+    ids |= asyncio.run(publish(settings.topics.input, catalog[:3], "LIVE"))
     worker, child = start("worker-1.log")
     try:
         assert b"backfill-worker" in Path(f"/proc/{child}/cmdline").read_bytes()
         assert worker.proc is not None
-        processed, dead = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.output_topic,
-                                                                                 settings.dlq_topic],
+        processed, dead = asyncio.run(collect_outputs(settings.kafka.bootstrap, [settings.topics.output,
+                                                                                 settings.topics.dlq],
                                                       len(ids), 180, worker.running))
         assert not dead and sorted(e["source_event_id"] for e in processed) == sorted(ids), worker.log_tail()
         # (the child lowers its priority itself, first thing: by now it has)
         assert _nice(child) == min(19, _nice(worker.proc.pid) + 7)
         assert os.sched_getscheduler(child) == os.SCHED_IDLE and os.sched_getscheduler(worker.proc.pid) != os.SCHED_IDLE
         # each process counts its own lane's outputs; the backfill lag is on the backfill process's port
-        lag = f'lightbox_consumer_lag{{partition="0",topic="{settings.backfill_topic}"}}'
+        lag = f'lightbox_consumer_lag{{partition="0",topic="{settings.topics.backfill}"}}'
         want = {port: [3.0], port + 1: [6.0], -1: [0.0]}  # -1: the lag, refreshed every 5 s
         deadline = time.monotonic() + 30
         while (got := {port: _metric_lines(port, PROCESSED), port + 1: _metric_lines(port + 1, PROCESSED),
@@ -588,8 +588,8 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
     finally:
         worker.stop()
 
-    more = asyncio.run(publish(settings.backfill_topic, catalog[6:8], "BF2"))
-    more |= asyncio.run(publish(settings.input_topic, catalog[3:4], "LIVE2"))
+    more = asyncio.run(publish(settings.topics.backfill, catalog[6:8], "BF2"))
+    more |= asyncio.run(publish(settings.topics.input, catalog[3:4], "LIVE2"))
     worker, child = start("worker-2.log")
     try:  # a restarted worker may repeat the first one's last outputs (at least once): wait for the set
         seen = asyncio.run(sources_until(settings, ids | more, 180))
@@ -607,7 +607,7 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
     worker.proc.kill()
     worker.proc.wait(10)
     assert _gone(child, 30), "the backfill process outlived a killed worker"
-    report = asyncio.run(run_audit(settings.kafka_bootstrap, [settings.input_topic, settings.backfill_topic],
-                                   [settings.output_topic, settings.dlq_topic]))
+    report = asyncio.run(run_audit(settings.kafka.bootstrap, [settings.topics.input, settings.topics.backfill],
+                                   [settings.topics.output, settings.topics.dlq]))
     # the first worker's outputs may repeat after its fail-stop (at least once): none missing, none conflicting
     assert report.missing == [] and report.conflicts == [] and report.inputs == len(ids) + len(more)

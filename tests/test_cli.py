@@ -65,16 +65,16 @@ def test_kafka_up_status_down(tmp_path: Path) -> None:
 def test_produce_then_tail(kafka_bootstrap: str, catalog: list[Path], settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """`produce` publishes one Avro event per file; `tail` on the input-shaped output topic is
     covered by the end-to-end test, here we read the input topic back."""
-    env = {"LIGHTBOX_INPUT_TOPIC": settings.input_topic, "COLUMNS": "200"}
+    env = {"LIGHTBOX_INPUT_TOPIC": settings.topics.input, "COLUMNS": "200"}
     result = runner.invoke(app, ["produce", str(catalog[0]), str(catalog[1]), "--presets", "jd_main",
                                  "--bootstrap", kafka_bootstrap], env=env)
     assert result.exit_code == 0, result.output
-    assert f"published 2 events to {settings.input_topic}" in result.output
+    assert f"published 2 events to {settings.topics.input}" in result.output
 
     from streams.consume import read_events
 
     async def read() -> list[dict]:
-        return [ev async for kind, ev in read_events(kafka_bootstrap, [settings.input_topic], limit=2, idle_s=20)]
+        return [ev async for kind, ev in read_events(kafka_bootstrap, [settings.topics.input], limit=2, idle_s=20)]
 
     events = asyncio.run(read())
     assert sorted(e["sku"] for e in events) == sorted(p.stem for p in catalog[:2])
@@ -102,12 +102,12 @@ def test_tail_and_report_read_processed_events(kafka_bootstrap: str, settings, t
     async def publish() -> None:
         prod = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap)
         await prod.start()
-        await prod.send_and_wait(settings.output_topic, EventCodecs.create().processed.encode(event))
+        await prod.send_and_wait(settings.topics.output, EventCodecs.create().processed.encode(event))
         await prod.stop()
 
     asyncio.run(publish())
     result = runner.invoke(app, ["tail", "--from-beginning", "-n", "1", "--bootstrap", kafka_bootstrap],
-                           env={"LIGHTBOX_OUTPUT_TOPIC": settings.output_topic, "COLUMNS": "120"})
+                           env={"LIGHTBOX_OUTPUT_TOPIC": settings.topics.output, "COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     header, row = [line.split() for line in result.output.strip().splitlines()[:2]]
     assert header[:3] == ["sku", "variants", "decode"]
@@ -115,7 +115,7 @@ def test_tail_and_report_read_processed_events(kafka_bootstrap: str, settings, t
 
     png = tmp_path / "report.png"
     result = runner.invoke(app, ["report", "--idle", "3", "--png", str(png), "--bootstrap", kafka_bootstrap],
-                           env={"LIGHTBOX_OUTPUT_TOPIC": settings.output_topic, "COLUMNS": "120"})
+                           env={"LIGHTBOX_OUTPUT_TOPIC": settings.topics.output, "COLUMNS": "120"})
     assert result.exit_code == 0, result.output
     assert "decode" in result.output and "render" in result.output and "1 processed images" in result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -60,11 +60,11 @@ def test_a_sigkill_after_dead_letters_overtook_slower_images(settings: Settings,
     first = fk.Worker(env, tmp_path / "w1.log").start()
     second = None
     try:
-        placed = asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan))
+        placed = asyncio.run(fk.publish(settings.kafka.bootstrap, settings.topics.input, plan))
         first_dead = {p: min(pl.offset for pl in placed if pl.partition == p and pl.item.bad) for p in range(4)}
 
         def passed_a_dead_letter() -> list[int]:
-            got = asyncio.run(fk.committed(settings.kafka_bootstrap, settings.group_id, settings.input_topic))
+            got = asyncio.run(fk.committed(settings.kafka.bootstrap, settings.kafka.group_id, settings.topics.input))
             return [p for p, off in got.items() if off > first_dead[p]]
 
         part = fk.wait_for(passed_a_dead_letter, 120, "a commit past a dead letter", every_s=0.1,
@@ -73,10 +73,10 @@ def test_a_sigkill_after_dead_letters_overtook_slower_images(settings: Settings,
         t_fault = time.monotonic()
         # the fault really happened: that dead letter was out before some lower image's output
         outs = fk.outputs(settings)
-        dl = next(r for r in outs if r.topic == settings.dlq_topic
+        dl = next(r for r in outs if r.topic == settings.topics.dlq
                   and dict(r.headers).get("lightbox-source", b"").endswith(f":{part}:{first_dead[part]}".encode()))
-        lower = {f"{settings.input_topic}:{part}:{o}".encode() for o in range(first_dead[part])}
-        lower_done = [r.timestamp_ms for r in outs if r.topic == settings.output_topic
+        lower = {f"{settings.topics.input}:{part}:{o}".encode() for o in range(first_dead[part])}
+        lower_done = [r.timestamp_ms for r in outs if r.topic == settings.topics.output
                       and dict(r.headers).get("lightbox-source") in lower]
         assert len(lower_done) < len(lower) or max(lower_done) > dl.timestamp_ms, \
             "the dead letter did not overtake the slower images; the scenario did not happen"
@@ -106,7 +106,7 @@ def standard_plan(good: list[Path], bad: dict[str, Path], prefix: str = "") -> l
 
 
 def processed_count(s: Settings) -> int:
-    return sum(r.topic == s.output_topic for r in fk.outputs(s))
+    return sum(r.topic == s.topics.output for r in fk.outputs(s))
 
 
 # -- (b) --------------------------------------------------------------------------------------------
@@ -128,7 +128,7 @@ def test_b_broker_sigkill_and_restart_on_the_same_data_dir(kit, tmp_path: Path) 
     workers = [fk.Worker(env, tmp_path / "w1.log").start()]
     try:
         plan = standard_plan(good, bad)
-        placed = asyncio.run(fk.publish(s.kafka_bootstrap, s.input_topic, plan))
+        placed = asyncio.run(fk.publish(s.kafka.bootstrap, s.topics.input, plan))
         fk.wait_for(lambda: processed_count(s) >= 8, 120, "8 processed events", alive=workers[0].running)
         kafka.kill()
         t_fault = time.monotonic()
@@ -139,7 +139,7 @@ def test_b_broker_sigkill_and_restart_on_the_same_data_dir(kit, tmp_path: Path) 
         def drained_or_exited() -> bool:
             if not workers[-1].running():  # fail-stop: an orchestrator would start another
                 workers.append(fk.Worker(env, tmp_path / f"w{len(workers) + 1}.log").start())
-            got = asyncio.run(fk.committed(s.kafka_bootstrap, s.group_id, s.input_topic))
+            got = asyncio.run(fk.committed(s.kafka.bootstrap, s.kafka.group_id, s.topics.input))
             return all(got.get(p, 0) >= end for p, end in fk.ends_of(placed).items())
 
         fk.wait_for(drained_or_exited, 240, "the group to commit every input after the restart", every_s=1.0)
@@ -167,13 +167,13 @@ def test_c_workers_join_mid_stream_then_one_leaves(settings: Settings, kit, tmp_
     w1 = fk.Worker(env, tmp_path / "w1.log").start()
     workers = [w1]
     try:
-        placed = asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan[:half]))
+        placed = asyncio.run(fk.publish(settings.kafka.bootstrap, settings.topics.input, plan[:half]))
         fk.wait_for(lambda: processed_count(settings) >= 4, 120, "4 processed events", alive=w1.running)
         workers += [fk.Worker(env, tmp_path / f"w{i}.log").start() for i in (2, 3)]
         t_join = time.monotonic()
         fk.wait_for(lambda: asyncio.run(fk.group_members(settings)) == 3, 120, "a stable group of three")
         joined_s = time.monotonic() - t_join
-        placed += asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan[half:]))
+        placed += asyncio.run(fk.publish(settings.kafka.bootstrap, settings.topics.input, plan[half:]))
         leaver = workers[1]
         leaver.terminate()
         t_leave = time.monotonic()
@@ -215,13 +215,13 @@ def test_d_burst_of_ten_times_capacity(settings: Settings, kit, tmp_path: Path) 
         time.sleep(1.0)
         base_rss = w.rss()
         read0 = w.bytes_read()
-        placed = asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan))
+        placed = asyncio.run(fk.publish(settings.kafka.bootstrap, settings.topics.input, plan))
         burst_bytes = sum(len(fk._value(fk.EventCodecs.create(), p.item)) for p in placed)
         t0 = time.monotonic()
         samples: list[tuple[float, int, int, int]] = []  # (s, rss, bytes read, committed)
 
         def sample() -> bool:
-            got = asyncio.run(fk.committed(settings.kafka_bootstrap, settings.group_id, settings.input_topic))
+            got = asyncio.run(fk.committed(settings.kafka.bootstrap, settings.kafka.group_id, settings.topics.input))
             done = sum(got.values())
             samples.append((time.monotonic() - t0, w.rss(), w.bytes_read() - read0, done))
             return all(got.get(p, 0) >= end for p, end in fk.ends_of(placed).items())
@@ -258,14 +258,14 @@ def test_e_sigterm_finishes_in_flight_work_and_commits(settings: Settings, kit, 
     first = fk.Worker(env, tmp_path / "w1.log").start()
     second = None
     try:
-        placed = asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan))
+        placed = asyncio.run(fk.publish(settings.kafka.bootstrap, settings.topics.input, plan))
         fk.wait_for(lambda: processed_count(settings) >= 6, 180, "6 processed events", alive=first.running)
         first.terminate()
         t_fault = time.monotonic()
         rc = first.exit_code(120)  # a hang guard: it ends at the latest shutdown_s + 10 s after the stop begins
         stop_s = time.monotonic() - t_fault
         assert rc == 0, first.log_tail()
-        got = asyncio.run(fk.committed(settings.kafka_bootstrap, settings.group_id, settings.input_topic))
+        got = asyncio.run(fk.committed(settings.kafka.bootstrap, settings.kafka.group_id, settings.topics.input))
         done: dict[int, set[int]] = {}
         for r in fk.outputs(settings):
             src = dict(r.headers).get("lightbox-source", b"").decode()
@@ -284,7 +284,7 @@ def test_e_sigterm_finishes_in_flight_work_and_commits(settings: Settings, kit, 
         assert rep.duplicates == 0, rep.as_dict()
         codecs = fk.EventCodecs.create()
         versions = {codecs.processed.decode(r.value)["model_version"] for r in fk.outputs(settings)
-                    if r.topic == settings.output_topic and r.value}
+                    if r.topic == settings.topics.output and r.value}
         assert len(versions) == 1 and next(iter(versions)).startswith("u2netp"), versions
     finally:
         first.stop()
@@ -309,7 +309,7 @@ def test_f_output_store_unwritable_fail_stop_then_successor(settings: Settings, 
     first = fk.Worker(env, tmp_path / "w1.log").start()
     second = None
     try:
-        placed = asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan))
+        placed = asyncio.run(fk.publish(settings.kafka.bootstrap, settings.topics.input, plan))
         fk.wait_for(lambda: processed_count(settings) >= 6, 120, "6 processed events", alive=first.running)
         aside = tmp_path / "store-aside"
         store.rename(aside)
@@ -335,7 +335,7 @@ def test_f_output_store_unwritable_fail_stop_then_successor(settings: Settings, 
 
         codecs = EventCodecs.create()
         for r in fk.outputs(settings):
-            if r.topic == settings.output_topic:
+            if r.topic == settings.topics.output:
                 out = output_of(codecs, r.value, r.headers)
                 assert out is not None
                 for preset, _fmt, _w, _h, size, sha, uri in out.fingerprint[1]:
@@ -363,13 +363,13 @@ def test_g_output_over_the_topics_size_limit(settings: Settings, kit, tmp_path: 
     items = fk.images(good[::2], fk.BOTH) + fk.images(good[1::2])
     bads = fk.bad_items(bad)
     plan = fk.spread(items + bads)
-    asyncio.run(fk.create_topics(settings.kafka_bootstrap, {
-        settings.output_topic: {"max.message.bytes": str(OUTPUT_LIMIT)}}))
+    asyncio.run(fk.create_topics(settings.kafka.bootstrap, {
+        settings.topics.output: {"max.message.bytes": str(OUTPUT_LIMIT)}}))
     extra = {"output_dir": str(tmp_path / "store")} if store else {}
     w = fk.Worker(fk.worker_env(settings, presets, **extra), tmp_path / "w1.log").start()
     try:
         t0 = time.monotonic()
-        placed = asyncio.run(fk.publish(settings.kafka_bootstrap, settings.input_topic, plan))
+        placed = asyncio.run(fk.publish(settings.kafka.bootstrap, settings.topics.input, plan))
         fk.wait_drained(settings, fk.ends_of(placed), 180, alive=w.running)
         rep = fk.audit(settings)
         row = fk.Row(f"g: outputs over the topic's limit ({OUTPUT_LIMIT} B), "
@@ -378,7 +378,7 @@ def test_g_output_over_the_topics_size_limit(settings: Settings, kit, tmp_path: 
         row.notes = {"error_codes": rep.error_codes}
         row.save()
         assert rep.missing == [] and rep.duplicates_identical and rep.original_mismatches == [], rep.as_dict()
-        outs = [r for r in fk.outputs(settings) if r.topic == settings.output_topic]
+        outs = [r for r in fk.outputs(settings) if r.topic == settings.topics.output]
         assert max(len(r.value or b"") for r in outs) <= OUTPUT_LIMIT
         too_large = rep.error_codes.get("OUTPUT_TOO_LARGE", 0)
         if store:

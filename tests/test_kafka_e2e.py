@@ -27,10 +27,10 @@ PRESETS = ["taobao_main", "xiaohongshu_cover", "thumb_webp"]
 
 
 def worker_env(s: Settings) -> dict[str, str]:
-    return {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-            "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-            "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-            "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+    return {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+            "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+            "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+            "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
             "LIGHTBOX_FILE_ROOTS": "/no/such/dir"}  # file:// is refused without roots; the missing file is in them
 
 
@@ -45,7 +45,7 @@ class Sent:
 async def publish_all(s: Settings, good: list[Path], bad: dict[str, Path]) -> tuple[dict, dict[tuple[int, int], Sent]]:
     """Publish; return {event_id: what} for readable events and {(partition, offset): Sent} for all."""
     by_id, by_pos = {}, {}
-    async with ImageProducer(s.kafka_bootstrap, s.input_topic) as prod:
+    async with ImageProducer(s.kafka.bootstrap, s.topics.input) as prod:
         sent = []
 
         async def publish(ev: dict, what: str) -> None:
@@ -72,7 +72,7 @@ async def publish_all(s: Settings, good: list[Path], bad: dict[str, Path]) -> tu
 
 async def read_everything(s: Settings, idle_s: float = 3.0) -> list[tuple[str, dict]]:
     """Every event on the output and dead-letter topics, from the start, until ``idle_s`` without one."""
-    return [x async for x in read_events(s.kafka_bootstrap, [s.output_topic, s.dlq_topic], idle_s=idle_s)]
+    return [x async for x in read_events(s.kafka.bootstrap, [s.topics.output, s.topics.dlq], idle_s=idle_s)]
 
 
 def outputs_covering(s: Settings, by_id: dict, by_pos: dict, timeout_s: float,
@@ -94,11 +94,11 @@ def outputs_covering(s: Settings, by_id: dict, by_pos: dict, timeout_s: float,
 
 
 async def committed(s: Settings) -> dict[TopicPartition, int]:
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap)
     await admin.start()
     try:
-        offsets = await admin.list_consumer_group_offsets(s.group_id)
-        return {tp: meta.offset for tp, meta in offsets.items() if tp.topic == s.input_topic}
+        offsets = await admin.list_consumer_group_offsets(s.kafka.group_id)
+        return {tp: meta.offset for tp, meta in offsets.items() if tp.topic == s.topics.input}
     finally:
         await admin.close()
 
@@ -127,7 +127,7 @@ def test_every_input_yields_exactly_one_output(settings: Settings, catalog: list
         for d in dead:
             orig = d["original"]
             sent = by_pos[(orig["partition"], orig["offset"])]
-            assert orig["topic"] == settings.input_topic
+            assert orig["topic"] == settings.topics.input
             assert orig["value"] == sent.value
             assert [(h["key"], h["value"]) for h in orig["headers"]] == sent.headers
             assert d["source_event_id"] == sent.event_id
@@ -182,7 +182,7 @@ def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Setting
         good = {eid for eid, what in by_id.items() if what.startswith("SKU-")}
 
         async def until(n: int) -> None:
-            async for _ in read_events(settings.kafka_bootstrap, [settings.output_topic], limit=n, idle_s=240):
+            async for _ in read_events(settings.kafka.bootstrap, [settings.topics.output], limit=n, idle_s=240):
                 pass
 
         asyncio.run(until(6))
@@ -208,10 +208,10 @@ def test_a_killed_worker_loses_nothing_and_replays_identically(settings: Setting
 
 
 async def group_members(s: Settings) -> int:
-    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka_bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=s.kafka.bootstrap)
     await admin.start()
     try:
-        (resp,) = await admin.describe_consumer_groups([s.group_id])
+        (resp,) = await admin.describe_consumer_groups([s.kafka.group_id])
         return len(resp.groups[0][5 if len(resp.groups[0]) == 6 else 6])
     finally:
         await admin.close()
@@ -264,15 +264,15 @@ def test_a_worker_that_cannot_go_on_fail_stops_leaves_the_group_and_commits_noth
 
 
 def test_topics_take_their_settings_and_the_sink_reads_their_limits(settings: Settings) -> None:
+    from agents.wiring import kafka_sink
     from streams.app import ensure_topics
-    from streams.sink import KafkaSink
 
     s = settings.model_copy(update={"output_max_message_bytes": 1_500_000})
     assert sorted(asyncio.run(ensure_topics(s))) == sorted(
-        [s.input_topic, s.backfill_topic, s.output_topic, s.dlq_topic])
+        [s.topics.input, s.topics.backfill, s.topics.output, s.topics.dlq])
 
     async def limits() -> dict:
-        sink = KafkaSink(s)
+        sink = kafka_sink(s)
         await sink.start()
         try:
             return dict(sink.limits)

@@ -32,15 +32,15 @@ BOUND_S = 60  # a hang guard, not a speed assertion: each failure below takes ab
 
 
 def worker_env(s: Settings, **over: str) -> dict[str, str]:
-    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-           "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-           "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-           "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
-           "LIGHTBOX_KAFKA_SECURITY_PROTOCOL": s.kafka_security_protocol,
-           "LIGHTBOX_KAFKA_SASL_MECHANISM": s.kafka_sasl_mechanism,
-           "LIGHTBOX_KAFKA_SASL_USERNAME": s.kafka_sasl_username or "",
-           "LIGHTBOX_KAFKA_SASL_PASSWORD_FILE": str(s.kafka_sasl_password_file),
-           "LIGHTBOX_KAFKA_SSL_CAFILE": str(s.kafka_ssl_cafile)}
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+           "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+           "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+           "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+           "LIGHTBOX_KAFKA_SECURITY_PROTOCOL": s.kafka.security_protocol,
+           "LIGHTBOX_KAFKA_SASL_MECHANISM": s.kafka.sasl_mechanism,
+           "LIGHTBOX_KAFKA_SASL_USERNAME": s.kafka.sasl_username or "",
+           "LIGHTBOX_KAFKA_SASL_PASSWORD_FILE": str(s.kafka.sasl_password_file),
+           "LIGHTBOX_KAFKA_SSL_CAFILE": str(s.kafka.ssl_cafile)}
     return {**env, **over}
 
 
@@ -60,8 +60,8 @@ async def read_all(s: Settings, n: int, timeout_s: float) -> list[tuple[str, dic
     out: list[tuple[str, dict[str, Any]]] = []
 
     async def go() -> None:
-        async for item in read_events(s.kafka_bootstrap, [s.output_topic, s.dlq_topic], limit=n,
-                                      security=aiokafka_kwargs(s)):
+        async for item in read_events(s.kafka.bootstrap, [s.topics.output, s.topics.dlq], limit=n,
+                                      security=aiokafka_kwargs(s.kafka)):
             out.append(item)
 
     await asyncio.wait_for(go(), timeout_s)
@@ -74,7 +74,7 @@ def test_end_to_end_over_sasl_ssl(secure_settings: Settings, catalog: list[Path]
     worker = WorkerProcess(worker_env(s), tmp_path / "worker.log").start()
     try:
         async def publish() -> None:
-            async with ImageProducer(s.kafka_bootstrap, s.input_topic, security=aiokafka_kwargs(s)) as prod:
+            async with ImageProducer(s.kafka.bootstrap, s.topics.input, security=aiokafka_kwargs(s.kafka)) as prod:
                 futs = [await prod.publish(prod.event_for_file(f, presets=PRESETS))
                         for f in [*catalog[:3], bad_files["truncated.jpg"]]]
                 await prod.flush(futs)
@@ -90,12 +90,12 @@ def test_end_to_end_over_sasl_ssl(secure_settings: Settings, catalog: list[Path]
     assert all(len(ev["variants"]) == len(PRESETS) and all(v["size"] > 0 for v in ev["variants"])
                for ev in processed)
     dead = next(ev for kind, ev in got if kind == "dead_letter")
-    assert dead["error_code"] == "DECODE_FAILED" and dead["original"]["topic"] == s.input_topic
+    assert dead["error_code"] == "DECODE_FAILED" and dead["original"]["topic"] == s.topics.input
 
 
 def test_the_secure_broker_refuses_plaintext(secure_settings: Settings) -> None:
     async def go() -> None:
-        prod = AIOKafkaProducer(bootstrap_servers=secure_settings.kafka_bootstrap)  # PLAINTEXT, no credentials
+        prod = AIOKafkaProducer(bootstrap_servers=secure_settings.kafka.bootstrap)  # PLAINTEXT, no credentials
         try:
             await prod.start()
         finally:
@@ -109,7 +109,7 @@ def test_wrong_password_fails_at_once_with_the_cause(secure_settings: Settings) 
     s = wrong_password(secure_settings)
 
     async def produce() -> None:
-        async with ImageProducer(s.kafka_bootstrap, s.input_topic, security=aiokafka_kwargs(s)):
+        async with ImageProducer(s.kafka.bootstrap, s.topics.input, security=aiokafka_kwargs(s.kafka)):
             pass
 
     with pytest.raises(KafkaSecurityError, match=r"SASL authentication failed for user 'lightbox'.*SCRAM-SHA-512"):
@@ -124,7 +124,7 @@ def test_untrusted_ca_fails_at_once_with_the_cause(secure_settings: Settings, ot
         asyncio.run(read_all(s, 1, BOUND_S))
 
     async def produce() -> None:
-        async with ImageProducer(s.kafka_bootstrap, s.input_topic, security=aiokafka_kwargs(s)):
+        async with ImageProducer(s.kafka.bootstrap, s.topics.input, security=aiokafka_kwargs(s.kafka)):
             pass
 
     with pytest.raises(KafkaSecurityError, match="not signed by a CA in LIGHTBOX_KAFKA_SSL_CAFILE"):
@@ -148,7 +148,7 @@ def test_a_worker_with_bad_credentials_exits_with_one_clear_line(case: str, secu
         pytest.fail(f"the worker kept running with a {case}:\n{worker.log_tail()}")
     log = worker.log_tail()
     assert rc == 2, log
-    assert f"kafka security: Kafka at {secure_settings.kafka_bootstrap}" in log and expect in log, log
+    assert f"kafka security: Kafka at {secure_settings.kafka.bootstrap}" in log and expect in log, log
     assert "Traceback" not in log and "not-it" not in log, log
 
 
@@ -163,13 +163,13 @@ def test_the_cli_finds_the_secure_local_broker_on_its_own(kafka_secure_broker: L
     monkeypatch.setenv("LIGHTBOX_STATE_FILE", str(state))
     kafka_secure_broker.save_state()
     run = subprocess.run([sys.executable, "-m", "lightbox.cli", "produce", str(catalog[0]), str(catalog[1]),
-                          "--topic", secure_settings.input_topic, "--presets", "thumb_webp"],
+                          "--topic", secure_settings.topics.input, "--presets", "thumb_webp"],
                          env=env, capture_output=True, text=True, timeout=BOUND_S)
     assert run.returncode == 0, run.stdout + run.stderr
 
     async def count() -> int:
-        records = await read_records(secure_settings.kafka_bootstrap, [secure_settings.input_topic],
-                                     security=aiokafka_kwargs(secure_settings))
+        records = await read_records(secure_settings.kafka.bootstrap, [secure_settings.topics.input],
+                                     security=aiokafka_kwargs(secure_settings.kafka))
         return len(records)
 
     assert asyncio.run(asyncio.wait_for(count(), BOUND_S)) == 2

@@ -69,13 +69,13 @@ def test_produce_publishes_manifest_rows_and_uris(kafka_bootstrap: str, settings
     m.write_text("sku,uri,presets\nSKU-M1,s3://photos/1.jpg,jd_main\nSKU-M2,http://cdn.example.com/2.jpg,\n")
     result = CliRunner().invoke(app, ["produce", "s3://photos/SKU-U.jpg", "--manifest", str(m), "--presets",
                                       "thumb_webp", "--bootstrap", kafka_bootstrap],
-                                env={"LIGHTBOX_INPUT_TOPIC": settings.input_topic, "COLUMNS": "200"})
+                                env={"LIGHTBOX_INPUT_TOPIC": settings.topics.input, "COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    assert f"published 3 events to {settings.input_topic}" in result.output
+    assert f"published 3 events to {settings.topics.input}" in result.output
     from streams.consume import read_events
 
     async def read() -> list[dict]:
-        return [ev async for _, ev in read_events(kafka_bootstrap, [settings.input_topic], limit=3, idle_s=20)]
+        return [ev async for _, ev in read_events(kafka_bootstrap, [settings.topics.input], limit=3, idle_s=20)]
 
     got = {e["sku"]: (e["source"]["uri"], e["presets"]) for e in asyncio.run(read())}
     assert got == {"SKU-U": ("s3://photos/SKU-U.jpg", ["thumb_webp"]), "SKU-M1": ("s3://photos/1.jpg", ["jd_main"]),

@@ -86,7 +86,7 @@ class Run:
 
 async def _publish(s: Settings, catalog: list[Path], bad: Path) -> dict[str, str]:
     sent: dict[str, str] = {}
-    async with ImageProducer(s.kafka_bootstrap, s.input_topic) as prod:
+    async with ImageProducer(s.kafka.bootstrap, s.topics.input) as prod:
         futs = []
         for f in [*catalog[:GOOD], bad]:
             ev = prod.event_for_file(f, presets=PRESETS)
@@ -98,7 +98,7 @@ async def _publish(s: Settings, catalog: list[Path], bad: Path) -> dict[str, str
 
 
 async def _headers(s: Settings, n: int) -> list[dict[str, bytes]]:
-    consumer = AIOKafkaConsumer(s.output_topic, bootstrap_servers=s.kafka_bootstrap, group_id=None,
+    consumer = AIOKafkaConsumer(s.topics.output, bootstrap_servers=s.kafka.bootstrap, group_id=None,
                                 auto_offset_reset="earliest", max_partition_fetch_bytes=64 << 20)
     await consumer.start()
     got: list[dict[str, bytes]] = []
@@ -124,10 +124,10 @@ def run(kafka_bootstrap: str, catalog: list[Path], bad_files: dict[str, Path],
                  data_dir=tmp / "faust", segmenter="classical", device="cpu")
     port = free_port()
     receiver = OtlpReceiver()
-    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-           "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-           "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-           "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+           "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+           "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+           "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
            "LIGHTBOX_METRICS_PORT": str(port), "LIGHTBOX_LOG_FORMAT": "json",
            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "500"}
     log_path = tmp / "worker.log"
@@ -140,7 +140,7 @@ def run(kafka_bootstrap: str, catalog: list[Path], bad_files: dict[str, Path],
         assert worker.running(), worker.log_tail()
         ready = http_get(f"http://127.0.0.1:{port}/readyz")
         sent = asyncio.run(_publish(s, catalog, bad_files["truncated.jpg"]))
-        processed, dead = asyncio.run(collect_outputs(s.kafka_bootstrap, [s.output_topic, s.dlq_topic], len(sent),
+        processed, dead = asyncio.run(collect_outputs(s.kafka.bootstrap, [s.topics.output, s.topics.dlq], len(sent),
                                                       300, worker.running))
         assert len(processed) + len(dead) == len(sent), worker.log_tail()
         headers = asyncio.run(_headers(s, len(processed)))
@@ -156,8 +156,8 @@ def run(kafka_bootstrap: str, catalog: list[Path], bad_files: dict[str, Path],
 
         def lag() -> dict[str, float] | None:  # refreshed every 5 s: every input partition, caught up
             got = {r["metric"]["partition"]: float(r["value"][1])
-                   for r in prom.query(f'lightbox_consumer_lag{{topic="{s.input_topic}"}}')}
-            return got if len(got) == s.topic_partitions and not any(got.values()) else None
+                   for r in prom.query(f'lightbox_consumer_lag{{topic="{s.topics.input}"}}')}
+            return got if len(got) == s.topics.partitions and not any(got.values()) else None
 
         lags = wait_for("consumer lag of every input partition at 0", lag, timeout_s=60)
         info = [r["metric"] for r in prom.query("lightbox_info")]
@@ -186,13 +186,13 @@ def test_ready_and_live_while_serving(run: Run) -> None:
 
 
 def test_consumer_lag_per_partition_and_the_info_metric(run: Run) -> None:
-    assert sorted(run.lag) == [str(p) for p in range(run.settings.topic_partitions)]
+    assert sorted(run.lag) == [str(p) for p in range(run.settings.topics.partitions)]
     (info,) = run.info
     assert info["device"] == "cpu" and info["model"] and info["version"]
 
 
 def test_one_trace_per_input_continues_the_producers_traceparent_with_a_span_per_stage(run: Run) -> None:
-    consumer_spans = [s for s in run.spans if s.name == f"process {run.settings.input_topic}"]
+    consumer_spans = [s for s in run.spans if s.name == f"process {run.settings.topics.input}"]
     assert len(consumer_spans) == len(run.traceparents)  # one per input, dead letter included
     by_trace = {s.trace_id: s for s in consumer_spans}
     children: dict[str, list[ReceivedSpan]] = {}
@@ -204,7 +204,7 @@ def test_one_trace_per_input_continues_the_producers_traceparent_with_a_span_per
         assert span.parent_span_id == parent_id
         assert span.attributes["lightbox.outcome"] == "processed"
         assert span.attributes["messaging.system"] == "kafka"
-        assert span.attributes["messaging.consumer.group.name"] == run.settings.group_id
+        assert span.attributes["messaging.consumer.group.name"] == run.settings.kafka.group_id
         names = sorted(c.name for c in children[span.span_id])
         assert names == sorted(s["stage"] for s in ev["spans"])  # a child per stage, produce included
         for c in children[span.span_id]:
@@ -240,10 +240,11 @@ def test_json_logs_are_one_object_per_line_without_terminal_codes(run: Run) -> N
 def test_text_logs_in_a_file_carry_no_terminal_codes(settings: Settings, tmp_path: Path) -> None:
     """Faust's start-up spinner hides the cursor with an escape code even when stdout is a file."""
     port = free_port()
-    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": settings.kafka_bootstrap, "LIGHTBOX_GROUP_ID": settings.group_id,
-           "LIGHTBOX_INPUT_TOPIC": settings.input_topic, "LIGHTBOX_OUTPUT_TOPIC": settings.output_topic,
-           "LIGHTBOX_DLQ_TOPIC": settings.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": settings.backfill_topic,
-           "LIGHTBOX_DATA_DIR": str(settings.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": settings.kafka.bootstrap, "LIGHTBOX_GROUP_ID": settings.kafka.group_id,
+           "LIGHTBOX_INPUT_TOPIC": settings.topics.input, "LIGHTBOX_OUTPUT_TOPIC": settings.topics.output,
+           "LIGHTBOX_DLQ_TOPIC": settings.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": settings.topics.backfill,
+           "LIGHTBOX_DATA_DIR": str(settings.worker.data_dir), "LIGHTBOX_DEVICE": "cpu",
+           "LIGHTBOX_SEGMENTER": "classical",
            "LIGHTBOX_METRICS_PORT": str(port)}
     worker = WorkerProcess(env, tmp_path / "worker.log").start()
     try:
@@ -278,11 +279,10 @@ def test_healthz_turns_unhealthy_while_a_stage_blocks(settings: Settings, catalo
     from agents.process import InRecord
     from agents.runner import BatchRunner
     from agents.telemetry import Health, Metrics, MetricsServer, Telemetry
-    from agents.wiring import batching_config, build_processor, runner_config
+    from agents.wiring import batching_config, build_processor, kafka_sink, runner_config
     from gpu_kernels.pipeline import RetouchPipeline, default_stages
     from schemas.events import EventCodecs
     from streams.app import ensure_topics
-    from streams.sink import KafkaSink
 
     proc = build_processor(settings, "cpu")
     p = proc.pipeline
@@ -301,7 +301,7 @@ def test_healthz_turns_unhealthy_while_a_stage_blocks(settings: Settings, catalo
     async def go() -> None:
         await ensure_topics(settings)
         batching = batching_config(settings, "cpu")
-        runner = BatchRunner(proc, KafkaSink(settings), MicroBatcher(batching), ack=ack,
+        runner = BatchRunner(proc, kafka_sink(settings), MicroBatcher(batching), ack=ack,
                              config=runner_config(settings, batching), observer=Telemetry(metrics, health))
         await runner.start()
         try:
@@ -309,7 +309,7 @@ def test_healthz_turns_unhealthy_while_a_stage_blocks(settings: Settings, catalo
             for offset, f in enumerate(catalog[:2]):
                 value = codecs.product.encode(ImageProducer.event({"data": f.read_bytes()}, sku=f.stem,
                                                                   image_id=f.name, presets=["thumb_webp"]))
-                await runner.submit(offset, InRecord(settings.input_topic, 0, offset, value))
+                await runner.submit(offset, InRecord(settings.topics.input, 0, offset, value))
             await asyncio.to_thread(block.entered.wait, 60)
             assert block.entered.is_set()
             _, body = await asyncio.to_thread(

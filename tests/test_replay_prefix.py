@@ -101,7 +101,7 @@ def test_prefix_replay_counts_resumes_and_survives_a_crash_past_the_checkpoint(
     tag, images = prefix
     asyncio.run(ensure_topics(settings))
     ckpt = tmp_path / "ckpt.json"
-    common = ["--presets", "jd_main", "--topic", settings.backfill_topic, "-b", settings.kafka_bootstrap,
+    common = ["--presets", "jd_main", "--topic", settings.topics.backfill, "-b", settings.kafka.bootstrap,
               "--checkpoint", str(ckpt)]
     url = f"s3://{s3_env.bucket}/{tag}/"
     monkeypatch.setenv("COLUMNS", "200")
@@ -124,8 +124,8 @@ def test_prefix_replay_counts_resumes_and_survives_a_crash_past_the_checkpoint(
             if done >= stop_at:
                 stop.set()
 
-        return asyncio.run(run_replay(source(s3_env, tag), bootstrap=settings.kafka_bootstrap,
-                                      topic=settings.backfill_topic, checkpoint=ckpt, stop=stop, on_progress=progress,
+        return asyncio.run(run_replay(source(s3_env, tag), bootstrap=settings.kafka.bootstrap,
+                                      topic=settings.topics.backfill, checkpoint=ckpt, stop=stop, on_progress=progress,
                                       max_in_flight=1, checkpoint_every_s=3600))
 
     first = run(2, [])  # stopped: what was in flight is finished and saved
@@ -150,7 +150,7 @@ def test_prefix_replay_counts_resumes_and_survives_a_crash_past_the_checkpoint(
     assert f"{len(IMAGES)}/{len(IMAGES)} published" in text and f"{second.this_run} found already published" in text
     assert f"job {first.job}" in text  # the CLI and the API name the same job
 
-    records = asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic))
+    records = asyncio.run(read_raw(settings.kafka.bootstrap, settings.topics.backfill))
     seen = seqs_of(records, first.job)
     assert sorted(seen) == [(0, i) for i in range(len(IMAGES))] and set(seen.values()) == {1}
     by_seq = {int(dict(r.headers)[REPLAY_SEQ_HEADER].split(b":")[1]): ev
@@ -173,17 +173,17 @@ def test_worker_processes_an_image_replayed_from_s3(settings: Settings, s3_env: 
     tag = f"bf-{uuid.uuid4().hex[:8]}"
     obstore.put(s3_env.client(), f"{tag}/SKU-S3-BF.jpg", catalog[3].read_bytes())
     asyncio.run(ensure_topics(settings))
-    res = asyncio.run(run_replay(source(s3_env, tag), bootstrap=settings.kafka_bootstrap,
-                                 topic=settings.backfill_topic, checkpoint=tmp_path / "c.json"))
+    res = asyncio.run(run_replay(source(s3_env, tag), bootstrap=settings.kafka.bootstrap,
+                                 topic=settings.topics.backfill, checkpoint=tmp_path / "c.json"))
     assert res.complete and res.published == 1
-    replayed = decoded(asyncio.run(read_raw(settings.kafka_bootstrap, settings.backfill_topic, idle_s=1.0)))
+    replayed = decoded(asyncio.run(read_raw(settings.kafka.bootstrap, settings.topics.backfill, idle_s=1.0)))
     assert [ev["source"]["uri"] for ev in replayed] == [f"s3://{s3_env.bucket}/{tag}/SKU-S3-BF.jpg"]
 
     env = {**worker_env(settings, []), **s3_env.env(), "LIGHTBOX_FETCH_ALLOW": f"s3://{s3_env.bucket}"}
     worker = WorkerProcess(env, tmp_path / "worker.log").start()
     try:
-        processed, dead = asyncio.run(collect_outputs(settings.kafka_bootstrap,
-                                                      [settings.output_topic, settings.dlq_topic], 1, 180,
+        processed, dead = asyncio.run(collect_outputs(settings.kafka.bootstrap,
+                                                      [settings.topics.output, settings.topics.dlq], 1, 180,
                                                       worker.running))
     finally:
         worker.stop()

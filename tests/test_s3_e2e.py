@@ -36,7 +36,7 @@ FORMATS = {"jpeg": "JPEG", "webp": "WEBP", "png": "PNG"}
 async def publish(s: Settings, sources: dict[str, dict[str, Any]]) -> dict[str, str]:
     """One event per named source; returns {event_id: name}."""
     by_id = {}
-    async with ImageProducer(s.kafka_bootstrap, s.input_topic) as prod:
+    async with ImageProducer(s.kafka.bootstrap, s.topics.input) as prod:
         futs = []
         for name, source in sources.items():
             ev = prod.event(source, sku=name, image_id=f"{name}.jpg", presets=PRESETS)
@@ -67,7 +67,7 @@ def test_s3_uris_in_variants_out_to_a_cdn_publisher(settings: Settings, s3_env: 
     try:
         by_id = asyncio.run(publish(settings, sources))
         processed, dead = asyncio.run(collect_outputs(
-            settings.kafka_bootstrap, [settings.output_topic, settings.dlq_topic], len(sources), 300,
+            settings.kafka.bootstrap, [settings.topics.output, settings.topics.dlq], len(sources), 300,
             worker.running))
     finally:
         worker.stop()
@@ -95,13 +95,13 @@ def test_s3_uris_in_variants_out_to_a_cdn_publisher(settings: Settings, s3_env: 
 
     # `lightbox tail --save` downloads the same URIs (the output store's bucket is allowed for reading)
     save = tmp_path / "saved"
-    tail_env = {**s3_env.env(), "LIGHTBOX_OUTPUT_TOPIC": settings.output_topic,
+    tail_env = {**s3_env.env(), "LIGHTBOX_OUTPUT_TOPIC": settings.topics.output,
                 "LIGHTBOX_OUTPUT_STORE": f"s3://{bucket}/{store_prefix}", "COLUMNS": "160"}
     old = {k: os.environ.get(k) for k in tail_env}
     os.environ.update(tail_env)  # obstore reads the AWS_* variables from the process environment
     try:
         result = CliRunner().invoke(app, ["tail", "--from-beginning", "-n", str(len(processed)), "--save", str(save),
-                                          "--bootstrap", settings.kafka_bootstrap])
+                                          "--bootstrap", settings.kafka.bootstrap])
     finally:
         for k, v in old.items():
             if v is None:

@@ -24,21 +24,21 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> SecureFiles:
 
 def test_plaintext_is_the_default_and_adds_nothing() -> None:
     s = Settings(_env_file=None)  # type: ignore[call-arg]
-    assert aiokafka_kwargs(s) == {"security_protocol": "PLAINTEXT"}
-    assert faust_credentials(s) is None
+    assert aiokafka_kwargs(s.kafka) == {"security_protocol": "PLAINTEXT"}
+    assert faust_credentials(s.kafka) is None
 
 
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_sasl_ssl_with_a_password_file(mechanism: str, pki: SecureFiles) -> None:
     s = Settings(kafka_security_protocol="SASL_SSL", kafka_sasl_mechanism=mechanism, kafka_sasl_username="u",
                  kafka_sasl_password_file=pki.client_password, kafka_ssl_cafile=pki.ca)
-    kw = aiokafka_kwargs(s)
+    kw = aiokafka_kwargs(s.kafka)
     assert kw["security_protocol"] == "SASL_SSL" and kw["sasl_mechanism"] == mechanism
     assert kw["sasl_plain_username"] == "u" and kw["sasl_plain_password"] == pki.client_password.read_text().strip()
     ctx = kw["ssl_context"]
     assert isinstance(ctx, ssl.SSLContext) and ctx.verify_mode == ssl.CERT_REQUIRED and ctx.check_hostname
     assert ctx.minimum_version >= ssl.TLSVersion.TLSv1_2
-    creds = faust_credentials(s)
+    creds = faust_credentials(s.kafka)
     assert isinstance(creds, faust.SASLCredentials)
     assert creds.protocol.value == "SASL_SSL" and creds.mechanism.value == mechanism and creds.ssl_context
     assert creds.password not in repr(creds)
@@ -50,18 +50,18 @@ def test_password_from_the_environment_is_secret(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("LIGHTBOX_KAFKA_SASL_PASSWORD", "hunter2")
     s = Settings()
     assert "hunter2" not in repr(s) and "hunter2" not in str(s.model_dump())
-    kw = aiokafka_kwargs(s)
+    kw = aiokafka_kwargs(s.kafka)
     assert kw == {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512",
                   "sasl_plain_username": "u", "sasl_plain_password": "hunter2"}
-    creds = faust_credentials(s)
+    creds = faust_credentials(s.kafka)
     assert isinstance(creds, faust.SASLCredentials) and creds.protocol.value == "SASL_PLAINTEXT"
 
 
 def test_ssl_with_a_client_certificate(pki: SecureFiles) -> None:
     s = Settings(kafka_security_protocol="SSL", kafka_ssl_cafile=pki.ca, kafka_ssl_certfile=pki.broker)
-    kw = aiokafka_kwargs(s)
+    kw = aiokafka_kwargs(s.kafka)
     assert set(kw) == {"security_protocol", "ssl_context"} and kw["security_protocol"] == "SSL"
-    creds = faust_credentials(s)
+    creds = faust_credentials(s.kafka)
     assert isinstance(creds, faust.SSLCredentials) and creds.protocol.value == "SSL"
 
 
@@ -80,18 +80,18 @@ def test_ssl_with_a_client_certificate(pki: SecureFiles) -> None:
 ])
 def test_misconfiguration_names_the_setting(over: dict[str, object], match: str) -> None:
     with pytest.raises(KafkaSecurityError, match=match):
-        aiokafka_kwargs(Settings(**over))  # type: ignore[arg-type]
+        aiokafka_kwargs(Settings(**over).kafka)  # type: ignore[arg-type]
 
 
 def test_plain_over_plaintext_only_when_asked() -> None:
     s = Settings(kafka_security_protocol="SASL_PLAINTEXT", kafka_sasl_mechanism="PLAIN", kafka_sasl_username="u",
                  kafka_sasl_password=SecretStr("p"), kafka_allow_plain_over_plaintext=True)
-    assert aiokafka_kwargs(s)["sasl_mechanism"] == "PLAIN"
+    assert aiokafka_kwargs(s.kafka)["sasl_mechanism"] == "PLAIN"
 
 
 def test_preflight_leaves_an_unreachable_broker_to_the_client(pki: SecureFiles) -> None:
     s = Settings(kafka_bootstrap="127.0.0.1:1", kafka_security_protocol="SSL", kafka_ssl_cafile=pki.ca)
-    asyncio.run(preflight(s.kafka_bootstrap, aiokafka_kwargs(s), timeout_s=5))  # no error: not a security cause
+    asyncio.run(preflight(s.kafka.bootstrap, aiokafka_kwargs(s.kafka), timeout_s=5))  # no error: not a security cause
 
 
 def test_the_local_pki(pki: SecureFiles) -> None:

@@ -533,7 +533,8 @@ def test_settings_carry_the_model_spec_to_the_segmenter(u2netp: ModelFiles, tmp_
 
     monkeypatch.setenv("LIGHTBOX_MODEL_SPEC", "isnet")
     settings = Settings(model_path=u2netp.original)
-    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    seg = settings.segment
+    path, spec = resolve_model(seg.model_path, seg.model_spec, seg.model_config_file)
     assert path == u2netp.original and spec == ISNET
     with pytest.raises(ProcessingFailed, match="needs a model file"):
         resolve_model(None, "isnet")
@@ -544,7 +545,8 @@ def test_settings_carry_the_model_spec_to_the_segmenter(u2netp: ModelFiles, tmp_
     config.write_text(f'[segment.model]\npath = "{u2netp.original}"\nspec = "u2netp"\ninput_size = [288, 288]\n')
     monkeypatch.setenv("LIGHTBOX_MODEL_CONFIG_FILE", str(config))
     settings = Settings()
-    path, spec = resolve_model(settings.model_path, settings.model_spec, settings.model_config_file)
+    seg = settings.segment
+    path, spec = resolve_model(seg.model_path, seg.model_spec, seg.model_config_file)
     assert path == u2netp.original and spec.input_size == (288, 288) and spec.mean == U2NETP.mean
     seg = make_segmenter("model", "cpu", model_path=path, spec=spec)
     assert isinstance(seg, OnnxSegmenter) and seg.spec.input_size == (288, 288)

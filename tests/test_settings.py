@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from pydantic import SecretStr, ValidationError
 
-from streams.settings import Settings
+from streams.settings import FLAT, Settings
 
 # (environment variable, the value it is given, what the setting reads then)
 ENV: list[tuple[str, str, Any]] = [
@@ -84,8 +84,6 @@ ENV: list[tuple[str, str, Any]] = [
     ("LIGHTBOX_BACKFILL_METRICS_PORT", "9500", 9500),
     ("LIGHTBOX_BACKFILL_SCHED_IDLE", "false", False),
     ("LIGHTBOX_BACKFILL_DEVICE_SHARE", "0.25", 0.25),
-    ("LIGHTBOX_BACKFILL_WAIT_FOR_LIVE", "false", False),
-    ("LIGHTBOX_BACKFILL_PIPELINED", "false", False),
     ("LIGHTBOX_BACKFILL_FILL_TO", "3", 3),
     ("LIGHTBOX_FETCH_ALLOW", "s3://cat,*.example.com", ["s3://cat", "*.example.com"]),
     ("LIGHTBOX_FETCH_TIMEOUT_S", "15.0", 15.0),
@@ -104,7 +102,7 @@ ENV: list[tuple[str, str, Any]] = [
 
 
 def _value(settings: Settings, env_name: str) -> Any:
-    value = getattr(settings, env_name.removeprefix("LIGHTBOX_").lower())
+    value = settings.flat(env_name.removeprefix("LIGHTBOX_").lower())
     return value.get_secret_value() if isinstance(value, SecretStr) else value
 
 
@@ -123,13 +121,52 @@ def test_each_environment_variable_sets_its_setting(monkeypatch: pytest.MonkeyPa
 def test_every_setting_has_its_environment_variable_listed() -> None:
     """A new setting is added to ENV too (so its environment name is pinned from the start)."""
     listed = {name.removeprefix("LIGHTBOX_").lower() for name, _, _ in ENV}
-    assert listed == set(Settings.model_fields)
+    assert listed == set(Settings.flat_names())
+
+
+def test_every_section_field_is_reached_by_one_environment_variable() -> None:
+    """Each field of each section is set by a name of ENV (LIGHTBOX_S3_ENDPOINT sets two: the
+    fetches' and the store's endpoint), and ``flat`` reads the section's field."""
+    reached = {(section, field) for section, fields in _routes().items() for field in fields}
+    every = {(name, field) for name, info in Settings.model_fields.items()
+             for field in info.annotation.model_fields}  # type: ignore[union-attr]
+    assert reached == every
+    s = Settings(s3_endpoint="http://127.0.0.1:1", max_in_flight=3, kafka_bootstrap="b:1")
+    assert (s.fetch.s3_endpoint, s.store.s3_endpoint) == ("http://127.0.0.1:1", "http://127.0.0.1:1")
+    assert (s.batching.max_in_flight, s.kafka.bootstrap) == (3, "b:1")
+    assert s.flat("max_in_flight") == 3 and FLAT["max_in_flight"] == "batching.max_in_flight"
+
+
+def _routes() -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for name in Settings.flat_names():
+        for section, field in Settings.routes(name):
+            out.setdefault(section, set()).add(field)
+    return out
+
+
+def test_flat_keywords_win_over_the_environment_and_unknown_ones_are_refused(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LIGHTBOX_MAX_BATCH", "5")
+    monkeypatch.setenv("LIGHTBOX_SLO_MS", "40")
+    s = Settings(max_batch=7)
+    assert (s.batching.max_batch, s.batching.slo_ms) == (7, 40.0)
+    with pytest.raises(ValidationError, match="max_batchh"):
+        Settings(max_batchh=7)
+    with pytest.raises(ValidationError, match="topic_partitions"):  # the flat name in the message
+        Settings(topic_partitions=0)
 
 
 def test_settings_are_frozen() -> None:
     """Read once: a module cannot change what another one sees."""
     settings = Settings()
     with pytest.raises(ValidationError):
-        settings.max_in_flight = 1  # type: ignore[misc]
-    assert settings.model_copy(update={"max_in_flight": 1}).max_in_flight == 1
+        settings.batching.max_in_flight = 1  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        settings.batching = settings.batching  # type: ignore[misc]
+    assert settings.model_copy(update={"max_in_flight": 1}).batching.max_in_flight == 1
+    assert settings.replace(max_in_flight=2).batching.max_in_flight == 2
+    with pytest.raises(ValidationError):  # a copy is validated like the environment
+        settings.replace(max_in_flight=0)
 

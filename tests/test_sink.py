@@ -25,7 +25,7 @@ class Out:
 
 
 async def read_all(s: Settings, topics: list[str], n: int) -> list[tuple[str, int, bytes | None, bytes, list]]:
-    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=s.kafka_bootstrap, group_id=None,
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=s.kafka.bootstrap, group_id=None,
                                 auto_offset_reset="earliest", enable_auto_commit=False)
     await consumer.start()
     got: list[tuple[str, int, bytes | None, bytes, list]] = []
@@ -51,7 +51,7 @@ def test_a_send_batch_lands_every_record_on_its_key_partition_in_order(settings:
     records += [Out("dead_letter", f"SKU-{i}".encode(), f"d{i}".encode(), [("h", None)]) for i in range(5)]
 
     async def go() -> list[BaseException | None]:
-        sink = KafkaSink(s)
+        sink = KafkaSink(s.kafka, s.topics, delivery_timeout_s=s.runner.delivery_timeout_s, client_id="t-sink")
         await sink.start()
         try:
             return await sink.send_batch(records)
@@ -59,16 +59,16 @@ def test_a_send_batch_lands_every_record_on_its_key_partition_in_order(settings:
             await sink.stop()
 
     assert asyncio.run(go()) == [None] * len(records)
-    got = asyncio.run(read_all(s, [s.output_topic, s.dlq_topic], len(records)))
+    got = asyncio.run(read_all(s, [s.topics.output, s.topics.dlq], len(records)))
     assert len(got) == len(records)
     part = DefaultPartitioner()
     where = {(topic, key, value): p for topic, p, key, value, _ in got}
     for r in records:
-        topic = s.output_topic if r.kind == "processed" else s.dlq_topic
+        topic = s.topics.output if r.kind == "processed" else s.topics.dlq
         assert where[(topic, r.key, r.value)] == part(r.key, [0, 1, 2, 3], [0, 1, 2, 3])
     headers = {value: h for _, _, _, value, h in got}
     assert headers[b"v7"] == [("lightbox-source", b"7")] and headers[b"d0"] == [("h", b"")]
     for k in range(7):  # one key's records in the order they were handed over
         key = f"SKU-{k}".encode()
-        assert [v for t, _, kk, v, _ in got if kk == key and t == s.output_topic] == [
+        assert [v for t, _, kk, v, _ in got if kk == key and t == s.topics.output] == [
             r.value for r in records if r.key == key and r.kind == "processed"]

@@ -59,7 +59,7 @@ def test_file_store_writes_once_and_returns_the_same_uri(tmp_path: Path) -> None
 
 def test_s3_store_is_content_addressed_and_idempotent(s3_env: Any) -> None:
     prefix = f"out-{uuid.uuid4().hex[:8]}"
-    store = make_store(f"s3://{s3_env.bucket}/{prefix}", Settings(s3_endpoint=s3_env.endpoint))
+    store = make_store(f"s3://{s3_env.bucket}/{prefix}", Settings(s3_endpoint=s3_env.endpoint).store)
     assert store is not None
     key = variant_key("SKU-9", "thumb_webp", SHA, "webp")
     uri = store.put(key, DATA, "image/webp")
@@ -70,7 +70,7 @@ def test_s3_store_is_content_addressed_and_idempotent(s3_env: Any) -> None:
     etag = got.meta["e_tag"]
     for _ in range(3):  # replays: same key, nothing new written
         assert store.put(key, DATA, "image/webp") == uri
-    other = make_store(f"s3://{s3_env.bucket}/{prefix}", Settings(s3_endpoint=s3_env.endpoint))
+    other = make_store(f"s3://{s3_env.bucket}/{prefix}", Settings(s3_endpoint=s3_env.endpoint).store)
     assert other is not None and other.put(key, DATA, "image/webp") == uri
     listed = [m["path"] for batch in obstore.list(client, prefix=prefix) for m in batch]
     assert listed == [f"{prefix}/SKU-9/thumb_webp/{SHA}.webp"]
@@ -78,7 +78,7 @@ def test_s3_store_is_content_addressed_and_idempotent(s3_env: Any) -> None:
 
 
 def test_a_store_that_refuses_writes_is_fatal(s3_env: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = Settings(s3_endpoint=s3_env.endpoint, store_retries=1, store_timeout_s=2)
+    settings = Settings(s3_endpoint=s3_env.endpoint, store_retries=1, store_timeout_s=2).store
     missing = make_store(f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/p", settings)
     assert missing is not None
     with pytest.raises(StoreUnavailable) as info:
@@ -90,7 +90,7 @@ def test_a_store_that_refuses_writes_is_fatal(s3_env: Any, monkeypatch: pytest.M
     with pytest.raises(StoreUnavailable, match="denied"):
         denied.put(variant_key("s", "jd_main", SHA, "jpeg"), DATA, "image/jpeg")
     down = make_store("s3://lightbox-test/p", Settings(s3_endpoint="http://127.0.0.1:1", store_retries=1,
-                                                        store_timeout_s=2))
+                                                        store_timeout_s=2).store)
     assert down is not None
     with pytest.raises(StoreUnavailable, match="unreachable"):
         down.put(variant_key("s", "jd_main", SHA, "jpeg"), DATA, "image/jpeg")
