@@ -134,7 +134,7 @@ class Soak:
         from streams.producer import ImageProducer
 
         self.s, self.bootstrap, self.photos = settings, bootstrap, photos
-        self.producer = ImageProducer(bootstrap, settings.input_topic)
+        self.producer = ImageProducer(bootstrap, settings.topics.input)
         self.sent: dict[str, float] = {}  # event id -> publish time
         self.sent_at: dict[tuple[int, int], float] = {}  # input position -> publish time
         self.seen: set[str] = set()
@@ -184,7 +184,7 @@ class Soak:
     async def read(self, on_output: Any) -> None:
         from streams.consume import read_events
 
-        async for kind, ev in read_events(self.bootstrap, [self.s.output_topic, self.s.dlq_topic]):
+        async for kind, ev in read_events(self.bootstrap, [self.s.topics.output, self.s.topics.dlq]):
             now = time.monotonic()
             if kind == "processed":
                 t = self.sent.get(ev["source_event_id"])
@@ -235,10 +235,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                  backfill_topic=f"soak-{tag}.backfill", output_topic=f"soak-{tag}.processed",
                  dlq_topic=f"soak-{tag}.dlq", data_dir=out / f"worker-{tag}")
     await ensure_topics(s)
-    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-           "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-           "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-           "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+           "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+           "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+           "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
            "LIGHTBOX_PRESETS_FILE": str(presets), "LIGHTBOX_METRICS_PORT": "0"}
     worker = WorkerProcess(env, out / "worker.log").start()
     assert worker.proc is not None
@@ -304,7 +304,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 b.dead += dead
                 b.latencies.append(lat)
         samp.cancel()
-        audit = await run_audit(kafka.bootstrap, [s.input_topic], [s.output_topic, s.dlq_topic])
+        audit = await run_audit(kafka.bootstrap, [s.topics.input], [s.topics.output, s.topics.dlq])
     finally:
         reader.cancel()
         await soak.producer.__aexit__(None, None, None)

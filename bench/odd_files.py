@@ -303,7 +303,7 @@ def worker_processes(paths: list[Path], out: Path) -> dict[str, str]:
 
     async def publish() -> None:
         await ensure_topics(s)
-        async with ImageProducer(s.kafka_bootstrap, s.input_topic) as prod:
+        async with ImageProducer(s.kafka.bootstrap, s.topics.input) as prod:
             futs = []
             for p in paths:
                 ev = prod.event_for_file(p, presets=["odd"])
@@ -312,16 +312,16 @@ def worker_processes(paths: list[Path], out: Path) -> dict[str, str]:
                 meta = await fut
                 names[eid] = names[(meta.partition, meta.offset)] = name
 
-    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka_bootstrap, "LIGHTBOX_GROUP_ID": s.group_id,
-           "LIGHTBOX_INPUT_TOPIC": s.input_topic, "LIGHTBOX_OUTPUT_TOPIC": s.output_topic,
-           "LIGHTBOX_DLQ_TOPIC": s.dlq_topic, "LIGHTBOX_BACKFILL_TOPIC": s.backfill_topic,
-           "LIGHTBOX_DATA_DIR": str(s.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+           "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+           "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+           "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
            "LIGHTBOX_PRESETS_FILE": str(presets), "LIGHTBOX_METRICS_PORT": "0"}
     worker = None
     try:
         asyncio.run(publish())
         worker = WorkerProcess(env, out / "worker.log").start()
-        processed, dead = asyncio.run(collect_outputs(kafka.bootstrap, [s.output_topic, s.dlq_topic], len(paths),
+        processed, dead = asyncio.run(collect_outputs(kafka.bootstrap, [s.topics.output, s.topics.dlq], len(paths),
                                                       600, worker.running))
     finally:
         if worker is not None:

@@ -196,7 +196,7 @@ def _runtimes() -> Check:
     model = model_cache_dir() / "u2netp" / "u2netp.batched.onnx"
     if not model.is_file():
         return Check("model runtimes", "ok", detail + "; auto: not measured yet (no cached model)", fix)
-    pick, why = cached_auto_choice(model, threads=settings.segment_threads)
+    pick, why = cached_auto_choice(model, threads=settings.segment.threads)
     return Check("model runtimes", "ok", f"{detail}; auto: " + (f"{pick} ({why})" if pick else why), fix)
 
 

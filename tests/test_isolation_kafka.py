@@ -38,7 +38,7 @@ class PoisonWorker(WorkerProcess):
 async def publish(s: Settings, blobs: list[tuple[str, bytes]], root: Path) -> dict[str, str]:
     """Publish in order (one SKU, so one partition); {event_id: name}."""
     ids = {}
-    async with ImageProducer(s.kafka_bootstrap, s.input_topic) as prod:
+    async with ImageProducer(s.kafka.bootstrap, s.topics.input) as prod:
         futs = []
         for name, data in blobs:
             path = root / f"{name}.jpg"
@@ -68,8 +68,8 @@ def test_a_poison_in_every_position_loses_no_good_image(size: int, settings: Set
            "LIGHTBOX_PRESETS_FILE": str(write_presets(tmp_path))}
     worker = PoisonWorker(env, tmp_path / "worker.log").start()
     try:
-        processed, dead = asyncio.run(collect_outputs(settings.kafka_bootstrap, [settings.output_topic,
-                                                      settings.dlq_topic], len(blobs), 240, worker.running))
+        processed, dead = asyncio.run(collect_outputs(settings.kafka.bootstrap, [settings.topics.output,
+                                                      settings.topics.dlq], len(blobs), 240, worker.running))
     finally:
         worker.stop()
     done = {ids[p["source_event_id"]]: p for p in processed}

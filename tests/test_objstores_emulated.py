@@ -127,7 +127,7 @@ def test_output_store_is_content_addressed_and_idempotent(store_env: tuple[str, 
             "fake-gcs-server 1.54.0 has no XML-API object upload: obstore's PUT /lightbox/<key> gets "
             "400 'invalid uploadType'")))
     prefix = f"out-{uuid.uuid4().hex[:8]}"
-    store = make_store(f"{scheme}://lightbox/{prefix}", Settings(store_retries=1))
+    store = make_store(f"{scheme}://lightbox/{prefix}", Settings(store_retries=1).store)
     assert store is not None
     key = f"SKU-9/thumb_webp/{SHA}.webp"
     uri = store.put(key, b"RIFF-variant-bytes", "image/webp")
