@@ -28,7 +28,7 @@ test-gpu: setup  ## only the GPU tests (on a machine with an NVIDIA GPU and CuPy
 
 test-torch: setup  ## the PyTorch runtime's tests (installs the [torch] extra: ~5 GB, ~5 min; not in CI)
 	$(BIN)/pip install -q -e '.[dev,torch]'
-	$(BIN)/pytest -q -p no:cacheprovider tests/test_segment_torch.py tests/test_segment_torch_gpu.py
+	$(BIN)/pytest -q -p no:cacheprovider tests/gpu_kernels/test_segment_torch.py tests/gpu_kernels/test_segment_torch_gpu.py
 
 lint: setup  ## ruff + mypy + the import layers (pyproject [tool.importlinter])
 	$(BIN)/ruff check .
@@ -45,7 +45,7 @@ image:  ## build lightbox:cpu and lightbox:gpu with Docker (on local base stand-
 	infra/images/build.sh
 
 image-test: setup kafka-jars s3-jars image  ## the built images: size, doctor, GPU ONNX Runtime, a worker and compose end to end
-	$(BIN)/pytest -q -p no:cacheprovider -s tests/test_images.py
+	$(BIN)/pytest -q -p no:cacheprovider -s tests/infra/test_images.py
 
 clean:
 	rm -rf out .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.retouch import CpuRetoucher
-from tests.test_tone import PRODUCTS, lstar_error, mean_lstar, photo, product_scene
+from tests.gpu_kernels.test_tone import PRODUCTS, lstar_error, mean_lstar, photo, product_scene
 
 SIZE = {"h": 480, "w": 640}  # the bench's product shots: twice the test's
 PHOTOS = ("astronaut", "coffee", "chelsea")

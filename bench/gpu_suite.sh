@@ -58,9 +58,9 @@ step() {  # step NAME LIMIT_S COMMAND...
 }
 
 if $PY -c "import pytest" 2>/dev/null; then
-  step parity 75 $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/test_codec_gpu.py tests/test_pipeline_gpu.py \
-    tests/test_retouch_gpu.py tests/test_segment_gpu.py tests/test_segment_runtime_gpu.py tests/test_shadow_gpu.py \
-    tests/test_segment_torch_gpu.py
+  step parity 75 $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/gpu_kernels/test_codec_gpu.py tests/gpu_kernels/test_pipeline_gpu.py \
+    tests/gpu_kernels/test_retouch_gpu.py tests/gpu_kernels/test_segment_gpu.py tests/gpu_kernels/test_segment_runtime_gpu.py tests/gpu_kernels/test_shadow_gpu.py \
+    tests/gpu_kernels/test_segment_torch_gpu.py
 else
   echo "== parity skipped: pytest is not installed here"
   echo '{"step": "parity", "rc": -1, "seconds": 0, "skipped": "pytest not installed"}' >> "$PARTS/steps.jsonl"

@@ -1,4 +1,4 @@
-"""Helpers for the fault suite (tests/test_faults.py): small real photos, a planned publish onto
+"""Helpers for the fault suite (tests/agents/test_faults.py): small real photos, a planned publish onto
 chosen partitions, `lightbox worker` processes, committed offsets, the audit, and the table row
 each scenario records.
 

@@ -23,7 +23,7 @@ class RetouchConfig:
     clusters of the *pixel* distribution, which a strided pick samples without bias, while block
     means pull its tails in (highlight percentiles, saturated pixels; measured against full
     resolution: strided at 160 px moves the exposure and white balance gains by at most 1 %,
-    area means at 128-256 px by 1.5-5 %, see tests/test_retouch_fast.py).
+    area means at 128-256 px by 1.5-5 %, see tests/gpu_kernels/test_retouch_fast.py).
 
     ``tables``: apply white balance (and, without a Retinex map, the whole colour chain) through
     per-channel 256-entry tables instead of per-pixel arithmetic (same numbers).

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-INFRA = Path(__file__).resolve().parent.parent / "infra"
+INFRA = Path(__file__).resolve().parents[2] / "infra"
 DOCKERFILES = [INFRA / "Dockerfile", INFRA / "Dockerfile.gpu"]
 ALL_DOCKERFILES = [*DOCKERFILES, INFRA / "s3proxy" / "Dockerfile"]
 
@@ -253,7 +253,7 @@ def _requires(tmp_path: Path) -> list[Any]:
 
     from packaging.requirements import Requirement
 
-    from tests.test_wheel import _build_wheel
+    from tests.infra.test_wheel import _build_wheel
 
     wheel = zipfile.ZipFile(_build_wheel(tmp_path))
     (meta,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]

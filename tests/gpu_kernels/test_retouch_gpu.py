@@ -1,6 +1,6 @@
 """CupyRetoucher vs CpuRetoucher on real photos; skipped without CuPy or a CUDA device.
 
-Run on a GPU machine with ``PYTHONPATH=. pytest -m gpu tests/test_retouch_gpu.py``.
+Run on a GPU machine with ``PYTHONPATH=. pytest -m gpu tests/gpu_kernels/test_retouch_gpu.py``.
 Tolerance: uint8 outputs within 1 LSB of the CPU twin (the kernels repeat the twin's float32
 operations in order with ``--fmad=false``; the float64 parameter estimation may differ in the
 last bit between NumPy and CuPy, which can flip a rounding).
@@ -18,7 +18,7 @@ from gpu_kernels.presets import Preset
 from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
 from schemas.errors import ProcessingFailed
 from tests.gpu import cupy_or_skip
-from tests.test_retouch import BOOK, ODD_BAD, ODD_OK, variants
+from tests.gpu_kernels.test_retouch import BOOK, ODD_BAD, ODD_OK, variants
 
 pytestmark = pytest.mark.gpu
 
@@ -139,8 +139,8 @@ def test_bad_shapes_fail_clearly(gpu: CupyRetoucher, name: str) -> None:
 def test_windows_and_area_samples_match_cpu(gpu: CupyRetoucher) -> None:
     """Issue 15 item 3 on the device: the window the presets read (one host read of the subject
     box) and the area-averaged sample give the CPU twin's numbers."""
-    from tests.test_retouch_fast import PRESETS as FAST_PRESETS
-    from tests.test_retouch_fast import small_subject
+    from tests.gpu_kernels.test_retouch_fast import PRESETS as FAST_PRESETS
+    from tests.gpu_kernels.test_retouch_fast import small_subject
 
     image, mask = small_subject()
     cpu = CpuRetoucher()

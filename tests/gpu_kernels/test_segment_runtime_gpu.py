@@ -1,7 +1,7 @@
 """GPU paths of the model runtimes: CUDA graphs per bucket, the FP16 gate, pinned uploads.
 
 Skipped without CuPy and a CUDA device, and (model tests) without onnxruntime's CUDA provider.
-Their CPU twins: tests/test_segment_runtime.py (static-batch copies, FP16 copy, the gate).
+Their CPU twins: tests/gpu_kernels/test_segment_runtime.py (static-batch copies, FP16 copy, the gate).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from gpu_kernels.retouch.correction import correct_fused_cpu, correct_reference,
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import axis_taps
 from gpu_kernels.retouch.illumination import gaussian_matrix
-from tests.test_retouch import product_shot, soft_mask
+from tests.gpu_kernels.test_retouch import product_shot, soft_mask
 
 
 def _crop(h: int, w: int) -> np.ndarray:

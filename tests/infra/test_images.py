@@ -242,7 +242,7 @@ def test_compose_worker_processes_from_s3_into_s3(cpu_image: dict[str, Any], kaf
     tag = uuid.uuid4().hex[:8]
     s3 = LocalS3.start(buckets=("lightbox",))
     project = f"lightbox-it-{tag}"
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     files = ["-f", str(root / "infra/docker-compose.yml"), "-f", str(root / "infra/compose.here.yml"), "-p", project]
     env_file = tmp_path / "compose.env"
     env_file.write_text(f"AWS_ACCESS_KEY_ID={s3.access_key}\nAWS_SECRET_ACCESS_KEY={s3.secret_key}\n")

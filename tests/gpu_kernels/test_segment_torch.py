@@ -1,6 +1,6 @@
 """The PyTorch runtime (``[torch]`` extra) on the CPU: the ONNX file as a torch module, parity with
 ONNX Runtime's masks, the gate, and its place in the runtime choice. Skipped without torch
-(``make test-torch`` installs it). GPU twin: tests/test_segment_torch_gpu.py."""
+(``make test-torch`` installs it). GPU twin: tests/gpu_kernels/test_segment_torch_gpu.py."""
 
 from __future__ import annotations
 

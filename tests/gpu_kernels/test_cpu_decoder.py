@@ -14,7 +14,7 @@ import pytest
 from gpu_kernels.codec import DaliDecoder, make_decoder
 from schemas.errors import LightboxError
 from tests.corpus import Hostile, hostile_files, mixed_folder
-from tests.test_hostile_files import _assert_no_echo
+from tests.gpu_kernels.test_hostile_files import _assert_no_echo
 
 
 def test_make_decoder_on_cpu_needs_no_dali() -> None:

@@ -3,7 +3,7 @@ kernel source (compiled for the CPU) == the NumPy twin, odd shapes, no in-place 
 
 Tolerances stated per test. Fused vs unfused on the CPU: bit-exact. CUDA source compiled with
 g++ (``-ffp-contract=off``, IEEE float32, the GPU build uses ``--fmad=false``) vs NumPy twin:
-bit-exact; real GPU vs CPU (tests/test_retouch_gpu.py): <= 1 LSB.
+bit-exact; real GPU vs CPU (tests/gpu_kernels/test_retouch_gpu.py): <= 1 LSB.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def test_white_balance_removes_a_colour_cast_from_the_background() -> None:
 def test_white_balance_undoes_a_cast_on_a_photo_with_neutral_evidence() -> None:
     """Without a mask, skimage's astronaut (a white suit) under a cast: the output of the cast
     photo is within 2 levels (mean abs) of the output of the original, and < 30 % of the cast's
-    own difference. (Photos without neutral evidence are left alone: tests/test_quality.py.)"""
+    own difference. (Photos without neutral evidence are left alone: tests/gpu_kernels/test_quality.py.)"""
     r = CpuRetoucher(NO_RETINEX)
     original = photo("astronaut")
     cast = np.clip(original * np.array([1.08, 1.0, 0.92]), 0, 255).astype(np.uint8)
@@ -162,7 +162,7 @@ def test_white_balance_undoes_a_cast_on_a_photo_with_neutral_evidence() -> None:
 def test_exposure_raises_a_dark_photo_back_to_the_original_s_output(name: str) -> None:
     """A photo darkened to 45 %: the output's median luma is within 6 levels of the output for
     the original photo, where the input's was >= 50 levels below. (Colour preservation and
-    washed-out photos: tests/test_tone.py.)"""
+    washed-out photos: tests/gpu_kernels/test_tone.py.)"""
     original = photo(name)
     dark = (original * 0.45).astype(np.uint8)
     r = CpuRetoucher(NO_RETINEX)
@@ -221,7 +221,7 @@ def soft_mask(mask: np.ndarray) -> np.ndarray:
 
 def test_white_composite_is_exactly_255_where_alpha_is_0() -> None:
     """The composite's maths (edge colours left as they are; their decontamination:
-    tests/test_matting.py)."""
+    tests/gpu_kernels/test_matting.py)."""
     image, hard = product_shot()
     mask = soft_mask(hard)
     assert np.count_nonzero((mask > 0) & (mask < 255)) > 0
@@ -671,7 +671,7 @@ def test_an_empty_mask_renders_the_whole_image() -> None:
 
 # -- the GPU check script and import hygiene ------------------------------------------------------
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_package_imports_nothing_the_gpu_machine_lacks() -> None:

@@ -7,7 +7,7 @@
 * colouring only the window the presets read: the rendered variants equal the whole-image ones
   within 1 level.
 
-The GPU twins of these are in tests/test_retouch_gpu.py (skipped without a GPU); the kernel
+The GPU twins of these are in tests/gpu_kernels/test_retouch_gpu.py (skipped without a GPU); the kernel
 source with a shifted grid is checked here through g++.
 """
 
@@ -34,7 +34,7 @@ from gpu_kernels.retouch.gpu import correct_launch
 from gpu_kernels.retouch.illumination import MapGrid, gain_rows, gaussian_matrix
 from gpu_kernels.segment.classical import ClassicalSegmenter
 from gpu_kernels.spans import SpanRecorder
-from tests.test_retouch import kernels, launch, product_shot, soft_mask  # noqa: F401  (kernels: fixture)
+from tests.gpu_kernels.test_retouch import kernels, launch, product_shot, soft_mask  # noqa: F401  (kernels: fixture)
 
 BOOK = load_presets()
 PRESETS = BOOK.resolve(["taobao_main", "xiaohongshu_cover", "thumb_webp"])

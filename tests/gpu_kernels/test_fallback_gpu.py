@@ -10,7 +10,7 @@ import pytest
 
 from gpu_kernels.codec import DaliDecoder
 from tests.gpu import cupy_or_skip
-from tests.test_fallback import odd_files
+from tests.gpu_kernels.test_fallback import odd_files
 
 pytestmark = pytest.mark.gpu
 

@@ -22,7 +22,7 @@ from lightbox.replay import REPLAY_SEQ_HEADER, Defaults, PrefixSource, ReplayErr
 from schemas.events import EventCodecs
 from streams.app import ensure_topics
 from streams.settings import Settings
-from tests.test_backfill import read_raw, seqs_of, worker_env
+from tests.agents.test_backfill import read_raw, seqs_of, worker_env
 
 pytestmark = pytest.mark.kafka
 

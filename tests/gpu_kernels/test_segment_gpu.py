@@ -125,7 +125,7 @@ def test_xp_ops_is_the_gpu_backend() -> None:
 
 def test_cupy_mask_cleanup_matches_cpu() -> None:
     """Guided edge, hole filling and island dropping with the photo: CuPy vs OpenCV."""
-    from tests.test_segment import _holed_scene
+    from tests.gpu_kernels.test_segment import _holed_scene
 
     image, prob = _holed_scene()
     import cv2

@@ -20,8 +20,8 @@ from lightbox.demo import WorkerProcess, collect_outputs
 from streams.app import ensure_topics
 from streams.producer import ImageProducer
 from streams.settings import Settings
+from tests.agents.test_kafka_e2e import worker_env
 from tests.isolation_kit import photo, poison, write_presets
-from tests.test_kafka_e2e import worker_env
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -31,7 +31,7 @@ class PoisonWorker(WorkerProcess):
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.isolation_kit", "worker"], env=self.env,
                                      stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     cwd=Path(__file__).resolve().parent.parent)
+                                     cwd=Path(__file__).resolve().parents[2])
         return self
 
 

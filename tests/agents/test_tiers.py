@@ -13,7 +13,7 @@ import pytest
 
 from agents.batching import Batch, BatchingConfig, MicroBatcher
 from agents.tiers import BackfillGate, TierBatcher, pause_backfill
-from tests.test_runner import FakeClock  # seconds that move only when told to
+from tests.agents.test_runner import FakeClock  # seconds that move only when told to
 
 Item = tuple[str, int, int]  # (lane, id, priority)
 
@@ -156,7 +156,7 @@ def test_the_runner_puts_a_live_input_right_behind_the_backfill_batch_on_the_dev
 
     from agents.process import InRecord
     from agents.runner import BatchRunner, RunnerConfig
-    from tests.test_runner import FakeClock, FakeProcessor, FakeSink, until
+    from tests.agents.test_runner import FakeClock, FakeProcessor, FakeSink, until
 
     class Recording(FakeProcessor):
         def __init__(self) -> None:
@@ -261,7 +261,7 @@ def test_backfill_prepare_and_output_run_in_their_own_threads_and_never_hold_up_
 
     from agents.process import InRecord
     from agents.runner import BatchRunner, RunnerConfig
-    from tests.test_runner import FakeClock, FakeProcessor, FakeSink, until
+    from tests.agents.test_runner import FakeClock, FakeProcessor, FakeSink, until
 
     class Recording(FakeProcessor):
         def __init__(self) -> None:
@@ -410,7 +410,7 @@ def test_the_runner_carries_backfill_riders_in_a_live_batch_and_acknowledges_eve
 
     from agents.process import InRecord
     from agents.runner import BatchRunner, RunnerConfig
-    from tests.test_runner import FakeClock, FakeProcessor, FakeSink, until
+    from tests.agents.test_runner import FakeClock, FakeProcessor, FakeSink, until
 
     class Recording(FakeProcessor):
         def __init__(self) -> None:
@@ -485,7 +485,7 @@ def test_the_live_signal_reaches_the_backfill_process_as_the_worker_writes_it() 
         "    print('saw', signal.read(), flush=True)\n"
         "    sys.stdin.readline()\n"
     )
-    env = {**os.environ, LIVE_FD_ENV: str(live.fd), "PYTHONPATH": str(Path(__file__).parents[1])}
+    env = {**os.environ, LIVE_FD_ENV: str(live.fd), "PYTHONPATH": str(Path(__file__).parents[2])}
     child = subprocess.Popen([sys.executable, "-c", script], env=env, pass_fds=(live.fd,), text=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdin is not None and child.stdout is not None

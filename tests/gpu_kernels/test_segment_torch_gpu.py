@@ -1,7 +1,7 @@
 """The PyTorch runtime on a CUDA GPU: DLPack in and out, pinned uploads, CUDA graphs per bucket,
 torch.compile, and the fp16 gate against ONNX Runtime fp32 masks.
 
-Skipped without torch's CUDA build, CuPy and a device. CPU twin: tests/test_segment_torch.py.
+Skipped without torch's CUDA build, CuPy and a device. CPU twin: tests/gpu_kernels/test_segment_torch.py.
 """
 
 from __future__ import annotations

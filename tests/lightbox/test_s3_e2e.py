@@ -25,7 +25,7 @@ from lightbox.cli import app
 from lightbox.demo import WorkerProcess, collect_outputs
 from streams.producer import ImageProducer
 from streams.settings import Settings
-from tests.test_kafka_e2e import worker_env
+from tests.agents.test_kafka_e2e import worker_env
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 

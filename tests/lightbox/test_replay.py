@@ -9,7 +9,7 @@ import pytest
 
 from lightbox.ratelimit import TokenBucket
 from lightbox.replay import Checkpoint, ReplayProgress, job_id
-from tests.test_runner import FakeClock  # seconds that move only when told to
+from tests.agents.test_runner import FakeClock  # seconds that move only when told to
 
 
 # -- token bucket ----------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def test_every_processed_event_carries_compliance_per_variant(catalog: list[Path
     from schemas.events import EventCodecs
     from streams.producer import ImageProducer
     from streams.settings import Settings
-    from tests.test_process import record
+    from tests.agents.test_process import record
 
     proc = build_processor(Settings(device="cpu", segmenter="classical", data_dir=tmp_path))
     ev = ImageProducer.event({"data": product_photo()}, sku="S", image_id="i", presets=["amazon_main", "thumb_webp"])

@@ -28,7 +28,7 @@ from gpu_kernels.codec import DaliDecoder, sniff
 from schemas.errors import LightboxError
 from tests.corpus import Hostile, hostile_files
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU_BOUND_S = 5.0
 SLACK = 64 << 20
 

@@ -23,7 +23,7 @@ from gpu_kernels.codec.pillow_decode import decode_first_frame
 from gpu_kernels.codec.sniff import sniff
 from schemas.errors import DecodeFailed, ErrorCode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def odd_files() -> ModuleType:
