@@ -4,11 +4,11 @@ A :class:`BucketedSegmenter` cuts a batch into chunks of at most the largest buc
 chunk up to its bucket, runs the model (``_infer``, the one method a runtime implements), turns
 the output into probabilities (``ModelSpec``) and each probability map into an alpha mask at
 the image's own size (``MaskPostprocess``). The mask refinement runs on a copy of the photo
-scaled down to at most ``mask_work_pixels`` (1 MP by default; the model itself sees 320 px and no
-preset is larger than 1440 px, so a larger working copy only costs time: on a 12 MP photo the
-refinement at full size took ~1 s of CPU against ~70 ms at 1 MP), and the finished alpha is
-enlarged bilinearly to the photo's size. ``None`` refines at full size. RGBA images that already carry transparency skip
-the model: their alpha is the mask (stray specks far from the subject zeroed, ``clean_cutout``).
+scaled down to at most ``mask_work_pixels`` (2048², the largest preset, by default: the model
+itself sees 320 px, so a finer working copy only costs time; on a 12 MP photo the refinement at
+full size took ~1 s of CPU), and the finished alpha is enlarged bilinearly to the photo's size,
+its faint outer ring (under ``ENLARGE_FLOOR``) zeroed. ``None`` refines at full size. RGBA
+images that already carry transparency skip the model: their alpha is the mask (stray specks far from the subject zeroed, ``clean_cutout``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from schemas.errors import LightboxError, per_item
 
 __all__ = ["MASK_WORK_PIXELS", "BucketedSegmenter", "batch_buckets", "mask_work_size", "plan_chunks"]
 
-MASK_WORK_PIXELS = 1_000_000
+MASK_WORK_PIXELS = 2048 * 2048  # the largest preset (shopify 2048²): no output needs a finer alpha
+ENLARGE_FLOOR = 16  # alpha levels (~6 % opacity) below which an enlarged alpha is zeroed
 
 
 def mask_work_size(h: int, w: int, limit: int | None) -> tuple[int, int]:
@@ -119,8 +120,9 @@ class BucketedSegmenter:
         xp = ops.xp
         small = xp.clip(xp.rint(ops.resize_image(image[..., :3], wh, ww)), 0, 255).astype(xp.uint8)
         alpha = alpha_from_probability(ops.resize_map(prob, wh, ww), self.post, ops, small)
-        up = ops.resize_map(alpha.astype(xp.float32), h, w)
-        return xp.clip(xp.rint(up), 0, 255).astype(xp.uint8)
+        up = xp.clip(xp.rint(ops.resize_map(alpha.astype(xp.float32), h, w)), 0, 255).astype(xp.uint8)
+        up[up < ENLARGE_FLOOR] = 0  # the faint ring bilinear enlargement spreads past the edge is background
+        return up
 
     def close(self) -> None:
         """Release the runtime; the segmenter cannot be used afterwards."""
