@@ -15,7 +15,7 @@ Measures
 - encode: nvJPEG (``NvJpegEncoder``) vs CPU libjpeg-turbo (OpenCV, 1 thread) per output size,
   ms per image, bytes, and which wins — the ``gpu_min_pixels`` threshold to use.
 
-How to run it on a lent GPU (../shared/device/README.md): here ``../shared/device/pack-wheels.sh
+How to run it on a lent GPU (docs/development.md, "GPU validation run"): here the device tooling's ``pack-wheels.sh
 dali`` (about 6 parts); one ``run`` per part with carry ``[".gpuwheels/part-NN"]`` and command
 ``mkdir -p /tmp/gpuwheels && cp .gpuwheels/part-NN /tmp/gpuwheels/``; then, carry
 ``[".gpuwheels/SHA256SUMS", ".gpuwheels/unpack-wheels.sh"]``, command

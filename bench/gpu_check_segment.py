@@ -16,7 +16,7 @@ Measures
 
 Usage: ``python3 bench/gpu_check_segment.py MODEL.onnx [--images DIR] [--out FILE]``, with
 MODEL the batched u2netp (``python -m gpu_kernels.segment.fetch_model`` prints its path).
-On a lent GPU (../shared/device/README.md): here, ``../shared/device/pack-wheels.sh ort`` and
+On a lent GPU (docs/development.md, "GPU validation run"): here, the device tooling's ``pack-wheels.sh ort`` and
 ``mkdir -p .gpumodel && cp <batched model> .gpumodel/`` (``/.gpumodel/`` in .git/info/exclude)
 and ``python bench/gpu_check_segment.py x --export-composites .gpumodel/images``;
 one ``run`` per wheel part; then carry ``[".gpuwheels/SHA256SUMS", ".gpuwheels/unpack-wheels.sh",
