@@ -14,21 +14,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import json
 import os
 import re
 import secrets
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from email.utils import formatdate
 from pathlib import Path
 
-from lightbox.launch import cache_root, free_port, pid_alive, terminate
+from lightbox.launch import EmulatorProcess, cache_root, free_port, instance_key
 
 __all__ = ["AZURITE_VERSION", "AzuriteLaunchError", "LocalAzurite", "clear_state", "ensure_azurite", "read_state"]
 
@@ -100,9 +98,12 @@ def _answers(url: str) -> bool:
 
 
 @dataclass
-class LocalAzurite:
+class LocalAzurite(EmulatorProcess):
     """One running (or stopped) Azurite blob service with one account."""
 
+    kind = "azurite"
+    state_env = "LIGHTBOX_AZURITE_STATE_FILE"
+    launch_error = AzuriteLaunchError
     pid: int
     port: int
     data_dir: str
@@ -110,14 +111,11 @@ class LocalAzurite:
     key: str
     owns_data_dir: bool = True
     containers: list[str] = field(default_factory=list)
+    started: int | None = None
+    name: str = "default"
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_file(self) -> Path:
-        return Path(self.data_dir) / "azurite.log"
+    def answers(self) -> bool:
+        return _answers(self.url)
 
     def env(self) -> dict[str, str]:
         """What an obstore (object_store) client reads to use this emulator for az:// URLs."""
@@ -135,67 +133,31 @@ class LocalAzurite:
 
     @classmethod
     def start(cls, *, data_dir: str | Path | None = None, port: int | None = None,
-              containers: tuple[str, ...] = ("lightbox",), timeout_s: float = 60.0) -> LocalAzurite:
+              containers: tuple[str, ...] = ("lightbox",), timeout_s: float = 60.0,
+              name: str | None = None) -> LocalAzurite:
         exe = ensure_azurite()
         owns = data_dir is None
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-azurite-"))
         ddir.mkdir(parents=True, exist_ok=True)
         az = cls(pid=0, port=port or free_port(), data_dir=str(ddir), owns_data_dir=owns,
-                 account="lightbox", key=base64.b64encode(secrets.token_bytes(32)).decode())
+                 account="lightbox", key=base64.b64encode(secrets.token_bytes(32)).decode(),
+                 name=instance_key(name, None if owns else ddir))
         env = {**os.environ, "AZURITE_ACCOUNTS": f"{az.account}:{az.key}"}
         with az.log_file.open("ab") as out:
             proc = subprocess.Popen(
                 [str(exe), "--blobHost", "127.0.0.1", "--blobPort", str(az.port), "--location", str(ddir / "data"),
                  "--skipApiVersionCheck", "--disableTelemetry"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
-        az.pid = proc.pid
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AzuriteLaunchError(f"azurite exited with {proc.returncode} during start; log:\n{az.log_tail()}")
-            if _answers(az.url):
-                for c in containers:
-                    az.create_container(c)
-                return az
-            time.sleep(0.2)
-        az.stop()
-        raise AzuriteLaunchError(f"azurite did not start within {timeout_s:.0f} s; log:\n{az.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def alive(self) -> bool:
-        return pid_alive(self.pid) and _answers(self.url)
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; removes a temporary data folder."""
-        terminate(self.pid, timeout_s)
-        if self.owns_data_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def save_state(self) -> Path:
-        """The CLI keeps the server it started in a state file (mode 600: it holds the key)."""
-        path = _state_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(json.dumps(asdict(self)))
-        return path
+        az.wait_until_up(proc, timeout_s, "azurite")
+        for c in containers:
+            az.create_container(c)
+        return az
 
 
-def _state_file() -> Path:
-    explicit = os.environ.get("LIGHTBOX_AZURITE_STATE_FILE")
-    return Path(explicit) if explicit else cache_root() / "azurite-local.json"
+def read_state(key: str = "default") -> LocalAzurite | None:
+    """The server instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    return LocalAzurite.read_state(key)
 
 
-def read_state() -> LocalAzurite | None:
-    try:
-        return LocalAzurite(**json.loads(_state_file().read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def clear_state() -> None:
-    _state_file().unlink(missing_ok=True)
+def clear_state(key: str = "default") -> None:
+    LocalAzurite.clear_state(key)

@@ -248,11 +248,14 @@ def _emulator_app(name: str, what: str, module: str, cls: str, how: str, kind: s
            data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, removed "
                                                                "by `down`)")] = None,
            bucket: Annotated[list[str] | None, typer.Option(help="bucket (GCS) or container (Azure) to create "
-                                                                 "(repeat for more)")] = None) -> None:
+                                                                 "(repeat for more)")] = None,
+           name: InstanceName = None) -> None:
         """Install the emulator once, start it on 127.0.0.1 in the background and print the variables a
         client (a worker, `replay prefix`) needs."""
+        from lightbox.launch import instance_key
+
         mod = importlib.import_module(module)
-        state = mod.read_state()
+        state = mod.read_state(instance_key(name, data_dir))
         if state is not None and state.alive():
             console.print(f"already running: [bold]{state.url}[/] (pid {state.pid})")
             return
@@ -260,7 +263,7 @@ def _emulator_app(name: str, what: str, module: str, cls: str, how: str, kind: s
         try:
             with console.status(f"starting {what} (first run {how})…"):
                 names = {f"{kind}s": tuple(bucket or ["lightbox"])}
-                server = getattr(mod, cls).start(port=port, data_dir=data_dir, **names)
+                server = getattr(mod, cls).start(port=port, data_dir=data_dir, name=name, **names)
         except RuntimeError as exc:
             err.print(f"[red]{name} up failed:[/] {exc}")
             raise typer.Exit(1) from None
@@ -271,21 +274,26 @@ def _emulator_app(name: str, what: str, module: str, cls: str, how: str, kind: s
             console.print(f"export {key}={val}", soft_wrap=True)
 
     @sub.command("down")
-    def down() -> None:
-        """Stop the emulator `up` started and remove its temporary data."""
+    def down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
+        """Stop the emulator this instance's `up` started (that process only) and remove its temporary data."""
+        from lightbox.launch import instance_key
+
         mod = importlib.import_module(module)
-        state = mod.read_state()
+        key = instance_key(name, data_dir)
+        state = mod.read_state(key)
         if state is None:
             console.print(f"no local {what} recorded")
             return
         state.stop()
-        mod.clear_state()
+        mod.clear_state(key)
         console.print(f"stopped {what} (pid {state.pid})")
 
     @sub.command("status")
-    def status() -> None:
-        """Say whether the emulator is running, and where. Exit code 1 when it is not."""
-        state = importlib.import_module(module).read_state()
+    def status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
+        """Say whether this instance's emulator is running, and where. Exit code 1 when it is not."""
+        from lightbox.launch import instance_key
+
+        state = importlib.import_module(module).read_state(instance_key(name, data_dir))
         if state is not None and state.alive():
             console.print(f"running at [bold]{state.url}[/] (pid {state.pid}, data {state.data_dir})")
             return

@@ -17,14 +17,13 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightbox.launch import cache_root, free_port, pid_alive, terminate
+from lightbox.launch import EmulatorProcess, cache_root, free_port, instance_key
 
 __all__ = ["FAKE_GCS_VERSION", "GcsLaunchError", "LocalGcs", "clear_state", "ensure_fake_gcs", "read_state"]
 
@@ -77,22 +76,22 @@ def _answers(url: str) -> bool:
 
 
 @dataclass
-class LocalGcs:
+class LocalGcs(EmulatorProcess):
     """One running (or stopped) fake-gcs-server."""
 
+    kind = "gcs"
+    state_env = "LIGHTBOX_GCS_STATE_FILE"
+    launch_error = GcsLaunchError
     pid: int
     port: int
     data_dir: str
     owns_data_dir: bool = True
     buckets: list[str] = field(default_factory=list)
+    started: int | None = None
+    name: str = "default"
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_file(self) -> Path:
-        return Path(self.data_dir) / "fake-gcs-server.log"
+    def answers(self) -> bool:
+        return _answers(self.url)
 
     @property
     def service_account_file(self) -> Path:
@@ -126,12 +125,13 @@ class LocalGcs:
 
     @classmethod
     def start(cls, *, data_dir: str | Path | None = None, port: int | None = None,
-              buckets: tuple[str, ...] = ("lightbox",), timeout_s: float = 60.0) -> LocalGcs:
+              buckets: tuple[str, ...] = ("lightbox",), timeout_s: float = 60.0, name: str | None = None) -> LocalGcs:
         exe = ensure_fake_gcs()
         owns = data_dir is None
         ddir = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="lightbox-gcs-"))
         (ddir / "objects").mkdir(parents=True, exist_ok=True)
-        gcs = cls(pid=0, port=port or free_port(), data_dir=str(ddir), owns_data_dir=owns)
+        gcs = cls(pid=0, port=port or free_port(), data_dir=str(ddir), owns_data_dir=owns,
+                  name=instance_key(name, None if owns else ddir))
         gcs.service_account_file.write_text(json.dumps(
             {"gcs_base_url": gcs.url, "disable_oauth": True, "client_email": "", "private_key": "",
              "private_key_id": ""}))
@@ -141,53 +141,16 @@ class LocalGcs:
                  "-public-host", f"127.0.0.1:{gcs.port}", "-external-url", gcs.url,
                  "-backend", "filesystem", "-filesystem-root", str(ddir / "objects"), "-log-level", "warn"],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        gcs.pid = proc.pid
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise GcsLaunchError(f"fake-gcs-server exited with {proc.returncode} during start; "
-                                     f"log:\n{gcs.log_tail()}")
-            if _answers(gcs.url):
-                for b in buckets:
-                    gcs.create_bucket(b)
-                return gcs
-            time.sleep(0.2)
-        gcs.stop()
-        raise GcsLaunchError(f"fake-gcs-server did not start within {timeout_s:.0f} s; log:\n{gcs.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
-    def alive(self) -> bool:
-        return pid_alive(self.pid) and _answers(self.url)
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        terminate(self.pid, timeout_s)
-        if self.owns_data_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-
-    def save_state(self) -> Path:
-        path = _state_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(json.dumps(asdict(self)))
-        return path
+        gcs.wait_until_up(proc, timeout_s, "fake-gcs-server")
+        for b in buckets:
+            gcs.create_bucket(b)
+        return gcs
 
 
-def _state_file() -> Path:
-    explicit = os.environ.get("LIGHTBOX_GCS_STATE_FILE")
-    return Path(explicit) if explicit else cache_root() / "gcs-local.json"
+def read_state(key: str = "default") -> LocalGcs | None:
+    """The server instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    return LocalGcs.read_state(key)
 
 
-def read_state() -> LocalGcs | None:
-    try:
-        return LocalGcs(**json.loads(_state_file().read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
-
-
-def clear_state() -> None:
-    _state_file().unlink(missing_ok=True)
+def clear_state(key: str = "default") -> None:
+    LocalGcs.clear_state(key)

@@ -14,6 +14,7 @@ stops with a message that says who holds it."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -26,10 +27,12 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar, Self
 
-__all__ = ["InstanceBusy", "cache_root", "claim_data_dir", "find_java", "folder_lock", "free_port", "instance_key",
-           "maven_jars", "pid_alive", "port_free", "process_start_time", "release_data_dir", "same_process",
-           "state_path", "state_root", "states", "terminate", "wait_gone"]
+__all__ = ["EmulatorProcess", "InstanceBusy", "cache_root", "claim_data_dir", "find_java", "folder_lock",
+           "free_port", "instance_key", "maven_jars", "pid_alive", "port_free", "process_start_time",
+           "release_data_dir", "same_process", "state_path", "state_root", "states", "terminate",
+           "wait_gone"]
 
 CLAIM_FILE = ".lightbox-instance.json"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -232,3 +235,87 @@ def folder_lock(data_dir: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class EmulatorProcess:
+    """What a local HTTP emulator's record shares (Azurite, fake-gcs-server): the process it started
+    (pid and start time, so ``stop`` never signals a process that reused the pid), its log, whether
+    it answers, and one state file per instance (``lightbox azure up --name …``), as the Kafka and
+    S3 launchers keep theirs. A subclass is a dataclass with the fields ``pid``, ``started``,
+    ``port``, ``data_dir``, ``owns_data_dir`` and ``name``, and sets ``kind``, ``state_env``,
+    ``launch_error`` and :meth:`answers`."""
+
+    kind: ClassVar[str]
+    state_env: ClassVar[str]
+    launch_error: ClassVar[type[Exception]]
+    pid: int
+    started: int | None
+    port: int
+    data_dir: str
+    owns_data_dir: bool
+    name: str
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.data_dir) / f"{self.kind}.log"
+
+    def answers(self) -> bool:
+        raise NotImplementedError
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self) -> bool:
+        """The very process this record started runs and answers."""
+        return same_process(self.pid, self.started) and self.answers()
+
+    def wait_until_up(self, proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> None:
+        """Wait for the started ``proc`` to answer; raise ``launch_error`` with its log's tail
+        when it exits or stays silent for ``timeout_s`` (then it is stopped)."""
+        self.pid, self.started = proc.pid, process_start_time(proc.pid)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise self.launch_error(f"{what} exited with {proc.returncode} during start; log:\n{self.log_tail()}")
+            if self.answers():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise self.launch_error(f"{what} did not start within {timeout_s:.0f} s; log:\n{self.log_tail()}")
+
+    def stop(self, timeout_s: float = 15.0) -> bool:
+        """SIGTERM, then SIGKILL after ``timeout_s``, only when the pid is still the process this
+        record started; removes a temporary data folder. Returns whether it stopped one."""
+        ours = same_process(self.pid, self.started)
+        if ours:
+            terminate(self.pid, timeout_s)
+        if self.owns_data_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        return ours
+
+    def save_state(self) -> Path:
+        """Record this instance (mode 600: the record may hold a key)."""
+        path = state_path(self.kind, self.name, self.state_env)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(dataclasses.asdict(self)))  # type: ignore[call-overload]
+        return path
+
+    @classmethod
+    def read_state(cls, key: str = "default") -> Self | None:
+        """The instance ``key`` (:func:`instance_key`) recorded, if any."""
+        try:
+            return cls(**json.loads(state_path(cls.kind, key, cls.state_env).read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    @classmethod
+    def clear_state(cls, key: str = "default") -> None:
+        state_path(cls.kind, key, cls.state_env).unlink(missing_ok=True)

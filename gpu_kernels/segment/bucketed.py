@@ -8,7 +8,8 @@ scaled down to at most ``mask_work_pixels`` (2048², the largest preset, by defa
 itself sees 320 px, so a finer working copy only costs time; on a 12 MP photo the refinement at
 full size took ~1 s of CPU), and the finished alpha is enlarged bilinearly to the photo's size,
 its faint outer ring (under ``ENLARGE_FLOOR``) zeroed. ``None`` refines at full size. RGBA
-images that already carry transparency skip the model: their alpha is the mask (stray specks far from the subject zeroed, ``clean_cutout``).
+images that already carry transparency skip the model: their alpha is the mask (stray specks
+far from the subject zeroed, ``clean_cutout``).
 """
 
 from __future__ import annotations

@@ -182,3 +182,38 @@ def test_up_status_down_commands(name: str, tmp_path: Path, monkeypatch: pytest.
     assert runner.invoke(app, [name, "down"]).exit_code == 0
     status = runner.invoke(app, [name, "status"])
     assert status.exit_code == 1 and "not running" in status.output
+
+
+@pytest.mark.parametrize("name", ["azure", "gcs"])
+def test_two_named_instances_keep_their_own_servers(name: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two tools on one machine, each with its own ``--name``: each ``up`` starts its own server,
+    ``down`` of one stops only that one, and a record whose pid was reused is never signalled."""
+    monkeypatch.delenv("LIGHTBOX_AZURITE_STATE_FILE", raising=False)
+    monkeypatch.delenv("LIGHTBOX_GCS_STATE_FILE", raising=False)
+    monkeypatch.setenv("LIGHTBOX_STATE_DIR", str(tmp_path / "state"))
+    module = "lightbox.azurite_local" if name == "azure" else "lightbox.gcs_local"
+    import importlib
+
+    mod = importlib.import_module(module)
+    runner = CliRunner()
+    a = runner.invoke(app, [name, "up", "--name", "tool-a"])
+    if a.exit_code != 0 and ("npm" in a.output or "go is not" in a.output):
+        pytest.skip(a.output)
+    try:
+        assert a.exit_code == 0, a.output
+        b = runner.invoke(app, [name, "up", "--name", "tool-b"])
+        assert b.exit_code == 0, b.output
+        first, second = mod.read_state("tool-a"), mod.read_state("tool-b")
+        assert first is not None and second is not None and first.pid != second.pid
+        assert runner.invoke(app, [name, "down", "--name", "tool-a"]).exit_code == 0
+        assert runner.invoke(app, [name, "status", "--name", "tool-a"]).exit_code == 1
+        assert runner.invoke(app, [name, "status", "--name", "tool-b"]).exit_code == 0
+        assert second.alive()
+        stale = mod.read_state("tool-b")
+        stale.started = (stale.started or 0) + 1  # the same pid, another process start: not ours
+        stale.owns_data_dir = False  # (a real stale record's temporary folder is an orphan; this one is not)
+        assert stale.stop(timeout_s=1) is False and second.alive()
+    finally:
+        runner.invoke(app, [name, "down", "--name", "tool-a"])
+        runner.invoke(app, [name, "down", "--name", "tool-b"])
