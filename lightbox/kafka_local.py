@@ -48,6 +48,7 @@ from lightbox.launch import (
     release_data_dir,
     same_process,
     state_path,
+    tail,
     terminate,
     wait_gone,
 )
@@ -273,10 +274,7 @@ class LocalKafka:
         return client_env(self.bootstrap, Path(self.data_dir))
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return tail(self.log_file, lines)
 
     def alive(self) -> bool:
         """The very process this object started runs and its port answers."""

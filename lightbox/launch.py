@@ -31,7 +31,7 @@ from typing import ClassVar, Self
 
 __all__ = ["EmulatorProcess", "InstanceBusy", "cache_root", "claim_data_dir", "find_java", "folder_lock",
            "free_port", "instance_key", "maven_jars", "pid_alive", "port_free", "process_start_time",
-           "release_data_dir", "same_process", "state_path", "state_root", "states", "terminate",
+           "release_data_dir", "same_process", "state_path", "state_root", "states", "tail", "terminate",
            "wait_gone"]
 
 CLAIM_FILE = ".lightbox-instance.json"
@@ -237,6 +237,14 @@ def folder_lock(data_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def tail(path: Path, lines: int = 20, missing: str = "(no log)") -> str:
+    """The last ``lines`` lines of a server's log ``path`` (``missing`` when it cannot be read)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return missing
+
+
 class EmulatorProcess:
     """What a local HTTP emulator's record shares (Azurite, fake-gcs-server): the process it started
     (pid and start time, so ``stop`` never signals a process that reused the pid), its log, whether
@@ -267,10 +275,7 @@ class EmulatorProcess:
         raise NotImplementedError
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return tail(self.log_file, lines)
 
     def alive(self) -> bool:
         """The very process this record started runs and answers."""

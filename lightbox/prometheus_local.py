@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from lightbox.launch import free_port
+from lightbox.launch import free_port, tail
 
 __all__ = ["LocalPrometheus", "PrometheusLaunchError", "prometheus_binary"]
 
@@ -83,15 +83,12 @@ class LocalPrometheus:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.2)
-        tail = prom.log_tail()
+        last = prom.log_tail()
         prom.stop()
-        raise PrometheusLaunchError(f"prometheus did not become ready within {timeout_s:g} s: {tail}")
+        raise PrometheusLaunchError(f"prometheus did not become ready within {timeout_s:g} s: {last}")
 
     def log_tail(self, n: int = 20) -> str:
-        try:
-            return "\n".join((self.folder / "prometheus.log").read_text(errors="replace").splitlines()[-n:])
-        except OSError:
-            return ""
+        return tail(self.folder / "prometheus.log", n, missing="")
 
     def _get(self, path: str, params: dict[str, str]) -> Any:
         url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"

@@ -36,6 +36,7 @@ from lightbox.launch import (
     release_data_dir,
     same_process,
     state_path,
+    tail,
     terminate,
 )
 
@@ -193,10 +194,7 @@ class LocalS3:
         raise S3LaunchError(f"s3proxy did not start within {timeout_s:.0f} s; log:\n{s3.log_tail()}")
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return tail(self.log_file, lines)
 
     def alive(self) -> bool:
         """The very process this object started runs and answers HTTP."""
