@@ -343,14 +343,22 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
 
     logging.config.dictConfig(logging_config(settings.observe.log_format, loglevel))
     obs = None
+    asked = _StopAtStart.install()  # as the worker's: a stop while building exits 0 at once
     try:
         obs = Observability(settings)
         processor = build_processor(settings, settings.resolved_device())
+    except _StopAtStart as stop:
+        print(f"lightbox backfill worker stopped while starting ({stop})", file=sys.stderr)
+        if obs is not None:
+            obs.close()
+        return 0
     except Exception as exc:
         print(f"lightbox backfill worker could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         if obs is not None:
             obs.close()
         return EXIT_FAIL_STOP
+    finally:
+        asked.restore()
     try:
         return asyncio.run(run_backfill(settings, processor, obs, rules))
     finally:

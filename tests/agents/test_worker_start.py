@@ -2,7 +2,8 @@
 runtime gates every candidate (an INT8 calibration, OpenVINO compiles) before the worker joins its
 group, which can take minutes. A stop asked then ends the process at once with exit 0 (it holds no
 partitions yet), where the default action ended it by the signal, and as a container's PID 1,
-which ignores SIGTERM without a handler, not at all."""
+which ignores SIGTERM without a handler, not at all. The backfill child, which builds the same
+pipeline, stops the same way."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from streams.settings import Settings
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
 
+@pytest.mark.parametrize("command", [["-c", "from lightbox.cli import main; main()", "worker"],
+                                     ["-m", "agents.worker", "backfill-worker"]], ids=["worker", "backfill-child"])
 def test_sigterm_during_the_runtime_gate_stops_the_worker_with_exit_0(settings: Settings, u2netp: Any,
-                                                                       tmp_path: Path) -> None:
+                                                                       tmp_path: Path, command: list[str]) -> None:
     models = tmp_path / "models"  # a fresh model cache: no gate verdicts, so the gate runs
     shutil.copytree(Path(u2netp.batched).parent, models / "u2netp")
     env = {**os.environ, "LIGHTBOX_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
@@ -34,8 +37,7 @@ def test_sigterm_during_the_runtime_gate_stops_the_worker_with_exit_0(settings: 
            "LIGHTBOX_MODEL_DIR": str(models), "LIGHTBOX_METRICS_PORT": "0"}
     log = tmp_path / "worker.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "from lightbox.cli import main; main()", "worker"],
-                                stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
         deadline = time.monotonic() + 60
         while not (models / "variants").exists() and proc.poll() is None and time.monotonic() < deadline:
