@@ -44,11 +44,12 @@ def openvino_available() -> bool:
 def shared_core() -> Any:
     """The process's one OpenVINO ``Core``, kept until the process ends.
 
-    OpenVINO's CPU plugin installs an alternate signal stack on the threads that compile or run a
-    model and frees its memory when the plugin is unloaded, which happens when the last ``Core``
-    goes away, without removing it from those threads. A process that loaded and released models
-    (the start-up gate does) then died of SIGSEGV on its next signal, SIGTERM included. One
-    ``Core`` for the whole process keeps the plugin, and the stacks it installed, loaded."""
+    Each ``Core``'s CPU plugin installs its own alternate signal stack on the thread that compiles a
+    model and, when it goes away, frees it and puts back the stack it found. Models of different
+    ``Core`` objects released in another order than they were made (the start-up gate does: the
+    next candidate is built before the last one is dropped) leave the thread on a freed stack, and
+    its next signal, SIGTERM included, killed the process with SIGSEGV. One ``Core`` for the
+    whole process installs one stack per thread and keeps it."""
     import openvino as ov
 
     return ov.Core()
