@@ -25,7 +25,9 @@ Process life cycle (both kinds):
   ``FAIL_STOP_GRACE_S``, the process exits 70 anyway.
 - SIGTERM: intake stops, in-flight work finishes and is acknowledged (up to
   ``shutdown_timeout_s``), offsets are committed, exit 0 (at the latest ``FAIL_STOP_GRACE_S``
-  after ``shutdown_timeout_s``, even if Faust's own stop hangs).
+  after ``shutdown_timeout_s``, even if Faust's own stop hangs). A SIGTERM while the worker is
+  still building its pipeline (the segment runtime gate can take minutes on a fresh machine)
+  abandons the build and exits 0 at once: nothing was joined yet.
 """
 
 from __future__ import annotations
@@ -228,6 +230,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
     logging.captureWarnings(True)
     say = _say(settings)
     obs = None
+    asked = _StopAtStart.install()  # the gate may run for minutes; as PID 1 SIGTERM would be ignored
     try:  # before joining the group: a worker that cannot start never holds partitions
         created = asyncio.run(ensure_topics(settings))
         obs = Observability(settings)
@@ -241,6 +244,11 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
         retouch = build_worker(live, processor=processor, observer=obs.telemetry, rules=rules)
         obs.attach(retouch.app, device=device, model=processor.model_version, version=version(),
                    backfill=retouch.backfill)
+    except _StopAtStart as stop:
+        say(f"lightbox worker stopped while starting ({stop}): it never joined the group")
+        if obs is not None:
+            obs.close()
+        return 0
     except KafkaSecurityError:
         if obs is not None:
             obs.close()
@@ -250,6 +258,8 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
         if obs is not None:
             obs.close()
         return EXIT_FAIL_STOP
+    finally:
+        asked.restore()
     if created:
         say(f"created topics: {', '.join(created)}")
     say(f"lightbox worker {settings.worker.worker_id}: {settings.topics.input} → {settings.topics.output} "
@@ -269,6 +279,31 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
             backfill_process.stop(child, settings.runner.shutdown_timeout_s + 5)
         obs.close()
     return retouch.exit_code or (code if isinstance(code, int) else 1)
+
+
+class _StopAtStart(BaseException):
+    """SIGTERM while the worker builds its pipeline (the model runtime gate can take minutes): the
+    build is abandoned at the next Python instruction and the process exits 0, having held nothing.
+    A BaseException, so that no ``except Exception`` on the way turns it into a failed start."""
+
+    @classmethod
+    def install(cls) -> _SignalRestore:
+        def stop(signum: int, frame: Any) -> None:
+            raise cls(signal.Signals(signum).name)
+
+        if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
+            return _SignalRestore(signal.SIGTERM, None)
+        return _SignalRestore(signal.SIGTERM, signal.signal(signal.SIGTERM, stop))
+
+
+@dataclasses.dataclass
+class _SignalRestore:
+    signum: int
+    previous: Any  # None: nothing was installed
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(self.signum, self.previous)
 
 
 def _say(settings: Settings) -> Callable[[str], None]:
@@ -308,14 +343,22 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
 
     logging.config.dictConfig(logging_config(settings.observe.log_format, loglevel))
     obs = None
+    asked = _StopAtStart.install()  # as the worker's: a stop while building exits 0 at once
     try:
         obs = Observability(settings)
         processor = build_processor(settings, settings.resolved_device())
+    except _StopAtStart as stop:
+        print(f"lightbox backfill worker stopped while starting ({stop})", file=sys.stderr)
+        if obs is not None:
+            obs.close()
+        return 0
     except Exception as exc:
         print(f"lightbox backfill worker could not start: {type(exc).__name__}: {exc}", file=sys.stderr)
         if obs is not None:
             obs.close()
         return EXIT_FAIL_STOP
+    finally:
+        asked.restore()
     try:
         return asyncio.run(run_backfill(settings, processor, obs, rules))
     finally:

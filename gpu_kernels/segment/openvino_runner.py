@@ -11,6 +11,7 @@ does not compile again. Same pre/post-processing and buckets as :class:`OnnxSegm
 from __future__ import annotations
 
 import contextlib
+import functools
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,12 +40,25 @@ def openvino_available() -> bool:
     return True
 
 
+@functools.cache
+def shared_core() -> Any:
+    """The process's one OpenVINO ``Core``, kept until the process ends.
+
+    Each ``Core``'s CPU plugin installs its own alternate signal stack on the thread that compiles a
+    model and, when it goes away, frees it and puts back the stack it found. Models of different
+    ``Core`` objects released in another order than they were made (the start-up gate does: the
+    next candidate is built before the last one is dropped) leave the thread on a freed stack, and
+    its next signal, SIGTERM included, killed the process with SIGSEGV. One ``Core`` for the
+    whole process installs one stack per thread and keeps it."""
+    import openvino as ov
+
+    return ov.Core()
+
+
 def supports_bf16() -> bool:
     """Whether OpenVINO's CPU plugin reports bf16 among its optimisation capabilities."""
     try:
-        import openvino as ov
-
-        caps = ov.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+        caps = shared_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     except (ImportError, RuntimeError):
         return False
     return "BF16" in [str(c).upper() for c in caps]
@@ -62,7 +76,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
                  threads: int | None = None, max_batch: int | None = None, post: MaskPostprocess | None = None,
                  cache_dir: Path | None = None, warmup: bool = False) -> None:
         try:
-            import openvino as ov
+            core = shared_core()
         except ImportError as exc:
             raise ProcessingFailed("the OpenVINO runtime needs the 'openvino' package", stage=STAGE) from exc
         self.device, self.spec, self.precision = "cpu", spec, precision
@@ -71,13 +85,13 @@ class OpenVinoSegmenter(BucketedSegmenter):
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise ProcessingFailed(f"model file {str(self.model_path)!r} does not exist", stage=STAGE)
-        core = ov.Core()
         cache = cache_dir or model_cache_dir() / "openvino"
+        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision,
+                                  "INFERENCE_NUM_THREADS": threads or usable_cores(),
+                                  "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
         with contextlib.suppress(OSError):
             cache.mkdir(parents=True, exist_ok=True)
-            core.set_property({"CACHE_DIR": str(cache)})
-        config = {"INFERENCE_PRECISION_HINT": precision, "INFERENCE_NUM_THREADS": threads or usable_cores(),
-                  "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+            config["CACHE_DIR"] = str(cache)  # per compiled model: the shared Core keeps no cache setting
         try:
             model = core.read_model(str(self.model_path))
             self._compiled: Any = core.compile_model(model, "CPU", config)

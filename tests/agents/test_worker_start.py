@@ -1,0 +1,57 @@
+"""SIGTERM while ``lightbox worker`` is still starting: on a fresh machine the ``auto`` segment
+runtime gates every candidate (an INT8 calibration, OpenVINO compiles) before the worker joins its
+group, which can take minutes. A stop asked then ends the process at once with exit 0 (it holds no
+partitions yet), where the default action ended it by the signal, and as a container's PID 1,
+which ignores SIGTERM without a handler, not at all. The backfill child, which builds the same
+pipeline, stops the same way."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.settings import Settings
+
+pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("command", [["-c", "from lightbox.cli import main; main()", "worker"],
+                                     ["-m", "agents.worker", "backfill-worker"]], ids=["worker", "backfill-child"])
+def test_sigterm_during_the_runtime_gate_stops_the_worker_with_exit_0(settings: Settings, u2netp: Any,
+                                                                       tmp_path: Path, command: list[str]) -> None:
+    models = tmp_path / "models"  # a fresh model cache: no gate verdicts, so the gate runs
+    shutil.copytree(Path(u2netp.batched).parent, models / "u2netp")
+    env = {**os.environ, "LIGHTBOX_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
+           "LIGHTBOX_GROUP_ID": settings.kafka.group_id, "LIGHTBOX_INPUT_TOPIC": settings.topics.input,
+           "LIGHTBOX_OUTPUT_TOPIC": settings.topics.output, "LIGHTBOX_DLQ_TOPIC": settings.topics.dlq,
+           "LIGHTBOX_BACKFILL_TOPIC": settings.topics.backfill, "LIGHTBOX_DATA_DIR": str(tmp_path / "faust"),
+           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "model", "LIGHTBOX_SEGMENT_RUNTIME": "auto",
+           "LIGHTBOX_MODEL_DIR": str(models), "LIGHTBOX_METRICS_PORT": "0"}
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while not (models / "variants").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)  # the INT8 candidate's folder: the gate is under way
+        assert proc.poll() is None, log.read_text()[-2000:]
+        assert (models / "variants").exists(), "the gate never started: " + log.read_text()[-2000:]
+        assert not (models / "gate.json").exists() or "candidates" not in (models / "gate.json").read_text()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert code == 0, (code, text[-2000:])
+    assert "stopped while starting (SIGTERM)" in text, text[-2000:]
+    assert "backfill lane: process" not in text  # it stopped before starting anything else
