@@ -28,7 +28,7 @@ from typing import Any
 
 from gpu_kernels.array import Array
 
-__all__ = ["MattingConfig", "box_blur", "decontaminate", "foreground_colour", "matte_band"]
+__all__ = ["MattingConfig", "box_blur", "box_means_at", "decontaminate", "foreground_colour", "matte_band"]
 
 Blur = Callable[[Array, float], Array]
 
@@ -69,6 +69,35 @@ def box_blur(xp: Any, a: Array, radius: int) -> Array:
     return ndimage.uniform_filter(a, size=size, mode="reflect")  # = OpenCV BORDER_REFLECT
 
 
+def box_means_at(xp: Any, planes: list[Array], radius: int, ys: Array, xs: Array, tile: int = 128) -> list[Array]:
+    """:func:`box_blur` of each of ``planes`` (same ``(H, W)``, with or without channels), read at
+    the points ``(ys, xs)`` only: the frame is cut into ``tile`` squares and only the squares
+    holding a point are filtered, each with a ``radius`` halo (so each point sees its whole
+    window, reflected at the frame's border as before). A thin outline in a large frame then
+    costs its own area, not the frame's."""
+    h, w = planes[0].shape[:2]
+    n = int(ys.size)
+    if n == 0 or h * w <= 4 * tile * tile:
+        return [box_blur(xp, xp.ascontiguousarray(p), radius)[ys, xs] for p in planes]
+    outs = [xp.empty((n, *p.shape[2:]), dtype=xp.float32) for p in planes]
+    ntx = -(-w // tile)
+    key = (ys // tile) * ntx + xs // tile
+    order = xp.argsort(key, kind="stable")
+    keys = key[order]
+    tiles = xp.unique(keys)
+    starts = xp.searchsorted(keys, tiles, side="left").tolist()
+    stops = xp.searchsorted(keys, tiles, side="right").tolist()
+    for k, i0, i1 in zip(tiles.tolist(), starts, stops, strict=True):
+        ty, tx = divmod(int(k), ntx)
+        y0, x0 = max(0, ty * tile - radius), max(0, tx * tile - radius)
+        y1, x1 = min(h, (ty + 1) * tile + radius), min(w, (tx + 1) * tile + radius)
+        idx = order[i0:i1]
+        py, px = ys[idx] - y0, xs[idx] - x0
+        for p, o in zip(planes, outs, strict=True):
+            o[idx] = box_blur(xp, xp.ascontiguousarray(p[y0:y1, x0:x1]), radius)[py, px]
+    return outs
+
+
 def _shrink(xp: Any, a: Array, s: int) -> Array:
     """Block means ``s`` x ``s`` (the trailing rows/columns left over are dropped)."""
     if s == 1:
@@ -78,24 +107,11 @@ def _shrink(xp: Any, a: Array, s: int) -> Array:
     return a[:h, :w].reshape(h // s, s, w // s, s, *tail).mean(axis=(1, 3)).astype(xp.float32)
 
 
-def _grow(xp: Any, a: Array, h: int, w: int, s: int) -> Array:
-    """Nearest-block enlargement back to ``(h, w)`` (edge blocks repeated)."""
-    if s == 1:
-        return a
-    big = xp.repeat(xp.repeat(a, s, axis=0), s, axis=1)
-    ph, pw = h - big.shape[0], w - big.shape[1]
-    if ph > 0 or pw > 0:
-        pad = [(0, max(ph, 0)), (0, max(pw, 0))] + [(0, 0)] * (a.ndim - 2)
-        big = xp.pad(big, pad, mode="edge")
-    return big[:h, :w]
-
-
 def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, eps: float,
                snap: float = 0.1) -> Array:
     """``(H, W)`` float32 alpha in [0, 1]: ``hard`` (bool) outside ``unknown`` (bool), the
     colour-guided filter of ``hard`` on ``image`` ``(H, W, 3)`` uint8 inside it (window
     ``radius`` px at full resolution), values below ``snap`` set to 0 and above ``1 - snap`` to 1."""
-    h, w = hard.shape
     s = max(1, min(4, radius // 2))
     r = max(1, round(radius / s))
     guide_full = image[..., :3].astype(xp.float32) * xp.float32(1 / 255)
@@ -129,13 +145,17 @@ def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, 
                      (c01 * cx + c11 * cy + c12 * cz) / det,
                      (c02 * cx + c12 * cy + c22 * cz) / det], axis=-1).astype(xp.float32)
     b = mp - (coef * mi).sum(axis=-1)
-    coef_f = _grow(xp, mean(coef), h, w, s)
-    b_f = _grow(xp, mean(b), h, w, s)
-    q = (coef_f * guide_full).sum(axis=-1) + b_f
+    coef_s, b_s = mean(coef), mean(b)
+    # evaluated at the band's pixels only (the nearest-block enlargement, by index)
+    ys, xs = xp.nonzero(unknown)
+    by, bx = xp.minimum(ys // s, coef_s.shape[0] - 1), xp.minimum(xs // s, coef_s.shape[1] - 1)
+    q = (coef_s[by, bx] * guide_full[ys, xs]).sum(axis=-1) + b_s[by, bx]
     q = xp.clip(q, xp.float32(0), xp.float32(1)).astype(xp.float32)
     # near-0 and near-1 values are the guide's texture, not coverage: snapped (no speckled fringe)
     q = xp.where(q < xp.float32(snap), xp.float32(0), xp.where(q > xp.float32(1 - snap), xp.float32(1), q))
-    return xp.where(unknown, q, hard.astype(xp.float32))
+    out = hard.astype(xp.float32)
+    out[ys, xs] = q
+    return out
 
 
 def foreground_colour(xp: Any, image: Array, alpha: Array, radii_px: tuple[int, ...], where: Array) -> Array:
@@ -158,12 +178,11 @@ def foreground_colour(xp: Any, image: Array, alpha: Array, radii_px: tuple[int, 
         if k > 0:  # the edge pixels carry the previous estimates
             fa[ys, xs] = f_e * a_e
             bna[ys, xs] = b_e * (1.0 - a_e)
-        wf = box_blur(xp, xp.ascontiguousarray(a[::st, ::st]), rs)
-        wb = box_blur(xp, xp.ascontiguousarray(1.0 - a[::st, ::st]), rs)
-        f_mean = box_blur(xp, xp.ascontiguousarray(fa[::st, ::st]), rs) / (wf + xp.float32(1e-5))[..., None]
-        b_mean = box_blur(xp, xp.ascontiguousarray(bna[::st, ::st]), rs) / (wb + xp.float32(1e-5))[..., None]
-        fy, fx = xp.minimum(ys // st, f_mean.shape[0] - 1), xp.minimum(xs // st, f_mean.shape[1] - 1)
-        fm, bm = f_mean[fy, fx], b_mean[fy, fx]
+        a_s = a[::st, ::st]
+        fy, fx = xp.minimum(ys // st, a_s.shape[0] - 1), xp.minimum(xs // st, a_s.shape[1] - 1)
+        wf, wb, fs, bs = box_means_at(xp, [a_s, 1.0 - a_s, fa[::st, ::st], bna[::st, ::st]], rs, fy, fx)
+        fm = fs / (wf + xp.float32(1e-5))[:, None]
+        bm = bs / (wb + xp.float32(1e-5))[:, None]
         f_e = xp.clip(fm + a_e * (i_e - a_e * fm - (1.0 - a_e) * bm), xp.float32(0), xp.float32(255))
         b_e = bm
     return f_e.astype(xp.float32)

@@ -296,6 +296,27 @@ def matte_alpha(prob: Array, hard: Array, image: Array, cfg: MaskPostprocess, op
     xp = ops.xp
     h, w = hard.shape[:2]
     band = max(2, round(cfg.matte_band * math.hypot(h, w)))
+    rows, cols = xp.nonzero(hard.any(axis=1))[0], xp.nonzero(hard.any(axis=0))[0]
+    if int(rows.size) == 0:
+        return xp.zeros((h, w), dtype=xp.uint8)
+    # Far from the outline the alpha is the hard mask: only the subject's box is matted, with a
+    # margin that holds the unknown band (3 band), the guided filter's two windows and its blocks
+    # (the block grid kept on the image's), and the feather; the same values as the whole frame.
+    s = max(1, min(4, band // 2))
+    m = 3 * band + (2 * max(1, round(band / s)) + 2) * s + math.ceil(4 * max(cfg.feather_px, 0.5)) + 2
+    y0, y1 = max(0, int(rows[0]) - m) // s * s, min(h, int(rows[-1]) + m + 1)
+    x0, x1 = max(0, int(cols[0]) - m) // s * s, min(w, int(cols[-1]) + m + 1)
+    if (y0, x0, y1, x1) == (0, 0, h, w):
+        return _matte_box(prob, hard, image, band, cfg, ops)
+    out = hard.astype(xp.uint8) * xp.uint8(255)
+    out[y0:y1, x0:x1] = _matte_box(prob[y0:y1, x0:x1], hard[y0:y1, x0:x1], image[y0:y1, x0:x1], band, cfg, ops)
+    return out
+
+
+def _matte_box(prob: Array, hard: Array, image: Array, band: int, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """:func:`matte_alpha` on a box holding the whole outline (``band`` from the whole frame)."""
+    xp = ops.xp
+    h, w = hard.shape[:2]
     outer = ~ops.erode(~hard, band)
     unknown = outer & ~ops.erode(hard, band)
     lo, hi = cfg.matte_unsure
