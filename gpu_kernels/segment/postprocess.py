@@ -313,14 +313,46 @@ def matte_alpha(prob: Array, hard: Array, image: Array, cfg: MaskPostprocess, op
     return out
 
 
+def erode_near_outline(mask: Array, radius: int, ops: ArrayOps, tile: int = 128) -> Array:
+    """``ops.erode(mask, radius)``, the same values, filtered only where it can change ``mask``:
+    on the ``tile`` squares that hold a foreground pixel and a background pixel within
+    ``radius`` (each with a ``radius`` halo); every other square is ``mask`` itself. A thin
+    outline in a large frame then costs its own area."""
+    xp = ops.xp
+    h, w = mask.shape[:2]
+    nty, ntx = -(-h // tile), -(-w // tile)
+    if radius <= 0 or nty * ntx <= 4:
+        return ops.erode(mask, radius)
+    padded = xp.pad(mask, ((0, nty * tile - h), (0, ntx * tile - w)), constant_values=True)
+    blocks = padded.reshape(nty, tile, ntx, tile)
+    has_fg, has_bg = blocks.any(axis=(1, 3)), ~blocks.all(axis=(1, 3))
+    k = -(-radius // tile)
+    grown = xp.pad(has_bg, k)
+    bg_near = xp.zeros_like(has_bg)
+    for dy in range(2 * k + 1):
+        for dx in range(2 * k + 1):
+            bg_near |= grown[dy:dy + nty, dx:dx + ntx]
+    todo = xp.nonzero((has_fg & bg_near).ravel())[0].tolist()
+    if len(todo) > 0.6 * nty * ntx:
+        return ops.erode(mask, radius)
+    out = mask.copy()
+    for t in todo:
+        ty, tx = divmod(int(t), ntx)
+        cy0, cx0, cy1, cx1 = ty * tile, tx * tile, min(h, (ty + 1) * tile), min(w, (tx + 1) * tile)
+        y0, x0 = max(0, cy0 - radius), max(0, cx0 - radius)
+        y1, x1 = min(h, cy1 + radius), min(w, cx1 + radius)
+        out[cy0:cy1, cx0:cx1] = ops.erode(mask[y0:y1, x0:x1], radius)[cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0]
+    return out
+
+
 def _matte_box(prob: Array, hard: Array, image: Array, band: int, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
     """:func:`matte_alpha` on a box holding the whole outline (``band`` from the whole frame)."""
     xp = ops.xp
     h, w = hard.shape[:2]
-    outer = ~ops.erode(~hard, band)
-    unknown = outer & ~ops.erode(hard, band)
+    outer = ~erode_near_outline(~hard, band, ops)
+    unknown = outer & ~erode_near_outline(hard, band, ops)
     lo, hi = cfg.matte_unsure
-    near = ~ops.erode(~hard, 3 * band)
+    near = ~erode_near_outline(~hard, 3 * band, ops)
     unknown |= near & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
     rgb = image[..., :3] if image.ndim == 3 and image.shape[2] >= 3 else xp.repeat(
         image.reshape(h, w, 1), 3, axis=2)
