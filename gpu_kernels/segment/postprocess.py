@@ -333,7 +333,7 @@ def erode_near_outline(mask: Array, radius: int, ops: ArrayOps, tile: int = 128)
         for dx in range(2 * k + 1):
             bg_near |= grown[dy:dy + nty, dx:dx + ntx]
     todo = xp.nonzero((has_fg & bg_near).ravel())[0].tolist()
-    if len(todo) > 0.6 * nty * ntx:
+    if len(todo) * ((tile + 2 * radius) / tile) ** 2 > 0.8 * nty * ntx:  # halos cost more than the frame
         return ops.erode(mask, radius)
     out = mask.copy()
     for t in todo:
