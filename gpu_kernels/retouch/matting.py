@@ -69,17 +69,31 @@ def box_blur(xp: Any, a: Array, radius: int) -> Array:
     return ndimage.uniform_filter(a, size=size, mode="reflect")  # = OpenCV BORDER_REFLECT
 
 
-def box_means_at(xp: Any, planes: list[Array], radius: int, ys: Array, xs: Array, tile: int = 128) -> list[Array]:
+Region = Callable[[int, int, int, int], list[Array]]
+
+
+def box_means_at(xp: Any, planes: list[Array] | Region, radius: int, ys: Array, xs: Array,
+                 shape: tuple[int, int] | None = None, tile: int = 128) -> list[Array]:
     """:func:`box_blur` of each of ``planes`` (same ``(H, W)``, with or without channels), read at
     the points ``(ys, xs)`` only: the frame is cut into ``tile`` squares and only the squares
     holding a point are filtered, each with a ``radius`` halo (so each point sees its whole
     window, reflected at the frame's border as before). A thin outline in a large frame then
-    costs its own area, not the frame's."""
-    h, w = planes[0].shape[:2]
+    costs its own area, not the frame's. ``planes`` may be a function ``(y0, y1, x0, x1)`` ->
+    the planes' part (with ``shape`` the frame's), so only the parts read are ever made."""
+    if callable(planes):
+        part = planes
+        assert shape is not None
+        h, w = shape
+    else:
+        arrays = planes
+        h, w = arrays[0].shape[:2]
+
+        def part(y0: int, y1: int, x0: int, x1: int) -> list[Array]:
+            return [p[y0:y1, x0:x1] for p in arrays]
     n = int(ys.size)
     if n == 0 or h * w <= 4 * tile * tile:
-        return [box_blur(xp, xp.ascontiguousarray(p), radius)[ys, xs] for p in planes]
-    outs = [xp.empty((n, *p.shape[2:]), dtype=xp.float32) for p in planes]
+        return [box_blur(xp, xp.ascontiguousarray(p), radius)[ys, xs] for p in part(0, h, 0, w)]
+    outs: list[Array] = []
     ntx = -(-w // tile)
     key = (ys // tile) * ntx + xs // tile
     order = xp.argsort(key, kind="stable")
@@ -93,8 +107,10 @@ def box_means_at(xp: Any, planes: list[Array], radius: int, ys: Array, xs: Array
         y1, x1 = min(h, (ty + 1) * tile + radius), min(w, (tx + 1) * tile + radius)
         idx = order[i0:i1]
         py, px = ys[idx] - y0, xs[idx] - x0
-        for p, o in zip(planes, outs, strict=True):
-            o[idx] = box_blur(xp, xp.ascontiguousarray(p[y0:y1, x0:x1]), radius)[py, px]
+        for c, p in enumerate(part(y0, y1, x0, x1)):
+            if len(outs) <= c:
+                outs.append(xp.empty((n, *p.shape[2:]), dtype=xp.float32))
+            outs[c][idx] = box_blur(xp, xp.ascontiguousarray(p), radius)[py, px]
     return outs
 
 
@@ -164,23 +180,40 @@ def foreground_colour(xp: Any, image: Array, alpha: Array, radii_px: tuple[int, 
     float32 [0, 1]. Elsewhere the estimate is the pixel itself (alpha 1) or irrelevant (alpha
     0), so only the local means are computed over the frame; a wide window's on a copy sampled
     every ``r // 8`` pixels (they vary slowly)."""
-    i = image[..., :3].astype(xp.float32)
+    img = image[..., :3]
     a = alpha.astype(xp.float32)
+    h, w = a.shape[:2]
     ys, xs = xp.nonzero(where)
     a_e = a[ys, xs][:, None]
-    i_e = i[ys, xs]
-    fa = i * a[..., None]  # f * a with f = i: exact wherever alpha is 0 or 1
-    bna = i - fa  # b * (1 - a) likewise
+    i_e = img[ys, xs].astype(xp.float32)
+    # f * a and b * (1 - a) with f = b = i, exact wherever alpha is 0 or 1; the edge pixels carry
+    # the previous pass's estimates (found through ``at``, their index in the edge list)
+    fa_e, bna_e = i_e * a_e, i_e - i_e * a_e
+    at = xp.full((h, w), -1, dtype=xp.int32)
+    at[ys, xs] = xp.arange(int(ys.size), dtype=xp.int32)
     f_e, b_e = i_e, i_e
     for k, r in enumerate(radii_px):
         st = max(1, r // 8)
         rs = max(1, round(r / st))
-        if k > 0:  # the edge pixels carry the previous estimates
-            fa[ys, xs] = f_e * a_e
-            bna[ys, xs] = b_e * (1.0 - a_e)
-        a_s = a[::st, ::st]
-        fy, fx = xp.minimum(ys // st, a_s.shape[0] - 1), xp.minimum(xs // st, a_s.shape[1] - 1)
-        wf, wb, fs, bs = box_means_at(xp, [a_s, 1.0 - a_s, fa[::st, ::st], bna[::st, ::st]], rs, fy, fx)
+        if k > 0:
+            fa_e, bna_e = f_e * a_e, b_e * (1.0 - a_e)
+
+        def planes(y0: int, y1: int, x0: int, x1: int, st: int = st, fa_e: Array = fa_e,
+                   bna_e: Array = bna_e) -> list[Array]:
+            rows, cols = slice(y0 * st, y1 * st, st), slice(x0 * st, x1 * st, st)
+            a_r = a[rows, cols]
+            i_r = img[rows, cols].astype(xp.float32)
+            fa_r = i_r * a_r[..., None]
+            bna_r = i_r - fa_r
+            e_r = at[rows, cols]
+            on = e_r >= 0
+            fa_r[on] = fa_e[e_r[on]]
+            bna_r[on] = bna_e[e_r[on]]
+            return [a_r, 1.0 - a_r, fa_r, bna_r]
+
+        hs, ws = -(-h // st), -(-w // st)
+        fy, fx = xp.minimum(ys // st, hs - 1), xp.minimum(xs // st, ws - 1)
+        wf, wb, fs, bs = box_means_at(xp, planes, rs, fy, fx, shape=(hs, ws))
         fm = fs / (wf + xp.float32(1e-5))[:, None]
         bm = bs / (wb + xp.float32(1e-5))[:, None]
         f_e = xp.clip(fm + a_e * (i_e - a_e * fm - (1.0 - a_e) * bm), xp.float32(0), xp.float32(255))
