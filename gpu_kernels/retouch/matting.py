@@ -119,8 +119,13 @@ def _shrink(xp: Any, a: Array, s: int) -> Array:
     if s == 1:
         return a
     h, w = (a.shape[0] // s) * s, (a.shape[1] // s) * s
-    tail = a.shape[2:]
-    return a[:h, :w].reshape(h // s, s, w // s, s, *tail).mean(axis=(1, 3)).astype(xp.float32)
+    total = None
+    for i in range(s):  # s*s strided slices summed: one pass, not a reduction over split axes
+        for j in range(s):
+            part = a[i:h:s, j:w:s].astype(xp.float32)
+            total = part if total is None else total + part
+    assert total is not None
+    return (total / xp.float32(s * s)).astype(xp.float32)
 
 
 def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, eps: float,
