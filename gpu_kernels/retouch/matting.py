@@ -28,7 +28,7 @@ from typing import Any
 
 from gpu_kernels.array import Array
 
-__all__ = ["MattingConfig", "box_blur", "decontaminate", "foreground_colour", "matte_band"]
+__all__ = ["MattingConfig", "box_blur", "box_means_at", "decontaminate", "foreground_colour", "matte_band"]
 
 Blur = Callable[[Array, float], Array]
 
@@ -69,25 +69,63 @@ def box_blur(xp: Any, a: Array, radius: int) -> Array:
     return ndimage.uniform_filter(a, size=size, mode="reflect")  # = OpenCV BORDER_REFLECT
 
 
+Region = Callable[[int, int, int, int], list[Array]]
+
+
+def box_means_at(xp: Any, planes: list[Array] | Region, radius: int, ys: Array, xs: Array,
+                 shape: tuple[int, int] | None = None, tile: int = 128) -> list[Array]:
+    """:func:`box_blur` of each of ``planes`` (same ``(H, W)``, with or without channels), read at
+    the points ``(ys, xs)`` only: the frame is cut into ``tile`` squares and only the squares
+    holding a point are filtered, each with a ``radius`` halo (so each point sees its whole
+    window, reflected at the frame's border as before). A thin outline in a large frame then
+    costs its own area, not the frame's. ``planes`` may be a function ``(y0, y1, x0, x1)`` ->
+    the planes' part (with ``shape`` the frame's), so only the parts read are ever made."""
+    if callable(planes):
+        part = planes
+        assert shape is not None
+        h, w = shape
+    else:
+        arrays = planes
+        h, w = arrays[0].shape[:2]
+
+        def part(y0: int, y1: int, x0: int, x1: int) -> list[Array]:
+            return [p[y0:y1, x0:x1] for p in arrays]
+    n = int(ys.size)
+    if n == 0 or h * w <= 4 * tile * tile:
+        return [box_blur(xp, xp.ascontiguousarray(p), radius)[ys, xs] for p in part(0, h, 0, w)]
+    outs: list[Array] = []
+    ntx = -(-w // tile)
+    key = (ys // tile) * ntx + xs // tile
+    order = xp.argsort(key, kind="stable")
+    keys = key[order]
+    tiles = xp.unique(keys)
+    starts = xp.searchsorted(keys, tiles, side="left").tolist()
+    stops = xp.searchsorted(keys, tiles, side="right").tolist()
+    for k, i0, i1 in zip(tiles.tolist(), starts, stops, strict=True):
+        ty, tx = divmod(int(k), ntx)
+        y0, x0 = max(0, ty * tile - radius), max(0, tx * tile - radius)
+        y1, x1 = min(h, (ty + 1) * tile + radius), min(w, (tx + 1) * tile + radius)
+        idx = order[i0:i1]
+        py, px = ys[idx] - y0, xs[idx] - x0
+        for c, p in enumerate(part(y0, y1, x0, x1)):
+            if len(outs) <= c:
+                outs.append(xp.empty((n, *p.shape[2:]), dtype=xp.float32))
+            outs[c][idx] = box_blur(xp, xp.ascontiguousarray(p), radius)[py, px]
+    return outs
+
+
 def _shrink(xp: Any, a: Array, s: int) -> Array:
     """Block means ``s`` x ``s`` (the trailing rows/columns left over are dropped)."""
     if s == 1:
         return a
     h, w = (a.shape[0] // s) * s, (a.shape[1] // s) * s
-    tail = a.shape[2:]
-    return a[:h, :w].reshape(h // s, s, w // s, s, *tail).mean(axis=(1, 3)).astype(xp.float32)
-
-
-def _grow(xp: Any, a: Array, h: int, w: int, s: int) -> Array:
-    """Nearest-block enlargement back to ``(h, w)`` (edge blocks repeated)."""
-    if s == 1:
-        return a
-    big = xp.repeat(xp.repeat(a, s, axis=0), s, axis=1)
-    ph, pw = h - big.shape[0], w - big.shape[1]
-    if ph > 0 or pw > 0:
-        pad = [(0, max(ph, 0)), (0, max(pw, 0))] + [(0, 0)] * (a.ndim - 2)
-        big = xp.pad(big, pad, mode="edge")
-    return big[:h, :w]
+    total = None
+    for i in range(s):  # s*s strided slices summed: one pass, not a reduction over split axes
+        for j in range(s):
+            part = a[i:h:s, j:w:s].astype(xp.float32)
+            total = part if total is None else total + part
+    assert total is not None
+    return (total / xp.float32(s * s)).astype(xp.float32)
 
 
 def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, eps: float,
@@ -95,7 +133,6 @@ def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, 
     """``(H, W)`` float32 alpha in [0, 1]: ``hard`` (bool) outside ``unknown`` (bool), the
     colour-guided filter of ``hard`` on ``image`` ``(H, W, 3)`` uint8 inside it (window
     ``radius`` px at full resolution), values below ``snap`` set to 0 and above ``1 - snap`` to 1."""
-    h, w = hard.shape
     s = max(1, min(4, radius // 2))
     r = max(1, round(radius / s))
     guide_full = image[..., :3].astype(xp.float32) * xp.float32(1 / 255)
@@ -129,13 +166,17 @@ def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, 
                      (c01 * cx + c11 * cy + c12 * cz) / det,
                      (c02 * cx + c12 * cy + c22 * cz) / det], axis=-1).astype(xp.float32)
     b = mp - (coef * mi).sum(axis=-1)
-    coef_f = _grow(xp, mean(coef), h, w, s)
-    b_f = _grow(xp, mean(b), h, w, s)
-    q = (coef_f * guide_full).sum(axis=-1) + b_f
+    coef_s, b_s = mean(coef), mean(b)
+    # evaluated at the band's pixels only (the nearest-block enlargement, by index)
+    ys, xs = xp.nonzero(unknown)
+    by, bx = xp.minimum(ys // s, coef_s.shape[0] - 1), xp.minimum(xs // s, coef_s.shape[1] - 1)
+    q = (coef_s[by, bx] * guide_full[ys, xs]).sum(axis=-1) + b_s[by, bx]
     q = xp.clip(q, xp.float32(0), xp.float32(1)).astype(xp.float32)
     # near-0 and near-1 values are the guide's texture, not coverage: snapped (no speckled fringe)
     q = xp.where(q < xp.float32(snap), xp.float32(0), xp.where(q > xp.float32(1 - snap), xp.float32(1), q))
-    return xp.where(unknown, q, hard.astype(xp.float32))
+    out = hard.astype(xp.float32)
+    out[ys, xs] = q
+    return out
 
 
 def foreground_colour(xp: Any, image: Array, alpha: Array, radii_px: tuple[int, ...], where: Array) -> Array:
@@ -144,26 +185,42 @@ def foreground_colour(xp: Any, image: Array, alpha: Array, radii_px: tuple[int, 
     float32 [0, 1]. Elsewhere the estimate is the pixel itself (alpha 1) or irrelevant (alpha
     0), so only the local means are computed over the frame; a wide window's on a copy sampled
     every ``r // 8`` pixels (they vary slowly)."""
-    i = image[..., :3].astype(xp.float32)
+    img = image[..., :3]
     a = alpha.astype(xp.float32)
+    h, w = a.shape[:2]
     ys, xs = xp.nonzero(where)
     a_e = a[ys, xs][:, None]
-    i_e = i[ys, xs]
-    fa = i * a[..., None]  # f * a with f = i: exact wherever alpha is 0 or 1
-    bna = i - fa  # b * (1 - a) likewise
+    i_e = img[ys, xs].astype(xp.float32)
+    # f * a and b * (1 - a) with f = b = i, exact wherever alpha is 0 or 1; the edge pixels carry
+    # the previous pass's estimates (found through ``at``, their index in the edge list)
+    fa_e, bna_e = i_e * a_e, i_e - i_e * a_e
+    at = xp.full((h, w), -1, dtype=xp.int32)
+    at[ys, xs] = xp.arange(int(ys.size), dtype=xp.int32)
     f_e, b_e = i_e, i_e
     for k, r in enumerate(radii_px):
         st = max(1, r // 8)
         rs = max(1, round(r / st))
-        if k > 0:  # the edge pixels carry the previous estimates
-            fa[ys, xs] = f_e * a_e
-            bna[ys, xs] = b_e * (1.0 - a_e)
-        wf = box_blur(xp, xp.ascontiguousarray(a[::st, ::st]), rs)
-        wb = box_blur(xp, xp.ascontiguousarray(1.0 - a[::st, ::st]), rs)
-        f_mean = box_blur(xp, xp.ascontiguousarray(fa[::st, ::st]), rs) / (wf + xp.float32(1e-5))[..., None]
-        b_mean = box_blur(xp, xp.ascontiguousarray(bna[::st, ::st]), rs) / (wb + xp.float32(1e-5))[..., None]
-        fy, fx = xp.minimum(ys // st, f_mean.shape[0] - 1), xp.minimum(xs // st, f_mean.shape[1] - 1)
-        fm, bm = f_mean[fy, fx], b_mean[fy, fx]
+        if k > 0:
+            fa_e, bna_e = f_e * a_e, b_e * (1.0 - a_e)
+
+        def planes(y0: int, y1: int, x0: int, x1: int, st: int = st, fa_e: Array = fa_e,
+                   bna_e: Array = bna_e) -> list[Array]:
+            rows, cols = slice(y0 * st, y1 * st, st), slice(x0 * st, x1 * st, st)
+            a_r = a[rows, cols]
+            i_r = img[rows, cols].astype(xp.float32)
+            fa_r = i_r * a_r[..., None]
+            bna_r = i_r - fa_r
+            e_r = at[rows, cols]
+            on = e_r >= 0
+            fa_r[on] = fa_e[e_r[on]]
+            bna_r[on] = bna_e[e_r[on]]
+            return [a_r, 1.0 - a_r, fa_r, bna_r]
+
+        hs, ws = -(-h // st), -(-w // st)
+        fy, fx = xp.minimum(ys // st, hs - 1), xp.minimum(xs // st, ws - 1)
+        wf, wb, fs, bs = box_means_at(xp, planes, rs, fy, fx, shape=(hs, ws))
+        fm = fs / (wf + xp.float32(1e-5))[:, None]
+        bm = bs / (wb + xp.float32(1e-5))[:, None]
         f_e = xp.clip(fm + a_e * (i_e - a_e * fm - (1.0 - a_e) * bm), xp.float32(0), xp.float32(255))
         b_e = bm
     return f_e.astype(xp.float32)

@@ -296,10 +296,63 @@ def matte_alpha(prob: Array, hard: Array, image: Array, cfg: MaskPostprocess, op
     xp = ops.xp
     h, w = hard.shape[:2]
     band = max(2, round(cfg.matte_band * math.hypot(h, w)))
-    outer = ~ops.erode(~hard, band)
-    unknown = outer & ~ops.erode(hard, band)
+    rows, cols = xp.nonzero(hard.any(axis=1))[0], xp.nonzero(hard.any(axis=0))[0]
+    if int(rows.size) == 0:
+        return xp.zeros((h, w), dtype=xp.uint8)
+    # Far from the outline the alpha is the hard mask: only the subject's box is matted, with a
+    # margin that holds the unknown band (3 band), the guided filter's two windows and its blocks
+    # (the block grid kept on the image's), and the feather; the same values as the whole frame.
+    s = max(1, min(4, band // 2))
+    m = 3 * band + (2 * max(1, round(band / s)) + 2) * s + math.ceil(4 * max(cfg.feather_px, 0.5)) + 2
+    y0, y1 = max(0, int(rows[0]) - m) // s * s, min(h, int(rows[-1]) + m + 1)
+    x0, x1 = max(0, int(cols[0]) - m) // s * s, min(w, int(cols[-1]) + m + 1)
+    if (y0, x0, y1, x1) == (0, 0, h, w):
+        return _matte_box(prob, hard, image, band, cfg, ops)
+    out = hard.astype(xp.uint8) * xp.uint8(255)
+    out[y0:y1, x0:x1] = _matte_box(prob[y0:y1, x0:x1], hard[y0:y1, x0:x1], image[y0:y1, x0:x1], band, cfg, ops)
+    return out
+
+
+def erode_near_outline(mask: Array, radius: int, ops: ArrayOps, tile: int = 128) -> Array:
+    """``ops.erode(mask, radius)``, the same values, filtered only where it can change ``mask``:
+    on the ``tile`` squares that hold a foreground pixel and a background pixel within
+    ``radius`` (each with a ``radius`` halo); every other square is ``mask`` itself. A thin
+    outline in a large frame then costs its own area."""
+    xp = ops.xp
+    h, w = mask.shape[:2]
+    nty, ntx = -(-h // tile), -(-w // tile)
+    if radius <= 0 or nty * ntx <= 4:
+        return ops.erode(mask, radius)
+    padded = xp.pad(mask, ((0, nty * tile - h), (0, ntx * tile - w)), constant_values=True)
+    blocks = padded.reshape(nty, tile, ntx, tile)
+    has_fg, has_bg = blocks.any(axis=(1, 3)), ~blocks.all(axis=(1, 3))
+    k = -(-radius // tile)
+    grown = xp.pad(has_bg, k)
+    bg_near = xp.zeros_like(has_bg)
+    for dy in range(2 * k + 1):
+        for dx in range(2 * k + 1):
+            bg_near |= grown[dy:dy + nty, dx:dx + ntx]
+    todo = xp.nonzero((has_fg & bg_near).ravel())[0].tolist()
+    if len(todo) * ((tile + 2 * radius) / tile) ** 2 > 0.8 * nty * ntx:  # halos cost more than the frame
+        return ops.erode(mask, radius)
+    out = mask.copy()
+    for t in todo:
+        ty, tx = divmod(int(t), ntx)
+        cy0, cx0, cy1, cx1 = ty * tile, tx * tile, min(h, (ty + 1) * tile), min(w, (tx + 1) * tile)
+        y0, x0 = max(0, cy0 - radius), max(0, cx0 - radius)
+        y1, x1 = min(h, cy1 + radius), min(w, cx1 + radius)
+        out[cy0:cy1, cx0:cx1] = ops.erode(mask[y0:y1, x0:x1], radius)[cy0 - y0:cy1 - y0, cx0 - x0:cx1 - x0]
+    return out
+
+
+def _matte_box(prob: Array, hard: Array, image: Array, band: int, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
+    """:func:`matte_alpha` on a box holding the whole outline (``band`` from the whole frame)."""
+    xp = ops.xp
+    h, w = hard.shape[:2]
+    outer = ~erode_near_outline(~hard, band, ops)
+    unknown = outer & ~erode_near_outline(hard, band, ops)
     lo, hi = cfg.matte_unsure
-    near = ~ops.erode(~hard, 3 * band)
+    near = ~erode_near_outline(~hard, 3 * band, ops)
     unknown |= near & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
     rgb = image[..., :3] if image.ndim == 3 and image.shape[2] >= 3 else xp.repeat(
         image.reshape(h, w, 1), 3, axis=2)

@@ -7,7 +7,14 @@ import cv2
 import numpy as np
 import pytest
 
-from gpu_kernels.retouch.matting import MattingConfig, decontaminate, foreground_colour, matte_band
+from gpu_kernels.retouch.matting import (
+    MattingConfig,
+    box_blur,
+    box_means_at,
+    decontaminate,
+    foreground_colour,
+    matte_band,
+)
 
 FG = np.array([40.0, 90.0, 200.0])
 BG = np.array([242.0, 230.0, 204.0])
@@ -83,3 +90,70 @@ def test_matting_gpu_matches_cpu() -> None:
     d_cpu = decontaminate(np, image, alpha8)
     d_gpu = cp.asnumpy(decontaminate(cp, cp.asarray(image), cp.asarray(alpha8)))
     assert np.abs(d_cpu.astype(np.int16) - d_gpu).max() <= 1
+
+
+def test_box_means_at_points_equal_the_whole_frame_filter() -> None:
+    """The tiled read of box means (only the squares holding a point are filtered) gives the
+    values of the whole-frame filter at those points, at the frame's borders too."""
+    rng = np.random.default_rng(3)
+    planes = [rng.random((700, 530), dtype=np.float32), rng.random((700, 530, 3), dtype=np.float32) * 255]
+    ys = np.concatenate([rng.integers(0, 700, 400), [0, 699, 0, 699]])
+    xs = np.concatenate([rng.integers(0, 530, 400), [0, 0, 529, 529]])
+    for radius in (1, 6, 40):
+        got = box_means_at(np, planes, radius, ys, xs)
+        for p, g in zip(planes, got, strict=True):
+            want = box_blur(np, p, radius)[ys, xs]
+            assert g.shape == want.shape
+            assert np.abs(g - want).max() <= 1e-3 * max(1.0, float(p.max()))
+
+
+def test_decontamination_of_a_small_subject_in_a_large_frame_matches_the_untiled_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A soft disc in a 1200x1500 frame (box means read on the edge's tiles only) is
+    decontaminated as with the means filtered over the whole box, within one level."""
+    import gpu_kernels.retouch.matting as matting
+
+    image, truth = soft_disc()
+    big = np.full((1200, 1500, 3), BG.astype(np.uint8), np.uint8)
+    big_a = np.zeros((1200, 1500), np.uint8)
+    big[500:740, 600:920] = image
+    big_a[500:740, 600:920] = np.rint(truth * 255).astype(np.uint8)
+    got = decontaminate(np, big, big_a)
+    whole = matting.box_means_at
+    monkeypatch.setattr(matting, "box_means_at", lambda xp, planes, r, ys, xs, shape=None: whole(
+        xp, planes, r, ys, xs, shape=shape, tile=10**6))
+    want = decontaminate(np, big, big_a)
+    edge = (big_a > 0) & (big_a < 255)
+    assert edge.sum() > 500
+    assert np.abs(got.astype(np.int16) - want).max() <= 1
+    assert not np.array_equal(got[edge], big[edge])  # the edge was rewritten
+
+
+def test_tiled_erosion_and_the_boxed_matte_equal_the_whole_frame() -> None:
+    """``erode_near_outline`` is ``ops.erode`` exactly (shapes at the borders, holes, radii
+    beyond a tile), and ``matte_alpha`` on a subject in a large frame (matted on its box) is
+    byte-identical to the matte computed over the whole frame."""
+    from gpu_kernels.segment import MaskPostprocess
+    from gpu_kernels.segment.ops import CpuOps
+    from gpu_kernels.segment.postprocess import _matte_box, erode_near_outline, matte_alpha
+
+    ops = CpuOps()
+    rng = np.random.default_rng(5)
+    m = np.zeros((900, 1100), np.uint8)
+    cv2.circle(m, (700, 400), 250, 1, -1)
+    m[:6, :300] = 1
+    m[rng.random(m.shape) < 2e-4] ^= 1
+    for mask in (m.astype(bool), ~m.astype(bool)):
+        for radius in (1, 7, 33, 140):
+            assert np.array_equal(erode_near_outline(mask, radius, ops), ops.erode(mask, radius))
+    image, truth = soft_disc()
+    frame = np.full((1000, 1300, 3), BG.astype(np.uint8), np.uint8)
+    prob = np.zeros((1000, 1300), np.float32)
+    frame[400:640, 500:820] = image
+    prob[400:640, 500:820] = truth
+    hard = prob >= 0.5
+    cfg = MaskPostprocess()
+    band = max(2, round(cfg.matte_band * float(np.hypot(1000, 1300))))
+    boxed = matte_alpha(prob, hard, frame, cfg, ops)
+    assert np.array_equal(boxed, _matte_box(prob, hard, frame, band, cfg, ops))
+    assert ((boxed > 0) & (boxed < 255)).sum() > 100  # a real soft edge was matted
