@@ -15,13 +15,16 @@ uncommitted and goes to the partitions' next owner (same event ids, same bytes).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import signal
+import threading
 from collections.abc import Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from schemas.errors import FatalError
 
-__all__ = ["RunnerFailed", "Supervisor"]
+__all__ = ["RunnerFailed", "SignalRestore", "StopAtStart", "Supervisor"]
 
 log = logging.getLogger("agents.runner")  # one logger for the runner and its helpers
 
@@ -119,3 +122,30 @@ class Supervisor:
         for task in tasks:
             task.cancel()
         return tasks
+
+
+class StopAtStart(BaseException):
+    """SIGTERM while a worker process builds its pipeline (the model runtime gate can take minutes): the
+    build is abandoned at the next Python instruction and the process exits 0, having held nothing.
+    A BaseException, so that no ``except Exception`` on the way turns it into a failed start."""
+
+    @classmethod
+    def install(cls) -> SignalRestore:
+        def stop(signum: int, frame: Any) -> None:
+            raise cls(signal.Signals(signum).name)
+
+        if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
+            return SignalRestore(signal.SIGTERM, None)
+        return SignalRestore(signal.SIGTERM, signal.signal(signal.SIGTERM, stop))
+
+
+@dataclasses.dataclass
+class SignalRestore:
+    """The handler :meth:`StopAtStart.install` replaced; :meth:`restore` puts it back."""
+
+    signum: int
+    previous: Any  # None: nothing was installed
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(self.signum, self.previous)

@@ -52,6 +52,7 @@ from agents.backfill import BackfillConsumer, BackfillEvent
 from agents.observe import REFRESH_S, Observability, version
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
+from agents.supervision import StopAtStart
 from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
 from agents.wiring import backfill_consumer, batching_config, build_processor, kafka_sink, runner_config, tier_batcher
 from streams.app import create_app, input_topic, live_lag
@@ -230,7 +231,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
     logging.captureWarnings(True)
     say = _say(settings)
     obs = None
-    asked = _StopAtStart.install()  # the gate may run for minutes; as PID 1 SIGTERM would be ignored
+    asked = StopAtStart.install()  # the gate may run for minutes; as PID 1 SIGTERM would be ignored
     try:  # before joining the group: a worker that cannot start never holds partitions
         created = asyncio.run(ensure_topics(settings))
         obs = Observability(settings)
@@ -244,7 +245,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
         retouch = build_worker(live, processor=processor, observer=obs.telemetry, rules=rules)
         obs.attach(retouch.app, device=device, model=processor.model_version, version=version(),
                    backfill=retouch.backfill)
-    except _StopAtStart as stop:
+    except StopAtStart as stop:
         say(f"lightbox worker stopped while starting ({stop}): it never joined the group")
         if obs is not None:
             obs.close()
@@ -279,31 +280,6 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
             backfill_process.stop(child, settings.runner.shutdown_timeout_s + 5)
         obs.close()
     return retouch.exit_code or (code if isinstance(code, int) else 1)
-
-
-class _StopAtStart(BaseException):
-    """SIGTERM while the worker builds its pipeline (the model runtime gate can take minutes): the
-    build is abandoned at the next Python instruction and the process exits 0, having held nothing.
-    A BaseException, so that no ``except Exception`` on the way turns it into a failed start."""
-
-    @classmethod
-    def install(cls) -> _SignalRestore:
-        def stop(signum: int, frame: Any) -> None:
-            raise cls(signal.Signals(signum).name)
-
-        if threading.current_thread() is not threading.main_thread():  # only the main thread handles signals
-            return _SignalRestore(signal.SIGTERM, None)
-        return _SignalRestore(signal.SIGTERM, signal.signal(signal.SIGTERM, stop))
-
-
-@dataclasses.dataclass
-class _SignalRestore:
-    signum: int
-    previous: Any  # None: nothing was installed
-
-    def restore(self) -> None:
-        if self.previous is not None:
-            signal.signal(self.signum, self.previous)
 
 
 def _say(settings: Settings) -> Callable[[str], None]:
@@ -343,11 +319,11 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
 
     logging.config.dictConfig(logging_config(settings.observe.log_format, loglevel))
     obs = None
-    asked = _StopAtStart.install()  # as the worker's: a stop while building exits 0 at once
+    asked = StopAtStart.install()  # as the worker's: a stop while building exits 0 at once
     try:
         obs = Observability(settings)
         processor = build_processor(settings, settings.resolved_device())
-    except _StopAtStart as stop:
+    except StopAtStart as stop:
         print(f"lightbox backfill worker stopped while starting ({stop})", file=sys.stderr)
         if obs is not None:
             obs.close()
