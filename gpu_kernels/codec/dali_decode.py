@@ -78,7 +78,7 @@ import numpy as np
 
 from gpu_kernels.array import Array
 from gpu_kernels.codec.opencv_decode import OPENCV_FORMATS, decode_opencv
-from gpu_kernels.codec.pillow_decode import decode_first_frame, icc_profile, is_srgb, safe_reason
+from gpu_kernels.codec.pillow_decode import decode_first_frame, icc_profile, is_srgb, refusal, safe_reason
 from gpu_kernels.codec.sniff import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FRAMES,
@@ -509,26 +509,26 @@ class DaliDecoder:
     def _decode_dct(self, job: _Job) -> Array:
         """libjpeg-turbo DCT-scaled decode: the smallest 1/2, 1/4 or 1/8 scale that keeps
         the longer side >= max_side (``job.target`` holds exactly max_side there)."""
-        import simplejpeg  # CPU path only: keeps the GPU box free of this dependency
-
         assert job.target is not None
         th, tw = job.target
         # target is oriented; the stored image is transposed for orientations 5..8.
         if job.info.orientation in (5, 6, 7, 8):
             th, tw = tw, th
+        return self._decode_turbo(job, min_height=th, min_width=tw, min_factor=2)
+
+    def _decode_plain(self, job: _Job) -> Array:
+        """Full-size libjpeg-turbo decode of a 3- or 1-component JPEG (the CPU path without DALI)."""
+        return self._decode_turbo(job)
+
+    def _decode_turbo(self, job: _Job, **scale: int) -> Array:
+        """libjpeg-turbo to RGB (``scale``: simplejpeg's DCT-scaling arguments), orientation applied;
+        its refusal passes the chain on to the next decoder."""
+        import simplejpeg  # CPU path only: keeps the GPU box free of this dependency
+
         try:
-            img = simplejpeg.decode_jpeg(
-                job.blob, colorspace="RGB", min_height=th, min_width=tw, min_factor=2
-            )
+            img = simplejpeg.decode_jpeg(job.blob, colorspace="RGB", **scale)
         except (ValueError, RuntimeError) as err:
-            i = job.info
-            failed = DecodeFailed(
-                f"libjpeg-turbo could not decode the jpeg image ({i.width}x{i.height}, "
-                f"{fingerprint(job.blob)}): {safe_reason(err)}",
-                stage=STAGE,
-            )
-            failed.reason = safe_reason(err)  # type: ignore[attr-defined]
-            raise failed from None
+            raise refusal("libjpeg-turbo", job.info, job.blob, err) from None
         return self._to_device(orient(img, job.info.orientation))
 
     def _chain(self, names: Sequence[str], tried: Sequence[tuple[str, str]] = ()) -> Callable[[_Job], Array]:
@@ -569,26 +569,6 @@ class DaliDecoder:
     def _decode_opencv(self, job: _Job) -> Array:
         """OpenCV's imdecode, the last fallback (:mod:`.opencv_decode`)."""
         return self._to_device(decode_opencv(job.blob, job.info, self.max_pixels))
-
-    def _decode_plain(self, job: _Job) -> Array:
-        """Full-size decode without DALI: libjpeg-turbo for 3- and 1-component JPEGs, Pillow
-        for the rest (CMYK JPEG, PNG, WebP, TIFF, BMP); RGB out, orientation applied."""
-        i = job.info
-        if i.format != "jpeg" or i.components == 4:
-            return self._decode_pillow(job)
-        import simplejpeg
-
-        try:
-            img = simplejpeg.decode_jpeg(job.blob, colorspace="RGB")
-        except (ValueError, RuntimeError) as err:
-            failed = DecodeFailed(
-                f"libjpeg-turbo could not decode the jpeg image ({i.width}x{i.height}, "
-                f"{fingerprint(job.blob)}): {safe_reason(err)}",
-                stage=STAGE,
-            )
-            failed.reason = safe_reason(err)  # type: ignore[attr-defined]
-            raise failed from None
-        return self._to_device(orient(img, i.orientation))
 
     def _decode_pillow(self, job: _Job) -> Array:
         """Pillow formats, alpha, animation, deep samples, ICC profiles (:mod:`.pillow_decode`)."""

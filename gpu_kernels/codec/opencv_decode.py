@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from gpu_kernels.codec.pillow_decode import safe_reason
+from gpu_kernels.codec.pillow_decode import refusal, safe_reason
 from gpu_kernels.codec.sniff import ImageInfo, fingerprint
 from schemas.errors import DecodeFailed
 
@@ -28,11 +28,10 @@ OPENCV_FORMATS = frozenset({"jpeg", "png", "webp", "tiff", "bmp", "gif"})
 
 
 def _failed(info: ImageInfo, blob: bytes, reason: str, *, final: bool = False) -> DecodeFailed:
-    err = DecodeFailed(f"OpenCV could not decode the {info.format} image ({info.width}x{info.height}, "
-                       f"{fingerprint(blob)}): {reason}", stage=STAGE)
     if not final:  # a refusal: the chain may try the next decoder (see dali_decode)
-        err.reason = reason  # type: ignore[attr-defined]
-    return err
+        return refusal("OpenCV", info, blob, reason)
+    return DecodeFailed(f"OpenCV could not decode the {info.format} image ({info.width}x{info.height}, "
+                        f"{fingerprint(blob)}): {reason}", stage=STAGE)
 
 
 def decode_opencv(blob: bytes, info: ImageInfo, max_pixels: int) -> np.ndarray:

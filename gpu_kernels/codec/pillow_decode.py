@@ -36,7 +36,7 @@ import numpy as np
 from gpu_kernels.codec.sniff import ImageInfo, fingerprint
 from schemas.errors import DecodeFailed
 
-__all__ = ["PILLOW_FORMATS", "decode_first_frame", "icc_profile", "is_srgb", "safe_reason"]
+__all__ = ["PILLOW_FORMATS", "decode_first_frame", "icc_profile", "is_srgb", "refusal", "safe_reason"]
 
 STAGE = "decode"
 PILLOW_FORMATS = {
@@ -72,6 +72,16 @@ def safe_reason(err: BaseException | str, limit: int = 160) -> str:
     if len(text) > limit:
         return text[: limit - 1] + "…"
     return text or type(err).__name__
+
+
+def refusal(decoder: str, info: ImageInfo, blob: bytes, err: BaseException | str) -> DecodeFailed:
+    """``decoder`` could not read ``blob``: a ``DecodeFailed`` that carries its ``reason``, so that
+    a decoder chain (:mod:`.dali_decode`) may try the next decoder and name every refusal."""
+    reason = safe_reason(err)
+    failed = DecodeFailed(f"{decoder} could not decode the {info.format} image ({info.width}x{info.height}, "
+                          f"{fingerprint(blob)}): {reason}", stage=STAGE)
+    failed.reason = reason  # type: ignore[attr-defined]
+    return failed
 
 
 def icc_profile(blob: bytes, info: ImageInfo) -> bytes | None:
@@ -145,13 +155,7 @@ def decode_first_frame(blob: bytes, info: ImageInfo, max_pixels: int) -> np.ndar
         raise
     except (OSError, ValueError, SyntaxError, EOFError, TypeError, KeyError, IndexError,
             MemoryError, RuntimeError, Image.DecompressionBombError, struct.error) as err:
-        failed = DecodeFailed(
-            f"Pillow could not decode the {info.format} image ({info.width}x{info.height}, "
-            f"{fingerprint(blob)}): {safe_reason(err)}",
-            stage=STAGE,
-        )
-        failed.reason = safe_reason(err)  # type: ignore[attr-defined]  # a refusal: another decoder may try
-        raise failed from None
+        raise refusal("Pillow", info, blob, err) from None
 
 
 _RAW_LAYOUT: dict[str, tuple[str, int]] = {
