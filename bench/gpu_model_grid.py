@@ -90,23 +90,40 @@ def load_gate_images(folder: Path | None) -> list[np.ndarray]:
     return out
 
 
+def _array_module(gpu: bool) -> tuple[Any, Callable[[], None]]:
+    """(CuPy and a device synchronize) on a GPU, else (NumPy and a no-op)."""
+    if gpu:
+        import cupy
+
+        return cupy, lambda: cupy.cuda.Device().synchronize()
+    return np, lambda: None
+
+
+def batch_rows(seg: Any, batches: tuple[int, ...], xp: Any, sync: Callable[[], None], budget_s: float,
+               base: dict[str, Any], deadline: float | None = None) -> list[dict[str, Any]]:
+    """One row per batch size: ``seg._infer``'s median ms per batch and images/s (or the error),
+    each printed as it lands; stops at ``deadline`` (a perf_counter time) when given."""
+    rows: list[dict[str, Any]] = []
+    for b in batches:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        x = xp.asarray(np.random.default_rng(b).random((b, 3, 320, 320), dtype=np.float32))
+        row: dict[str, Any] = {**base, "batch": b}
+        try:
+            s = median_s(lambda x=x: seg._infer(x), sync, budget_s)
+            row |= {"ms_per_batch": round(s * 1000, 3), "img_per_s": round(b / s, 1)}
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {exc}"[:400]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def grid(model: Path, fp16: Path, gpu: bool, batches: tuple[int, ...], budget_s: float) -> list[dict[str, Any]]:
     from gpu_kernels.segment import OnnxSegmenter
 
     rows: list[dict[str, Any]] = []
-    if gpu:
-        import cupy
-
-        xp: Any = cupy
-
-        def sync() -> None:
-            cupy.cuda.Device().synchronize()
-    else:
-        xp = np
-
-        def sync() -> None:
-            return None
-
+    xp, sync = _array_module(gpu)
     modes = [("plain", {"cuda_graphs": False, "use_tensorrt": False})]
     if gpu:
         modes.append(("cuda_graphs", {"cuda_graphs": True, "use_tensorrt": False}))
@@ -126,16 +143,7 @@ def grid(model: Path, fp16: Path, gpu: bool, batches: tuple[int, ...], budget_s:
                 rows.append({"precision": precision, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:400]})
                 continue
             setup = time.perf_counter() - t0
-            for b in batches:
-                x = xp.asarray(np.random.default_rng(b).random((b, 3, 320, 320), dtype=np.float32))
-                row: dict[str, Any] = {"precision": precision, "mode": mode, "batch": b}
-                try:
-                    s = median_s(lambda x=x, seg=seg: seg._infer(x), sync, budget_s)
-                    row |= {"ms_per_batch": round(s * 1000, 3), "img_per_s": round(b / s, 1)}
-                except Exception as exc:
-                    row["error"] = f"{type(exc).__name__}: {exc}"[:400]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+            rows += batch_rows(seg, batches, xp, sync, budget_s, {"precision": precision, "mode": mode})
             extra = {"precision": precision, "mode": mode, "setup_s": round(setup, 2), "providers": seg.providers}
             if mode == "cuda_graphs":
                 extra |= {"graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors}
@@ -150,19 +158,7 @@ def torch_grid(model: Path, gpu: bool, batches: tuple[int, ...], budget_s: float
     ``deadline`` (a perf_counter time) allows."""
     from gpu_kernels.segment.torch_runner import TorchSegmenter
 
-    if gpu:
-        import cupy
-
-        xp: Any = cupy
-
-        def sync() -> None:
-            cupy.cuda.Device().synchronize()
-    else:
-        xp = np
-
-        def sync() -> None:
-            return None
-
+    xp, sync = _array_module(gpu)
     configs: list[tuple[str, str, dict[str, Any]]] = [("fp16", "eager", {}), ("fp16", "cuda_graphs", {})]
     if gpu:
         configs += [("bf16", "eager", {}), ("bf16", "cuda_graphs", {}), ("fp32", "eager", {}),
@@ -182,18 +178,8 @@ def torch_grid(model: Path, gpu: bool, batches: tuple[int, ...], budget_s: float
             rows.append({"runtime": "torch", "precision": precision, "mode": mode,
                          "error": f"{type(exc).__name__}: {exc}"[:400]})
             continue
-        for b in batches:
-            if time.perf_counter() > deadline:
-                break
-            x = xp.asarray(np.random.default_rng(b).random((b, 3, 320, 320), dtype=np.float32))
-            row: dict[str, Any] = {"runtime": "torch", "precision": f"torch-{precision}", "mode": mode, "batch": b}
-            try:
-                s = median_s(lambda x=x, seg=seg: seg._infer(x), sync, budget_s)
-                row |= {"ms_per_batch": round(s * 1000, 3), "img_per_s": round(b / s, 1)}
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {exc}"[:400]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        rows += batch_rows(seg, batches, xp, sync, budget_s,
+                           {"runtime": "torch", "precision": f"torch-{precision}", "mode": mode}, deadline)
         rows.append({"runtime": "torch", "precision": f"torch-{precision}", "mode": mode,
                      "setup_and_run_s": round(time.perf_counter() - t0, 2), "providers": seg.providers,
                      "graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors,
