@@ -21,8 +21,6 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from aiokafka import AIOKafkaProducer
-
 from schemas.events import EventCodecs
 from streams.security import client_kwargs, preflight
 
@@ -139,6 +137,8 @@ class ImageProducer:
         self.topic = topic
         self._bootstrap, self._security = bootstrap, client_kwargs(security)
         self.codecs = codecs or EventCodecs.create()
+        from aiokafka import AIOKafkaProducer  # here: the file helpers above serve `process` without Kafka
+
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
                                           linger_ms=5, max_request_size=max_request_size, **self._security)
 

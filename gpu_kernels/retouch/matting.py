@@ -114,15 +114,16 @@ def box_means_at(xp: Any, planes: list[Array] | Region, radius: int, ys: Array, 
     return outs
 
 
-def _shrink(xp: Any, a: Array, s: int) -> Array:
-    """Block means ``s`` x ``s`` (the trailing rows/columns left over are dropped)."""
+def _shrink(xp: Any, a: Array, s: int, scale: Any = 1.0) -> Array:
+    """Block means ``s`` x ``s`` (the trailing rows/columns left over are dropped), float32,
+    each value ``scale``d (the same as scaling first: each element is scaled, then averaged)."""
     if s == 1:
-        return a
+        return a.astype(xp.float32) * xp.float32(scale)
     h, w = (a.shape[0] // s) * s, (a.shape[1] // s) * s
     total = None
     for i in range(s):  # s*s strided slices summed: one pass, not a reduction over split axes
         for j in range(s):
-            part = a[i:h:s, j:w:s].astype(xp.float32)
+            part = a[i:h:s, j:w:s].astype(xp.float32) * xp.float32(scale)
             total = part if total is None else total + part
     assert total is not None
     return (total / xp.float32(s * s)).astype(xp.float32)
@@ -135,9 +136,11 @@ def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, 
     ``radius`` px at full resolution), values below ``snap`` set to 0 and above ``1 - snap`` to 1."""
     s = max(1, min(4, radius // 2))
     r = max(1, round(radius / s))
-    guide_full = image[..., :3].astype(xp.float32) * xp.float32(1 / 255)
-    guide = _shrink(xp, guide_full, s)
-    p = _shrink(xp, hard.astype(xp.float32), s)
+    ys, xs = xp.nonzero(unknown)
+    # the full-resolution guide is read at the band's pixels only: no float copy of the frame
+    guide_at = image[ys, xs, :3].astype(xp.float32) * xp.float32(1 / 255)
+    guide = _shrink(xp, image[..., :3], s, xp.float32(1 / 255))
+    p = _shrink(xp, hard, s)
 
     def mean(a: Array) -> Array:
         return box_blur(xp, xp.ascontiguousarray(a), r)
@@ -168,9 +171,8 @@ def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, 
     b = mp - (coef * mi).sum(axis=-1)
     coef_s, b_s = mean(coef), mean(b)
     # evaluated at the band's pixels only (the nearest-block enlargement, by index)
-    ys, xs = xp.nonzero(unknown)
     by, bx = xp.minimum(ys // s, coef_s.shape[0] - 1), xp.minimum(xs // s, coef_s.shape[1] - 1)
-    q = (coef_s[by, bx] * guide_full[ys, xs]).sum(axis=-1) + b_s[by, bx]
+    q = (coef_s[by, bx] * guide_at).sum(axis=-1) + b_s[by, bx]
     q = xp.clip(q, xp.float32(0), xp.float32(1)).astype(xp.float32)
     # near-0 and near-1 values are the guide's texture, not coverage: snapped (no speckled fringe)
     q = xp.where(q < xp.float32(snap), xp.float32(0), xp.where(q > xp.float32(1 - snap), xp.float32(1), q))

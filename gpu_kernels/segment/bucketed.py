@@ -15,6 +15,7 @@ far from the subject zeroed, ``clean_cutout``).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 
 from gpu_kernels.array import Array
@@ -72,6 +73,7 @@ class BucketedSegmenter:
     version: str
     _ops: ArrayOps
     mask_work_pixels: int | None = MASK_WORK_PIXELS
+    model_s: float = 0.0  # wall seconds spent inside ``_infer`` so far (the model alone)
 
     def _infer(self, x: Array) -> Array:
         """The model's output ``spec.output_index`` for a prepared, padded batch ``x``."""
@@ -100,7 +102,10 @@ class BucketedSegmenter:
         for start, stop, bucket in plan_chunks(len(todo), self.buckets):
             idx = todo[start:stop]
             try:
-                raw = self._infer(preprocess([images[i] for i in idx], self.spec, bucket, ops))
+                x = preprocess([images[i] for i in idx], self.spec, bucket, ops)
+                t0 = time.perf_counter()
+                raw = self._infer(x)
+                self.model_s += time.perf_counter() - t0
             except LightboxError as exc:
                 for i in idx:
                     masks[i] = exc

@@ -92,9 +92,8 @@ class OpenVinoSegmenter(BucketedSegmenter):
         with contextlib.suppress(OSError):
             cache.mkdir(parents=True, exist_ok=True)
             config["CACHE_DIR"] = str(cache)  # per compiled model: the shared Core keeps no cache setting
-        try:
-            model = core.read_model(str(self.model_path))
-            self._compiled: Any = core.compile_model(model, "CPU", config)
+        try:  # from the path: with a cached blob OpenVINO skips reading the ONNX file (~0.1 s at start)
+            self._compiled: Any = core.compile_model(str(self.model_path), "CPU", config)
         except RuntimeError as exc:
             raise ProcessingFailed(f"OpenVINO cannot load model {str(self.model_path)!r}: {exc}",
                                    stage=STAGE) from exc

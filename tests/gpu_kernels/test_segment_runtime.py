@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from gpu_kernels.segment.fetch_model import ModelFiles, make_batch_static
 from gpu_kernels.segment.model import U2NETP, preprocess
 from gpu_kernels.segment.onnx_runner import cpu_session_options
 from gpu_kernels.segment.ops import CpuOps
+from gpu_kernels.segment.postprocess import MaskPostprocess
 from gpu_kernels.segment.runtime import (
     GateResult,
     calibration_images,
@@ -74,6 +76,26 @@ def test_gate_passes_a_segmenter_against_itself_and_fails_a_different_one(u2netp
         assert not bad.passed and bad.worst_iou < 0.5
         strict = run_gate("same", same, ref, images, mean_min=1.01)
         assert not strict.passed
+
+
+def test_the_gate_compares_the_model_alone_not_the_refinement_after_it(u2netp: ModelFiles) -> None:
+    """Two segmenters on the same model, one with a far costlier mask refinement: each counts
+    its model's own wall time (``model_s``), and the gate compares those, so the refinement
+    (the same code for every runtime) does not decide which runtime is faster."""
+    images = small_gate()
+    heavy_post = MaskPostprocess(guide_sigma=12.0, matte_band=0.03)
+    with OnnxSegmenter(u2netp.batched, threads=2) as ref, \
+            OnnxSegmenter(u2netp.batched, threads=2, post=heavy_post) as heavy:
+        assert ref.model_s == 0.0
+        t0 = time.perf_counter()
+        heavy.segment_batch([images[0]])
+        whole = time.perf_counter() - t0
+        assert 0.0 < heavy.model_s < whole  # the model's share only
+        before = heavy.model_s
+        result = run_gate("heavy-post", heavy, ref, images)
+        assert heavy.model_s > before and result.n == len(images)
+        # the model alone: its median in the gate is below the first whole call (refinement included)
+        assert result.ms_per_image < whole * 1000
 
 
 def test_openvino_f32_masks_match_onnxruntime(u2netp: ModelFiles) -> None:
