@@ -6,7 +6,10 @@ shell, one process per size class:
 
 - ``lightbox``: ``lightbox process CLASS_DIR -o OUT --presets …`` (this checkout, default settings);
 - ``rembg``: rembg 2.0.86 from PyPI in its own virtualenv (``bench/peer_rembg.py``);
-- ``naive``: Pillow + ONNX Runtime + OpenCV (``bench/peer_naive.py``), u2netp at batch 1.
+- ``naive``: Pillow + ONNX Runtime + OpenCV (``bench/peer_naive.py``), u2netp at batch 1;
+- ``worker``: the same photos as events through a real ``lightbox worker`` on a local Apache Kafka
+  broker the benchmark starts (``bench/peer_worker.py``: from the worker's start to the last
+  output's broker append time, and its steady ms per image); ``--no-worker`` skips it.
 
 Before the timed rounds each tool runs once on one photo, untimed (lightbox's first start on a
 machine judges the segment runtimes and caches the verdicts; rembg's first import compiles its
@@ -54,7 +57,7 @@ from bench.peer_photos import CLASSES, assemble  # noqa: E402
 PRESETS = "taobao_main,xiaohongshu_cover,thumb_webp"
 U2NETP_MD5 = "8e83ca70e441ab06c318d82300c84806"
 REMBG = "rembg[cpu]==2.0.86"
-TOOLS = ("lightbox", "rembg", "naive")
+TOOLS = ("lightbox", "rembg", "naive", "worker")
 
 
 def md5(path: Path) -> str:
@@ -119,9 +122,15 @@ def stages_of(tool: str, out: Path) -> dict[str, float]:
     return {k: round(v * 1000 / max(stats["images"], 1), 2) for k, v in stats["seconds"].items()}
 
 
-def run_once(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Path | None) -> dict[str, Any]:
+def run_once(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Path | None,
+             bootstrap: str | None = None) -> dict[str, Any]:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
+    if tool == "worker":
+        from bench.peer_worker import run_worker
+
+        assert bootstrap is not None
+        return {"tool": tool, "images": len(files), **run_worker(files, out, bootstrap, PRESETS.split(","))}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
@@ -209,6 +218,11 @@ def summarise(runs: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str, A
                             [r for r in rows if r["tool"] == t], [r for r in rows if r["tool"] == "lightbox"],
                             strict=True)] for t in tools if t != "lightbox"},
                         "stages_ms_per_image": stages}
+        if "worker" in tools:  # the worker against the same peers: above 1, the worker is faster
+            summary[cls]["ratio_worker"] = {t: round(med[t] / med["worker"], 3) for t in ("rembg", "naive")
+                                            if t in tools}
+            summary[cls]["worker_steady_ms_per_image"] = statistics.median(
+                r["steady_ms_per_image"] for r in rows if r["tool"] == "worker")
     return summary
 
 
@@ -242,6 +256,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
     ap.add_argument("--classes", default=",".join(CLASSES), help="size classes to run")
     ap.add_argument("--no-rembg", action="store_true", help="skip rembg (no virtualenv, no IoU)")
+    ap.add_argument("--no-worker", action="store_true", help="skip the lightbox worker on Kafka (no broker)")
     ap.add_argument("--rembg-venv", type=Path, default=None, help="rembg's virtualenv (default OUT/../rembg-venv)")
     args = ap.parse_args()
     rounds = args.rounds or (1 if args.quick else 3)
@@ -250,21 +265,34 @@ def main() -> None:
     sets = assemble(out.parent / ("peer-photos-quick" if args.quick else "peer-photos"), quick=args.quick)
     sets = {c: v for c, v in sets.items() if c in args.classes.split(",")}
     model = model_file()
-    tools: tuple[str, ...] = tuple(t for t in TOOLS if not (args.no_rembg and t == "rembg"))
+    tools: tuple[str, ...] = tuple(t for t in TOOLS if not (args.no_rembg and t == "rembg")
+                                   and not (args.no_worker and t == "worker"))
     rembg_py = None if args.no_rembg else rembg_python(args.rembg_venv or out.parent / "rembg-venv")
     first = next(iter(sets.values()))[:1]
     compile_packages()
-    for tool in tools:  # untimed: lightbox's first start on a machine judges the model runtimes once
-        run_once(tool, first, out / "work" / tool, model, rembg_py)
-    runs: list[dict[str, Any]] = []
-    for r in range(rounds):
-        order = tools if r % 2 == 0 else tools[::-1]
-        for cls, files in [("start", first), *sets.items()]:
-            for tool in order:
-                row = run_once(tool, files, out / "work" / tool, model, rembg_py)
-                row |= {"round": r, "class": cls}
-                runs.append(row)
-                print(f"round {r} {cls:5s} {tool:8s} {row['seconds']:7.2f} s  {len(files)} photos", flush=True)
+    kafka = None
+    if "worker" in tools:
+        from lightbox.kafka_local import LocalKafka
+
+        kafka = LocalKafka.start()
+    try:
+        bootstrap = kafka.bootstrap if kafka is not None else None
+        for tool in tools:  # untimed: lightbox's first start on a machine judges the model runtimes once
+            run_once(tool, first, out / "work" / tool, model, rembg_py, bootstrap)
+        runs: list[dict[str, Any]] = []
+        for r in range(rounds):
+            order = tools if r % 2 == 0 else tools[::-1]
+            for cls, files in [("start", first), *sets.items()]:
+                for tool in order:
+                    row = run_once(tool, files, out / "work" / tool, model, rembg_py, bootstrap)
+                    row |= {"round": r, "class": cls}
+                    runs.append(row)
+                    steady = f"  steady {row['steady_ms_per_image']:.0f} ms/img" if tool == "worker" else ""
+                    print(f"round {r} {cls:5s} {tool:8s} {row['seconds']:7.2f} s  {len(files)} photos{steady}",
+                          flush=True)
+    finally:
+        if kafka is not None:
+            kafka.stop()
     shutil.rmtree(out / "work", ignore_errors=True)
     summary = summarise(runs, tools)
     masks = compare_masks(sets, out, model, rembg_py)
@@ -286,6 +314,13 @@ def main() -> None:
         m = s.get("mask_iou_vs_rembg")
         line += f"  {m['lightbox']:.3f} / {m['naive']:.3f}" if m else "  -"
         print(line)
+    if "worker" in tools:
+        print("\nthe lightbox worker through Kafka (start to last output), ratio = peer seconds / worker seconds;"
+              " steady = ms per image once it runs")
+        for cls, s in summary.items():
+            print(f"{cls:6s} {s['images']:6d} worker {s['median_s']['worker']:7.2f} s  "
+                  + "  ".join(f"vs {t} {v:.2f}x" for t, v in s["ratio_worker"].items())
+                  + f"  steady {s['worker_steady_ms_per_image']:.0f} ms/img")
     print("\nCPU seconds of each whole process (user + system, all threads; far less disturbed by other load "
           "on a shared machine than wall time), median; ratio = peer / lightbox")
     for cls, s in summary.items():

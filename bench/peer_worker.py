@@ -1,0 +1,131 @@
+"""The peer benchmark's ``worker`` tool: the same photos through a real ``lightbox worker`` on Kafka.
+
+Per run: fresh topics on the benchmark's broker (output and dead letters with
+``message.timestamp.type=LogAppendTime``), one ProductImageEvent per photo that names the file
+(``file://``, the worker reads only under ``LIGHTBOX_FILE_ROOTS``, the photos' folder), the same
+three presets, default settings otherwise; then one ``lightbox worker`` process is started and
+stopped (SIGTERM) once every event has its output. Reported like a whole ``process`` run:
+
+- ``seconds``: from the worker's start to the last output's broker append time (start-up, group
+  join and model load included, as a ``process`` run includes its own start);
+- ``steady_ms_per_image``: (last - first output's append time) / (outputs - 1), the rate once
+  the worker runs;
+- ``cpu_s``: the worker's CPU time (user + system, /proc) until the last output;
+- ``stages_ms``: milliseconds per image per stage from the processed events' spans (each
+  batched span divided by its batch size).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+__all__ = ["run_worker"]
+
+PARTITIONS = 2  # one worker process: partitions only spread the keys
+
+
+async def _create_topics(bootstrap: str, names: dict[str, str]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        append = {"message.timestamp.type": "LogAppendTime"}
+        await admin.create_topics([NewTopic(names[k], PARTITIONS, 1, topic_configs=append if k in ("output", "dlq")
+                                            else {}) for k in ("input", "backfill", "output", "dlq")])
+    finally:
+        await admin.close()
+
+
+async def _publish(bootstrap: str, topic: str, files: list[Path], presets: list[str]) -> None:
+    from streams.producer import ImageProducer
+
+    async with ImageProducer(bootstrap, topic) as prod:
+        futs = [await prod.publish(prod.event_for_file(f, presets=presets, inline=False)) for f in files]
+        await prod.flush(futs)
+
+
+async def _outputs(bootstrap: str, topics: list[str], n: int, deadline: float,
+                   proc: subprocess.Popen[bytes]) -> list[tuple[int, str, bytes]]:
+    """``(append time ms, topic, value)`` of the first ``n`` records on ``topics``."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    got: list[tuple[int, str, bytes]] = []
+    try:
+        while len(got) < n:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the worker exited with {proc.returncode} after {len(got)} of {n} outputs")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(got)} of {n} outputs arrived in time")
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                got += [(r.timestamp, r.topic, r.value) for r in records]
+    finally:
+        await consumer.stop()
+    return got
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
+
+
+def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str]) -> dict[str, Any]:
+    """One whole ``lightbox worker`` run over ``files`` (see the module docstring)."""
+    from lightbox.report import per_event_stage_ms
+    from schemas.codec import split_frame
+    from schemas.events import EventCodecs
+
+    tag = uuid.uuid4().hex[:8]
+    topics = {k: f"peers.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
+    asyncio.run(_create_topics(bootstrap, topics))
+    asyncio.run(_publish(bootstrap, topics["input"], files, presets))
+    roots = sorted({str(f.resolve().parent) for f in files})
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LIGHTBOX_KAFKA_BOOTSTRAP": bootstrap,
+           "LIGHTBOX_GROUP_ID": f"peers-{tag}", "LIGHTBOX_WORKER_ID": f"peers-{tag}",
+           "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
+           "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
+           "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(out / "data"),
+           "LIGHTBOX_OUTPUT_DIR": str(out / "variants"), "LIGHTBOX_FILE_ROOTS": ",".join(roots),
+           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_METRICS_PORT": "0"}
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "worker.log").open("wb") as log:
+        t0 = time.time()
+        proc = subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker"], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        got = asyncio.run(_outputs(bootstrap, [topics["output"], topics["dlq"]], len(files),
+                                   time.monotonic() + 600, proc))
+        cpu = _cpu_s(proc.pid)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    dead = sum(1 for _, topic, _ in got if topic == topics["dlq"])
+    if dead:
+        raise RuntimeError(f"the worker dead-lettered {dead} of {len(files)} photos; see {out / 'worker.log'}")
+    times = sorted(t for t, _, _ in got)
+    codecs = EventCodecs.create()
+    events = [codecs.processed.decode(v) for _, _, v in got if split_frame(v)[0] == codecs.processed.writer_id]
+    stages: dict[str, float] = {}
+    for ev in events:
+        for k, v in per_event_stage_ms(ev, amortized=True).items():
+            stages[k] = stages.get(k, 0.0) + v / len(events)
+    return {"seconds": round(times[-1] / 1000 - t0, 3), "cpu_s": round(cpu, 3),
+            "steady_ms_per_image": round((times[-1] - times[0]) / max(1, len(times) - 1), 1),
+            "stages_ms": {k: round(v, 2) for k, v in sorted(stages.items())}}
