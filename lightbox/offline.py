@@ -14,8 +14,9 @@ micro-batcher groups them), and for every input writes one JSON line:
 batch; ``stages_ms_per_image``: that divided by the batch size, the image's share of the work.)
     {"path": ..., "sku": ..., "status": "dead_letter", "error_code": ..., "stage": ..., "message": ...}
 
-Variants land in ``out_dir`` as ``<sku>.<preset>.<ext>``. Files are read one batch ahead on a
-thread while the current batch runs. Pure of Kafka: no broker, no Faust.
+Variants land in ``out_dir`` as ``<sku>.<preset>.<ext>``. Files are read ahead on a thread, and
+the batches go through the processor's three lanes (decode, device, output) each on its own
+thread, as the worker runs them (:class:`LanePipeline`). Pure of Kafka: no broker, no Faust.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from agents.process import BatchProcessor, InRecord, OutRecord, Prepared
 from lightbox.report import per_event_stage_ms
 from lightbox.show import save_variants
 
-__all__ = ["OFFLINE_TOPIC", "OfflineResult", "OfflineSummary", "file_event", "process_files", "unique_skus"]
+__all__ = ["OFFLINE_TOPIC", "LanePipeline", "OfflineResult", "OfflineSummary", "file_event", "process_files",
+           "unique_skus"]
 
 OFFLINE_TOPIC = "offline"
 
@@ -147,7 +149,8 @@ def process_files(
         rec = InRecord(OFFLINE_TOPIC, 0, i, processor.codecs.product.encode(ev), key=skus[i].encode())
         return i, processor.prepare(rec)
 
-    with open(jsonl, "w", encoding="utf-8") as sink, ThreadPoolExecutor(1, thread_name_prefix="offline-read") as pool:
+    with open(jsonl, "w", encoding="utf-8") as sink, ThreadPoolExecutor(1, thread_name_prefix="offline-read") as pool, \
+            LanePipeline(processor) as lanes:
         def emit(out: OutRecord | OfflineResult) -> None:
             if isinstance(out, OfflineResult):
                 res = out
@@ -160,11 +163,12 @@ def process_files(
                 on_result(res)
 
         def run(batch: list[Prepared]) -> None:
-            for out in processor.run(batch):
-                emit(out)
+            for outs in lanes.submit(batch):
+                for out in outs:
+                    emit(out)
 
         buckets: dict[Any, list[Prepared]] = {}
-        for _, prepared in _prefetch(pool, prepare, len(files), ahead=batch_size):
+        for _, prepared in _prefetch(pool, prepare, len(files), ahead=2 * batch_size):
             if isinstance(prepared, OutRecord | OfflineResult):
                 emit(prepared)
                 continue
@@ -174,8 +178,50 @@ def process_files(
                 run(buckets.pop(prepared.shape_class))
         for bucket in buckets.values():
             run(bucket)
+        for outs in lanes.drain():
+            for out in outs:
+                emit(out)
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+class LanePipeline:
+    """A :class:`BatchProcessor`'s decode, device and output lanes, each on its own thread, as
+    the worker runs them: while one batch is on the device lane the next one decodes and the one
+    before is encoded, so one batch's single-threaded steps (decode, mask refinement, render,
+    encode) run beside another's model, whose threads would otherwise leave cores idle in
+    between. Batches come out in the order they went in; at most ``depth`` are in flight."""
+
+    def __init__(self, processor: BatchProcessor, depth: int = 3) -> None:
+        self.processor, self.depth = processor, depth
+        self._lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"offline-{n}") for n in ("decode", "device", "output")]
+        self._pending: deque[Future[list[OutRecord]]] = deque()
+
+    def submit(self, batch: list[Prepared]) -> list[list[OutRecord]]:
+        """Start ``batch``; returns the outputs of the batches that had to finish to make room."""
+        p = self.processor
+        decode, device, output = self._lanes
+        decoded = decode.submit(p.decode, batch)
+        done = device.submit(lambda: p.device(decoded.result()))  # never raise (BatchProcessor)
+        self._pending.append(output.submit(lambda: p.output(done.result())))  # raises FatalError only
+        out = []
+        while len(self._pending) > self.depth:
+            out.append(self._pending.popleft().result())
+        return out
+
+    def drain(self) -> list[list[OutRecord]]:
+        """The outputs of every batch still in flight, in order."""
+        out = []
+        while self._pending:
+            out.append(self._pending.popleft().result())
+        return out
+
+    def __enter__(self) -> LanePipeline:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for lane in self._lanes:
+            lane.shutdown(wait=True, cancel_futures=True)
 
 
 Item = tuple[int, Prepared | OutRecord | OfflineResult]

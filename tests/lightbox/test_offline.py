@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from PIL import Image
@@ -11,7 +13,7 @@ from typer.testing import CliRunner
 
 from agents.wiring import build_processor
 from lightbox.cli import app
-from lightbox.offline import process_files, unique_skus
+from lightbox.offline import LanePipeline, process_files, unique_skus
 from lightbox.samples import BAD_INPUTS
 from streams.settings import Settings
 
@@ -98,3 +100,40 @@ def test_unreadable_and_oversized_files_become_dead_letters(catalog: list[Path],
     assert by_name["gone.jpg"]["error_code"] == "FETCH_FAILED" and "gone.jpg" in by_name["gone.jpg"]["message"]
     assert by_name[catalog[0].name]["error_code"] == "TOO_LARGE"  # over 50 kB: refused before decoding
     assert by_name["small.png"]["status"] == "ok"
+
+
+class _Lanes:
+    """A processor's three lanes, recording which thread ran what; the output lane of batch 0
+    waits until batch 1 has decoded, which only happens if the lanes overlap."""
+
+    def __init__(self) -> None:
+        self.threads: dict[str, set[str]] = {"decode": set(), "device": set(), "output": set()}
+        self.next_decoded = threading.Event()
+
+    def decode(self, batch: list[int]) -> list[int]:
+        self.threads["decode"].add(threading.current_thread().name)
+        if batch[0] == 1:
+            self.next_decoded.set()
+        return batch
+
+    def device(self, batch: list[int]) -> list[int]:
+        self.threads["device"].add(threading.current_thread().name)
+        return batch
+
+    def output(self, batch: list[int]) -> list[int]:
+        self.threads["output"].add(threading.current_thread().name)
+        if batch[0] == 0:
+            assert self.next_decoded.wait(10), "batch 1 did not decode while batch 0 was in the output lane"
+        return [x * 10 for x in batch]
+
+
+def test_lane_pipeline_overlaps_batches_and_keeps_their_order() -> None:
+    lanes = _Lanes()
+    got: list[Any] = []
+    with LanePipeline(lanes, depth=3) as pipe:  # type: ignore[arg-type]
+        for k in range(6):
+            got += pipe.submit([k, k])  # type: ignore[list-item]
+        got += pipe.drain()
+    assert got == [[10 * k, 10 * k] for k in range(6)]
+    names = [next(iter(t)) for t in lanes.threads.values()]
+    assert all(len(t) == 1 for t in lanes.threads.values()) and len(set(names)) == 3  # one thread per lane
