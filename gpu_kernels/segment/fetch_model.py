@@ -21,6 +21,7 @@ Command line: ``python -m gpu_kernels.segment.fetch_model [--cache-dir DIR] [--w
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -88,6 +89,15 @@ def model_cache_dir() -> Path:
 
 
 def sha256_file(path: Path) -> str:
+    """The file's SHA-256 (hex). Remembered per process for the same path, size, modification
+    time and inode: a worker start asks for the model's several times (fetch check, gate keys,
+    model version), ~10 ms each for u2netp."""
+    st = os.stat(path)
+    return _sha256_of(str(path), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+@functools.lru_cache(maxsize=64)
+def _sha256_of(path: str, size: int, mtime_ns: int, inode: int) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):

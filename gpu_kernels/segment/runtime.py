@@ -28,6 +28,7 @@ model sha256, runtime, library versions, CPU and thread count, so the gate runs 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -186,6 +187,19 @@ class RuntimeChoice:
         return {"runtime": self.runtime, "reason": self.reason, "gates": [asdict(g) for g in self.gates]}
 
 
+@functools.cache
+def _machine(torch: bool) -> tuple[list[str], str]:
+    """The runtime versions and the CPU (its flags) a verdict holds for; once per process."""
+    versions = []
+    for package in ("onnxruntime", "onnxruntime-gpu", "openvino", *(("torch",) if torch else ())):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not imported: ~0.3 s at start
+            versions.append(importlib.metadata.version(package))
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        cpu = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), cpu)
+    return versions, cpu
+
+
 class _GateCache:
     """Verdicts in a JSON file, keyed by everything that could change them."""
 
@@ -198,18 +212,7 @@ class _GateCache:
 
     @staticmethod
     def key(model_sha: str, runtime: str, threads: int) -> str:
-        import onnxruntime
-
-        versions = [onnxruntime.__version__]
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not imported: ~0.3 s at start
-            versions.append(importlib.metadata.version("openvino"))
-        if runtime.startswith("torch"):
-            with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-                versions.append(importlib.metadata.version("torch"))
-        cpu = platform.processor() or platform.machine()
-        with contextlib.suppress(OSError):
-            cpu = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), cpu)
-        raw = json.dumps([GATE_VERSION, model_sha, runtime, threads, versions, cpu])
+        raw = json.dumps([GATE_VERSION, model_sha, runtime, threads, *_machine(runtime.startswith("torch"))])
         return f"{runtime}:{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
     def get(self, key: str) -> GateResult | None:
