@@ -6,9 +6,9 @@ names its lane:
     lane     stage                        spans
     decode   DecodeStage                  decode
     device   SegmentStage                 segment
-    device   CorrectStage                 correct
-    device   RenderStage                  preset:<name>
-    device   ShadowStage                  shadow:<name> (presets with shadow = "contact")
+    device   CorrectStage                 correct        (output lane when all is on the CPU)
+    device   RenderStage                  preset:<name>  (the same)
+    device   ShadowStage                  shadow:<name>  (the same; presets with shadow = "contact")
     device   EncodeStage (GPU encoder)    encode:<name>
     output   EncodeStage (CPU encoder)    encode:<name>
     output   QualityStage                 quality
@@ -65,14 +65,15 @@ __all__ = [
 
 def default_stages(decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
                    segmenter: Segmenter | None = None, classical: Segmenter | None = None) -> list[Stage]:
-    """The stage list, in order. A stage's lane decides which runner thread runs it: render and
-    shadow run in the device lane when the retoucher or the encoder is on a GPU (the canvas stays
-    there), else in the output lane's threads (several batches at once, the device thread free)."""
+    """The stage list, in order. A stage's lane decides which runner thread runs it: correct,
+    render and shadow run in the device lane when the retoucher or the encoder is on a GPU (the
+    canvas stays there), else in the output lane's threads (several batches at once, the device
+    thread free for the model)."""
     canvas: Lane = "device" if "gpu" in (retoucher.device, encoder.device) else "output"
     return [
         DecodeStage(decoder),
         SegmentStage(segmenter, classical),
-        CorrectStage(retoucher),
+        CorrectStage(retoucher, lane=canvas),
         RenderStage(retoucher, lane=canvas),
         ShadowStage(retoucher.device, lane=canvas),  # presets with shadow = "contact"
         EncodeStage(encoder),  # device lane for a GPU encoder, output lane for the CPU one

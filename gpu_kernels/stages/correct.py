@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gpu_kernels.backends import Array, Retoucher, RetouchOptions
-from gpu_kernels.stages.base import BatchContext, Stage, Step
+from gpu_kernels.stages.base import BatchContext, Lane, Stage, Step
 
 __all__ = ["WINDOW", "CorrectStage", "window_of"]
 
@@ -38,8 +38,12 @@ def crop_mask(mask: Array | None, window: tuple[int, int, int, int] | None) -> A
 class CorrectStage(Stage):
     name = "correct"
 
-    def __init__(self, retoucher: Retoucher) -> None:
+    def __init__(self, retoucher: Retoucher, lane: Lane | None = None) -> None:
         self.retoucher, self.device = retoucher, retoucher.device
+        # on a GPU in the device lane, where the image already is; the CPU twin in the output
+        # lane beside render: the device lane is one thread, and on a CPU it then holds only the
+        # model and its mask refinement, while the output lane's threads colour other batches
+        self.lane: Lane = lane or ("device" if self.device == "gpu" else "output")
 
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
         groups: dict[RetouchOptions, list[int]] = defaultdict(list)

@@ -24,7 +24,7 @@ class Probe(Stage):
     """A new stage as a user would write one: counts pixels of the corrected image, refuses one size."""
 
     name = "probe"
-    lane = "device"
+    lane = "output"  # after correct, which runs in the output lane on the CPU
 
     def __init__(self, refuse_width: int) -> None:
         self.refuse_width = refuse_width
@@ -151,17 +151,19 @@ class FakeGpuEncoder:
 def test_encode_runs_in_the_device_lane_for_a_gpu_encoder_and_the_output_lane_for_the_cpu_one() -> None:
     cpu = cpu_pipeline()
     assert names(cpu.lane("decode")) == ["decode"]
-    # all CPU: the device thread segments and corrects; render, shadow and encode run in the output threads
-    assert names(cpu.lane("device")) == ["segment", "correct"]
-    assert names(cpu.lane("output"))[:3] == ["preset", "shadow", "encode"] and "quality" in names(cpu.lane("output"))
+    # all CPU: the device thread only segments; correct, render, shadow and encode run in the output threads
+    assert names(cpu.lane("device")) == ["segment"]
+    assert names(cpu.lane("output"))[:4] == ["correct", "preset", "shadow", "encode"]
+    assert "quality" in names(cpu.lane("output"))
     gpu = cpu_pipeline(encoder=FakeGpuEncoder())
     assert isinstance(FakeGpuEncoder(), Encoder)
     # a GPU encoder: the canvas stays in the device lane, render and shadow before encode there
     assert names(gpu.lane("device")) == ["segment", "correct", "preset", "shadow", "encode"]
     assert "encode" not in names(gpu.lane("output")) and "quality" in names(gpu.lane("output"))
     assert names(cpu.stages) == names(gpu.stages)
-    assert {s.name: s.lane for s in cpu.stages if s.name not in ("preset", "shadow", "encode")} == {
-        s.name: s.lane for s in gpu.stages if s.name not in ("preset", "shadow", "encode")}
+    canvas = ("correct", "preset", "shadow", "encode")
+    assert {s.name: s.lane for s in cpu.stages if s.name not in canvas} == {
+        s.name: s.lane for s in gpu.stages if s.name not in canvas}
 
 
 def test_a_list_that_goes_back_to_an_earlier_lane_is_refused() -> None:
@@ -180,7 +182,7 @@ def test_lanes_run_separately_and_the_device_lane_does_no_cpu_encode(catalog: li
     pipe.run_lane(ctx, "decode")
     assert sorted(ctx.images) == [0, 1] and not ctx.corrected
     pipe.run_lane(ctx, "device")
-    assert sorted(ctx.corrected) == [0, 1] and not ctx.rendered and not ctx.encoded  # render: output lane on the CPU
+    assert sorted(ctx.masks) == [0, 1] and not ctx.corrected and not ctx.rendered  # correct: output lane on the CPU
     assert not any(s.stage.startswith(("encode:", "preset:")) for s in jobs[0].spans.spans)
     pipe.run_lane(ctx, "output")
     results = ctx.finalize()
