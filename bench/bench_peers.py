@@ -174,27 +174,71 @@ def iou(a: Path, b: Path) -> float:
     return 1.0 if union == 0 else float((x & y).sum()) / union
 
 
-def compare_masks(sets: dict[str, list[Path]], out: Path, model: Path, rembg_py: Path | None) -> dict[str, Any]:
-    files = [f for fs in sets.values() for f in fs]
-    masks = out / "masks"
+def make_masks(files: list[Path], masks: Path, out: Path, model: Path, rembg_py: Path | None) -> None:
+    """Each tool's full-size mask of each file, ``masks/<tool>/<stem>.png`` (rembg's only with its venv)."""
     shutil.rmtree(masks, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, str(ROOT / "bench" / "peer_naive.py"), str(model), str(out / "tmp-naive"),
                     *map(str, files), "--masks", str(masks / "naive")], check=True, env=env, capture_output=True)
     lightbox_masks(files, masks / "lightbox")
-    result: dict[str, Any] = {}
     if rembg_py is not None:
         subprocess.run([str(rembg_py), str(ROOT / "bench" / "peer_rembg.py"), str(out / "tmp-rembg"),
                         *map(str, files), "--masks", str(masks / "rembg")], check=True, capture_output=True)
+    for d in ("tmp-naive", "tmp-rembg"):
+        shutil.rmtree(out / d, ignore_errors=True)
+
+
+def compare_masks(sets: dict[str, list[Path]], out: Path, model: Path, rembg_py: Path | None) -> dict[str, Any]:
+    files = [f for fs in sets.values() for f in fs]
+    masks = out / "masks"
+    make_masks(files, masks, out, model, rembg_py)
+    result: dict[str, Any] = {}
+    if rembg_py is not None:
         for cls, fs in sets.items():
             per = {f.stem: {t: round(iou(masks / t / f"{f.stem}.png", masks / "rembg" / f"{f.stem}.png"), 4)
                             for t in ("lightbox", "naive")} for f in fs}
             result[cls] = {"per_image": per,
                            "lightbox_vs_rembg": round(statistics.mean(v["lightbox"] for v in per.values()), 4),
                            "naive_vs_rembg": round(statistics.mean(v["naive"] for v in per.values()), 4)}
-    for d in ("tmp-naive", "tmp-rembg"):
-        shutil.rmtree(out / d, ignore_errors=True)
     return result
+
+
+def truth_masks(out: Path, model: Path, rembg_py: Path | None) -> dict[str, Any]:
+    """Every tool's masks against the true alpha of the cut-out quality set (46 product shots
+    drawn with a known alpha: pale products on pale paper, glass, fur, thin parts, several
+    objects, clutter cut by the frame): mask IoU (alpha >= 128 against true alpha >= 0.3, as
+    ``bench/bench_quality.py`` scores it) per class and overall. Where lightbox's masks differ from
+    rembg's, this says which of the two is closer to the truth."""
+    import numpy as np
+    from PIL import Image
+
+    from gpu_kernels.segment.quality_set import quality_set
+
+    items = quality_set()
+    folder = out / "truth-images"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    files = []
+    for it in items:
+        Image.fromarray(it.image).save(folder / f"{it.name}.png")
+        files.append(folder / f"{it.name}.png")
+    masks = out / "truth-masks"
+    make_masks(files, masks, out, model, rembg_py)
+    tools = [t for t in ("lightbox", "rembg", "naive") if (masks / t).is_dir()]
+    per: dict[str, dict[str, float]] = {}
+    for it in items:
+        truth = it.alpha >= 0.3
+        per[it.name] = {}
+        for t in tools:
+            got = np.asarray(Image.open(masks / t / f"{it.name}.png")) >= 128
+            union = int((got | truth).sum())
+            per[it.name][t] = round(1.0 if union == 0 else float((got & truth).sum()) / union, 4)
+    classes = sorted({it.cls for it in items}, key=[it.cls for it in items].index)
+    by_class = {c: {t: round(statistics.mean(per[it.name][t] for it in items if it.cls == c), 4) for t in tools}
+                for c in classes}
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"per_item": per, "by_class": by_class,
+            "mean": {t: round(statistics.mean(v[t] for v in per.values()), 4) for t in tools}}
 
 
 def summarise(runs: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str, Any]:
@@ -296,11 +340,13 @@ def main() -> None:
     shutil.rmtree(out / "work", ignore_errors=True)
     summary = summarise(runs, tools)
     masks = compare_masks(sets, out, model, rembg_py)
+    truth = truth_masks(out, model, rembg_py)
     summary["start"]["note"] = "one photo: the whole process, start-up included"
     for cls, m in masks.items():
         summary[cls]["mask_iou_vs_rembg"] = {"lightbox": m["lightbox_vs_rembg"], "naive": m["naive_vs_rembg"]}
     report = {"presets": PRESETS, "rounds": rounds, "quick": args.quick, "cpus": os.cpu_count(),
-              "load_avg_end": os.getloadavg(), "summary": summary, "runs": runs, "masks": masks}
+              "load_avg_end": os.getloadavg(), "summary": summary, "runs": runs, "masks": masks,
+              "truth": truth}
     (out / "peers.json").write_text(json.dumps(report, indent=1))
     plot(summary, tools, out / "peers.png")
     print(f"\nwhole processes, median of {rounds} round(s); ratio = peer seconds / lightbox seconds (>1: lightbox "
@@ -331,6 +377,9 @@ def main() -> None:
         for t in tools:
             st = ", ".join(f"{k} {v:.1f}" for k, v in s["stages_ms_per_image"][t].items() if v >= 0.05)
             print(f"  {cls:6s} {t:8s} {st}")
+    print("\nmask IoU against the true alpha of the cut-out quality set (46 shots; alpha >= 128 vs truth >= 0.3):")
+    for cls, row in [*truth["by_class"].items(), ("all", truth["mean"])]:
+        print(f"  {cls:8s} " + "  ".join(f"{t} {v:.3f}" for t, v in row.items()))
     print(f"\nwrote {out / 'peers.json'} and {out / 'peers.png'}")
 
 
