@@ -138,9 +138,9 @@ def run_gate(runtime: str, candidate: Segmenter, reference: Segmenter, images: S
     interleaved; one warm-up call each is not timed. The times are medians over the images.
 
     Where both segmenters time their model alone (``model_s``, every CPU
-    :class:`BucketedSegmenter`), that wall time is what is compared: the mask refinement after the model is the same code for
-    every runtime, and counting it diluted OpenVINO f32, 1.3x faster than ONNX Runtime at the
-    model, to under the 1.1x ``auto`` asks for. Otherwise it is the whole call's CPU time (all
+    :class:`BucketedSegmenter`), that wall time is what is compared: the mask refinement after the
+    model is the same code for every runtime, and counting it diluted OpenVINO f32, 1.3x faster
+    than ONNX Runtime at the model, to under the 1.1x ``auto`` asks for. Otherwise it is the whole call's CPU time (all
     threads). Wall time, not CPU time, for the model: OpenVINO's threads spin while they wait for
     each other, so on a loaded machine its CPU time grows while its wall time does not."""
     if not images:
