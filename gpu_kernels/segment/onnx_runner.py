@@ -20,12 +20,12 @@ from the subject zeroed, ``clean_cutout``) is returned as the mask and they skip
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import onnxruntime as ort
 
 from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets, plan_chunks
@@ -36,6 +36,9 @@ from gpu_kernels.segment.postprocess import MaskPostprocess
 from gpu_kernels.segment.variants import derived_path
 from schemas.errors import ProcessingFailed
 
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
 __all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "cpu_session_options", "plan_chunks",
            "usable_cores"]
 
@@ -43,7 +46,17 @@ STAGE = "segment"
 DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 16}  # on CPU batching does not pay (u2netp on 2 cores: time grows with the batch)
 
 
-def _ort_errors() -> tuple[type[BaseException], ...]:
+def _onnxruntime() -> Any:
+    """``onnxruntime``, imported on first use: a start whose model runs on OpenVINO (``auto`` on
+    most CPUs) never needs it, and its import costs ~0.1 s."""
+    import onnxruntime
+
+    return onnxruntime
+
+
+@functools.cache
+def ort_errors() -> tuple[type[BaseException], ...]:
+    """What ONNX Runtime raises when a model cannot load or run."""
     from onnxruntime.capi import onnxruntime_pybind11_state as state
 
     names = (
@@ -63,8 +76,9 @@ def _ort_errors() -> tuple[type[BaseException], ...]:
     return (*found, RuntimeError, ValueError, OSError)
 
 
-ORT_ERRORS = _ort_errors()
-GRAPH_ERRORS: tuple[type[BaseException], ...] = (ProcessingFailed, *ORT_ERRORS)
+def graph_errors() -> tuple[type[BaseException], ...]:
+    """What building a bucket's CUDA graph may raise (it then runs the plain way)."""
+    return (ProcessingFailed, *ort_errors())
 
 
 def usable_cores() -> int:
@@ -82,6 +96,7 @@ def cpu_session_options(threads: int | None = None) -> ort.SessionOptions:
     and idle intra-op threads that sleep instead of spinning: on a machine shared with the
     decode and output threads, spinning cost u2netp 330 CPU-ms per image against 246 (measured
     on the 2-core machine under load)."""
+    ort = _onnxruntime()
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -194,6 +209,7 @@ class OnnxSegmenter(BucketedSegmenter):
 
     # -- session -----------------------------------------------------------------------------
     def _create_session(self, path: Path, max_batch: int, *, cuda_graph: bool = False) -> ort.InferenceSession:
+        ort = _onnxruntime()
         opts = cpu_session_options(self._threads) if self.device == "cpu" else ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         providers: list[Any] = ["CPUExecutionProvider"]
@@ -202,7 +218,7 @@ class OnnxSegmenter(BucketedSegmenter):
                                             max_batch, cuda_graph=cuda_graph)
         try:
             session = ort.InferenceSession(str(path), opts, providers=providers)
-        except ORT_ERRORS as exc:
+        except ort_errors() as exc:
             raise ProcessingFailed(f"cannot load model {str(path)!r}: {exc}", stage=STAGE) from exc
         if self.device == "gpu" and not {
             "CUDAExecutionProvider",
@@ -217,6 +233,7 @@ class OnnxSegmenter(BucketedSegmenter):
 
     def _gpu_providers(self, path: Path, use_tensorrt: bool, trt_cache_dir: Path | None, max_batch: int, *,
                        cuda_graph: bool = False) -> list[Any]:
+        ort = _onnxruntime()
         if hasattr(ort, "preload_dlls"):  # CUDA/cuDNN from nvidia-* wheels, where they came so
             with contextlib.suppress(OSError, RuntimeError):
                 ort.preload_dlls()
@@ -261,7 +278,7 @@ class OnnxSegmenter(BucketedSegmenter):
             host = self._ops.asnumpy(x)
             out = session.run([self._output_name], {self._input_name: host})[0]
             return self._ops.asarray(np.asarray(out))
-        except ORT_ERRORS as exc:
+        except ort_errors() as exc:
             raise ProcessingFailed(
                 f"model {self.model_path.name} failed on a batch of shape {tuple(x.shape)}: {exc}",
                 stage=STAGE,
@@ -290,7 +307,7 @@ class OnnxSegmenter(BucketedSegmenter):
             session = self._create_session(static, bucket, cuda_graph=True)
             graph = _GraphBucket(session, self._input_name, self._output_name, shape, out_shape, self.device_id)
             graph.run(cupy.zeros(shape, cupy.float32))  # captures the graph now, not on an event
-        except GRAPH_ERRORS as exc:
+        except graph_errors() as exc:
             self.cuda_graph_errors[bucket] = str(exc)[:300]
             graph = None
         self._graphs[bucket] = graph

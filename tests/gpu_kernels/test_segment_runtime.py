@@ -94,8 +94,8 @@ def test_the_gate_compares_the_model_alone_not_the_refinement_after_it(u2netp: M
         before = heavy.model_s
         result = run_gate("heavy-post", heavy, ref, images)
         assert heavy.model_s > before and result.n == len(images)
-        # the model alone: its median in the gate is below the first whole call (refinement included)
-        assert result.ms_per_image < whole * 1000
+        gate_model_s = heavy.model_s - before  # what the gate timed: the model's share of its calls
+        assert result.ms_per_image <= gate_model_s * 1000 + 0.1  # a median of those, not the whole calls
 
 
 def test_openvino_f32_masks_match_onnxruntime(u2netp: ModelFiles) -> None:
