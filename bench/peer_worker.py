@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -84,6 +83,7 @@ def _cpu_s(pid: int) -> float:
 
 def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str]) -> dict[str, Any]:
     """One whole ``lightbox worker`` run over ``files`` (see the module docstring)."""
+    from lightbox.launch import terminate
     from lightbox.report import per_event_stage_ms
     from schemas.codec import split_frame
     from schemas.events import EventCodecs
@@ -110,12 +110,7 @@ def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str])
                                    time.monotonic() + 600, proc))
         cpu = _cpu_s(proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        terminate(proc.pid, 60)  # SIGTERM (a graceful stop), SIGKILL after 60 s
     dead = sum(1 for _, topic, _ in got if topic == topics["dlq"])
     if dead:
         raise RuntimeError(f"the worker dead-lettered {dead} of {len(files)} photos; see {out / 'worker.log'}")
