@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from gpu_kernels.array import Array
@@ -212,11 +213,30 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
     return xp.stack(out)
 
 
-def srgb_to_lab(xp: Any, rgb: Array) -> Array:
-    """CIELAB (D65) of ``(..., 3)`` sRGB levels 0..255 (float64): ``(..., 3)`` L*, a*, b*."""
+def _srgb_linear(xp: Any, rgb: Array) -> Array:
+    """Linear-light sRGB of levels 0..255 (float64, any shape): the sRGB transfer curve inverted."""
     c = rgb / 255.0
-    lin = xp.where(c <= 0.04045, c / 12.92, xp.power((xp.maximum(c, 0.04045) + 0.055) / 1.055, 2.4))
-    r, g, b = lin[..., 0], lin[..., 1], lin[..., 2]
+    return xp.where(c <= 0.04045, c / 12.92, xp.power((xp.maximum(c, 0.04045) + 0.055) / 1.055, 2.4))
+
+
+@lru_cache(maxsize=4)
+def _srgb_linear_table(xp: Any) -> Array:
+    """:func:`_srgb_linear` of the 256 integer levels (``(256,)`` float64, on ``xp``'s device)."""
+    return _srgb_linear(xp, xp.arange(256, dtype=xp.float64))
+
+
+def srgb_to_lab(xp: Any, rgb: Array, *, levels: Array | None = None) -> Array:
+    """CIELAB (D65) of ``(..., 3)`` sRGB levels 0..255 (float64): ``(..., 3)`` L*, a*, b*.
+
+    ``levels``: the same values as uint8 when ``rgb`` holds integer levels (a strided sample of
+    an image): the transfer curve is then read from a 256-entry table (the same float64 values
+    as computed per pixel) instead of a ``power`` per channel value."""
+    if levels is not None:
+        table = _srgb_linear_table(xp)
+        r, g, b = (xp.take(table, levels[..., k]) for k in range(3))
+    else:
+        lin = _srgb_linear(xp, rgb)
+        r, g, b = lin[..., 0], lin[..., 1], lin[..., 2]
     x = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b) / 0.95047
     y = 0.2126729 * r + 0.7151522 * g + 0.0721750 * b
     z = (0.0193339 * r + 0.1191920 * g + 0.9503041 * b) / 1.08883
@@ -273,12 +293,13 @@ def _neutral_cluster(
 
 
 def estimate_white_balance(
-    xp: Any, rgb: Array, alpha: Array | None, cfg: WhiteBalanceConfig
+    xp: Any, rgb: Array, alpha: Array | None, cfg: WhiteBalanceConfig, *, levels: Array | None = None
 ) -> Array:
     """Per-channel gains ``(3,)`` float32 from neutral evidence in a sample.
 
     ``rgb``: ``(h, w, 3)`` float64 levels (the strided sample, its neighbours are neighbours);
-    ``alpha``: ``(h, w)`` float64 in 0..255 or None.
+    ``alpha``: ``(h, w)`` float64 in 0..255 or None; ``levels``: ``rgb`` as uint8 when it holds
+    integer levels (see :func:`srgb_to_lab`; the same result, cheaper).
 
     1. Neutral evidence: pixels (not clipped, not dark) weighted by ``(L*/100)^2`` (bright
        pixels are the better witnesses: white-patch), and a mean-shift in a*b* that starts at
@@ -296,7 +317,7 @@ def estimate_white_balance(
     """
     n = rgb.shape[0] * rgb.shape[1]
     flat = rgb.reshape(-1, 3)
-    lab = srgb_to_lab(xp, flat)
+    lab = srgb_to_lab(xp, flat, levels=None if levels is None else levels.reshape(-1, 3))
     light, ab = lab[:, 0], lab[:, 1:]
     peak = xp.maximum(xp.maximum(flat[:, 0], flat[:, 1]), flat[:, 2])  # max over channels, without a reduce
     valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
@@ -370,10 +391,14 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     one has lost the information to do so). One gain for all channels: hue is kept wherever the
     curve is linear (below the knee).
     """
-    stats = xp.stack([levels.mean(axis=1), levels.max(axis=1)])
+    c0, c1, c2 = levels[:, 0], levels[:, 1], levels[:, 2]
+    # the channel mean and max column by column: levels.mean(axis=1) / levels.max(axis=1) are
+    # the same sums and maxima, but NumPy's reductions over a length-3 axis cost ~10x as much
+    stats = xp.stack([(c0 + c1 + c2) / 3.0, xp.maximum(xp.maximum(c0, c1), c2)])
     everything = xp.ones(levels.shape[0], dtype=bool)
     qs = (cfg.high_pct, cfg.peak_pct)
-    refs = xp.stack([masked_percentiles(xp, v, everything, (q,))[0] for v, q in zip(stats, qs, strict=True)])
+    high_low = masked_percentiles(xp, stats[0], everything, (cfg.high_pct, cfg.low_pct))  # one sort
+    refs = xp.stack([high_low[0], masked_percentiles(xp, stats[1], everything, (cfg.peak_pct,))[0]])
     if alpha is not None:
         subject = alpha >= cfg.subject_min_alpha
         enough = xp.sum(subject) >= max(16.0, 0.005 * levels.shape[0])
@@ -383,7 +408,7 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     refs = xp.maximum(refs, 1e-6)
     gain = xp.minimum(cfg.target_high * 255.0 / refs[0], cfg.ceiling * 255.0 / refs[1])
     gain = xp.minimum(xp.maximum(gain, 1.0), cfg.max_gain)
-    black = masked_percentiles(xp, stats[0], everything, (cfg.low_pct,))[0] / 255.0
+    black = high_low[1] / 255.0
     veil = xp.clip((cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full), 0.0, 1.0)
     dim = xp.clip((cfg.veil_bright - refs[0] / 255.0) / 0.1, 0.0, 1.0)  # too dark to be veiled
     veil = xp.maximum(veil, dim)

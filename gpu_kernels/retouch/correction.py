@@ -86,7 +86,11 @@ def plan_correction(
     rgb, a, grid = statistics_sample(xp, pixels, alpha, cfg)
     gh, gw = rgb.shape[:2]
     flat_a = None if a is None else a.reshape(-1)
-    wb = estimate_white_balance(xp, rgb, a, cfg.white_balance)
+    levels = None  # the sample as uint8 when it is a strided pick of an RGB(A) image
+    if cfg.sample == "strided" and pixels.shape[2] >= 3:
+        s = sample_stride(pixels.shape[0], pixels.shape[1], cfg.sample_side)
+        levels = pixels[::s, ::s, :3]
+    wb = estimate_white_balance(xp, rgb, a, cfg.white_balance, levels=levels)
     lum = luma(xp, rgb * wb.astype(xp.float64))
     gain_map = None
     v_max = 255.0 * xp.max(wb).astype(xp.float64) * 1.001

@@ -9,6 +9,7 @@ import skimage.data
 
 from gpu_kernels.retouch import RetinexConfig, RetouchConfig
 from gpu_kernels.retouch.checks import alpha_source
+from gpu_kernels.retouch.color import ExposureConfig, estimate_tone, srgb_to_lab
 from gpu_kernels.retouch.correction import correct_fused_cpu, correct_reference, plan_correction
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import axis_taps
@@ -49,3 +50,46 @@ def test_taps_are_kept_read_only_and_equal_to_a_fresh_table() -> None:
     assert up[0].shape == (64, 4) and np.allclose(up[1][5:-5].sum(axis=1), 1.0, atol=1e-5)
     other = axis_taps(2.5, -3.0, 64, 160, coeffs)
     assert not np.array_equal(other[1], a[1]) or not np.array_equal(other[0], a[0])
+
+
+def test_lab_from_the_level_table_equals_the_per_pixel_curve() -> None:
+    rng = np.random.default_rng(3)
+    levels = np.concatenate([np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1),
+                             rng.integers(0, 256, (4000, 3), dtype=np.uint8)])
+    direct = srgb_to_lab(np, levels.astype(np.float64))
+    tabled = srgb_to_lab(np, levels.astype(np.float64), levels=levels)
+    assert np.array_equal(direct, tabled)
+    assert direct[255, 0] == pytest.approx(100.0, abs=1e-4) and direct[0, 0] == 0.0  # white, black
+
+
+def _tone_by_axis_reductions(levels: np.ndarray, alpha: np.ndarray | None, cfg: ExposureConfig) -> float:
+    """estimate_tone written the plain way: NumPy's axis reductions and np.percentile."""
+    mean, peak = levels.mean(axis=1), levels.max(axis=1)
+    refs = np.array([np.percentile(mean, cfg.high_pct), np.percentile(peak, cfg.peak_pct)])
+    if alpha is not None:
+        subject = alpha >= cfg.subject_min_alpha
+        if subject.sum() >= max(16.0, 0.005 * levels.shape[0]):
+            refs = np.maximum(refs, [np.percentile(mean[subject], cfg.high_pct),
+                                     np.percentile(peak[subject], cfg.peak_pct)])
+    refs = np.maximum(refs, 1e-6)
+    gain = min(max(min(cfg.target_high * 255 / refs[0], cfg.ceiling * 255 / refs[1]), 1.0), cfg.max_gain)
+    black = np.percentile(mean, cfg.low_pct) / 255
+    veil = max(np.clip((cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full), 0, 1),
+               np.clip((cfg.veil_bright - refs[0] / 255) / 0.1, 0, 1))
+    return float(1 + (gain - 1) * veil)
+
+
+@pytest.mark.parametrize("scene", ["dark", "veiled", "bright", "masked_dark"])
+def test_tone_by_columns_and_shared_sorts_equals_the_plain_reductions(scene: str) -> None:
+    rng = np.random.default_rng(7)
+    n = 4096
+    base = {"dark": (10, 140), "veiled": (110, 200), "bright": (30, 256), "masked_dark": (5, 120)}[scene]
+    levels = rng.integers(base[0], base[1], (n, 3)).astype(np.float64)
+    levels[:, 1] += rng.random(n)  # fractions too (an area sample): the sums' order matters then
+    alpha = rng.integers(0, 256, n).astype(np.float64) if scene == "masked_dark" else None
+    cfg = ExposureConfig()
+    tone = float(estimate_tone(np, levels, alpha, cfg)[0])
+    assert tone == pytest.approx(_tone_by_axis_reductions(levels, alpha, cfg), rel=1e-12)
+    assert (tone > 1.0) == (scene != "bright")  # the scenes reach the branches they are named for
+    c0, c1, c2 = levels[:, 0], levels[:, 1], levels[:, 2]
+    assert np.array_equal((c0 + c1 + c2) / 3.0, levels.mean(axis=1))  # the column sum is NumPy's
