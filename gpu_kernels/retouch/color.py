@@ -230,23 +230,51 @@ def srgb_to_lab(xp: Any, rgb: Array, *, levels: Array | None = None) -> Array:
 
     ``levels``: the same values as uint8 when ``rgb`` holds integer levels (a strided sample of
     an image): the transfer curve is then read from a 256-entry table (the same float64 values
-    as computed per pixel) instead of a ``power`` per channel value."""
+    as computed per pixel) instead of a ``power`` per channel value. The planes are combined in
+    place (a handful of temporaries instead of one per operation: a 160-pixel sample's planes
+    outgrow the caches), each value by the same float64 operations in the same order."""
+    shape = rgb.shape[:-1]
     if levels is not None:
         table = _srgb_linear_table(xp)
-        r, g, b = (xp.take(table, levels[..., k]) for k in range(3))
+        flat = levels.reshape(-1, 3)
+        r, g, b = (xp.take(table, flat[:, k]) for k in range(3))
     else:
-        lin = _srgb_linear(xp, rgb)
-        r, g, b = lin[..., 0], lin[..., 1], lin[..., 2]
-    x = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b) / 0.95047
-    y = 0.2126729 * r + 0.7151522 * g + 0.0721750 * b
-    z = (0.0193339 * r + 0.1191920 * g + 0.9503041 * b) / 1.08883
+        lin = _srgb_linear(xp, rgb.reshape(-1, 3))
+        r, g, b = lin[:, 0], lin[:, 1], lin[:, 2]
+    tmp = xp.empty(r.shape, xp.float64)
+
+    def mix(k0: float, k1: float, k2: float) -> Array:  # k0 r + k1 g + k2 b
+        out = xp.multiply(r, k0)
+        out += xp.multiply(g, k1, out=tmp)
+        out += xp.multiply(b, k2, out=tmp)
+        return out
+
+    x, y, z = mix(0.4124564, 0.3575761, 0.1804375), mix(0.2126729, 0.7151522, 0.0721750), \
+        mix(0.0193339, 0.1191920, 0.9503041)
+    x /= 0.95047
+    z /= 1.08883
     eps, kappa = 216.0 / 24389.0, 24389.0 / 27.0
 
-    def f(t: Array) -> Array:
-        return xp.where(t > eps, xp.cbrt(xp.maximum(t, eps)), (kappa * t + 16.0) / 116.0)
+    def f(t: Array) -> Array:  # where(t > eps, cbrt(max(t, eps)), (kappa t + 16) / 116), into t
+        xp.greater(t, eps, out=above)
+        xp.maximum(t, eps, out=tmp)
+        xp.cbrt(tmp, out=tmp)
+        t *= kappa
+        t += 16.0
+        t /= 116.0
+        xp.copyto(t, tmp, where=above)
+        return t
 
+    above = xp.empty(r.shape, bool)
     fx, fy, fz = f(x), f(y), f(z)
-    return xp.stack([116.0 * fy - 16.0, 500.0 * (fx - fy), 200.0 * (fy - fz)], axis=-1)
+    out = xp.empty((r.shape[0], 3), xp.float64)
+    xp.multiply(fy, 116.0, out=out[:, 0])
+    out[:, 0] -= 16.0
+    xp.subtract(fx, fy, out=out[:, 1])
+    out[:, 1] *= 500.0
+    xp.subtract(fy, fz, out=out[:, 2])
+    out[:, 2] *= 200.0
+    return out.reshape(*shape, 3)
 
 
 LOCUS_SLOPE = 0.3  # a* per b* of a white under lights along the daylight/Planckian locus (warm: +a*)
@@ -281,9 +309,18 @@ def _neutral_cluster(
     centre = xp.zeros(2, xp.float64)
     kernel = weight
     ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+    db = xp.empty_like(ca)
     for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
-        d2 = (ca - centre[0]) ** 2 + (cb - centre[1]) ** 2
-        kernel = weight * xp.exp(-0.5 * d2 / (sigma * sigma))
+        # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
+        kernel = xp.subtract(ca, centre[0])
+        kernel *= kernel
+        xp.subtract(cb, centre[1], out=db)
+        db *= db
+        kernel += db
+        kernel *= -0.5
+        kernel /= sigma * sigma
+        xp.exp(kernel, out=kernel)
+        kernel *= weight
         mass = kernel.sum()
         centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()

@@ -9,7 +9,13 @@ import skimage.data
 
 from gpu_kernels.retouch import RetinexConfig, RetouchConfig
 from gpu_kernels.retouch.checks import alpha_source
-from gpu_kernels.retouch.color import ExposureConfig, estimate_tone, srgb_to_lab
+from gpu_kernels.retouch.color import (
+    ExposureConfig,
+    WhiteBalanceConfig,
+    _neutral_cluster,
+    estimate_tone,
+    srgb_to_lab,
+)
 from gpu_kernels.retouch.correction import correct_fused_cpu, correct_reference, plan_correction
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import axis_taps
@@ -93,3 +99,47 @@ def test_tone_by_columns_and_shared_sorts_equals_the_plain_reductions(scene: str
     assert (tone > 1.0) == (scene != "bright")  # the scenes reach the branches they are named for
     c0, c1, c2 = levels[:, 0], levels[:, 1], levels[:, 2]
     assert np.array_equal((c0 + c1 + c2) / 3.0, levels.mean(axis=1))  # the column sum is NumPy's
+
+
+def _lab_plain(rgb: np.ndarray) -> np.ndarray:
+    """CIELAB of float64 sRGB levels, one temporary per operation (the textbook formula)."""
+    c = rgb / 255.0
+    lin = np.where(c <= 0.04045, c / 12.92, np.power((np.maximum(c, 0.04045) + 0.055) / 1.055, 2.4))
+    r, g, b = lin[..., 0], lin[..., 1], lin[..., 2]
+    x = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b) / 0.95047
+    y = 0.2126729 * r + 0.7151522 * g + 0.0721750 * b
+    z = (0.0193339 * r + 0.1191920 * g + 0.9503041 * b) / 1.08883
+    eps, kappa = 216.0 / 24389.0, 24389.0 / 27.0
+    fx, fy, fz = (np.where(t > eps, np.cbrt(np.maximum(t, eps)), (kappa * t + 16.0) / 116.0) for t in (x, y, z))
+    return np.stack([116.0 * fy - 16.0, 500.0 * (fx - fy), 200.0 * (fy - fz)], axis=-1)
+
+
+@pytest.mark.parametrize("shape", [(3,), (5, 3), (7, 9, 3), (20_000, 3)])
+def test_lab_in_place_equals_the_textbook_formula_bit_for_bit(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(11)
+    rgb = rng.random(shape) * 255.0
+    flat = rgb.reshape(-1)
+    flat[:3] = [0.0, 10.31, 255.0]  # both branches of both curves (dark: linear; white: the power/cbrt)
+    assert np.array_equal(srgb_to_lab(np, rgb), _lab_plain(rgb))
+
+
+def test_the_neutral_cluster_search_in_place_equals_the_plain_loop() -> None:
+    rng = np.random.default_rng(5)
+    n = 4096
+    flat = np.clip(rng.normal(170, 40, (n, 3)), 0, 255)
+    flat[: n // 3] = np.clip(rng.normal(200, 4, (n // 3, 3)) + np.array([6.0, 0.0, -8.0]), 0, 255)  # a warm near-white
+    lab = srgb_to_lab(np, flat)
+    light, ab = lab[:, 0], lab[:, 1:]
+    valid = light > 20
+    cfg = WhiteBalanceConfig()
+    centre, kernel, confidence = _neutral_cluster(np, flat, light, ab, valid, cfg)
+    # the plain loop: one temporary per operation
+    top = np.percentile(light[valid], cfg.bright_pct)
+    weight = np.where(valid, np.clip((light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0, 1), 0.0)
+    c = np.zeros(2)
+    for sigma in cfg.sigmas:
+        d2 = (ab[:, 0] - c[0]) ** 2 + (ab[:, 1] - c[1]) ** 2
+        k = weight * np.exp(-0.5 * d2 / (sigma * sigma))
+        c = (k @ ab) / k.sum()
+    assert np.allclose(centre, c, rtol=1e-12, atol=1e-12) and np.allclose(kernel, k, rtol=1e-12, atol=0)
+    assert centre[1] > 1.0 and float(confidence) > 0.5  # found the warm (yellow: b* > 0) cluster, with trust
