@@ -177,7 +177,7 @@ def _premultiplied(src: np.ndarray, f: np.ndarray) -> None:
 
 
 def _horizontal_planar(rows: np.ndarray, ix: np.ndarray, wx: np.ndarray,
-                       chunk: int = 16) -> np.ndarray:
+                       chunk: int | None = None) -> np.ndarray:
     """:func:`_horizontal` for live columns: ``(r, w, c)`` uint8 → ``(r, 4, n)`` float32
     planar ``[c0, c1, c2, a]`` per row, the same products summed in tap order (16-byte gathers
     of interleaved pixels, then one transpose per chunk of rows). The running sum starts from
@@ -185,6 +185,7 @@ def _horizontal_planar(rows: np.ndarray, ix: np.ndarray, wx: np.ndarray,
     no later step turns into a different uint8."""
     r, w = rows.shape[:2]
     n, taps = ix.shape
+    chunk = chunk or _rows_per_band(max(w, n), 16)
     live = [t for t in range(taps) if bool((wx[:, t] != 0).any())]
     w4 = [np.repeat(wx[:, t], 4).reshape(n, 4) for t in live]
     idx = [ix[:, t].astype(np.intp) for t in live]
@@ -209,9 +210,18 @@ def _horizontal_planar(rows: np.ndarray, ix: np.ndarray, wx: np.ndarray,
     return out
 
 
+BAND_PIXELS = 8_192  # pixels per band of render_fused_cpu (32 rows of a 256-px-wide canvas)
+
+
+def _rows_per_band(width: int, least: int) -> int:
+    """Rows per band: about :data:`BAND_PIXELS` pixels, at least ``least`` rows (a small canvas
+    is one band, its cost not a fixed number of NumPy calls per ``least`` rows)."""
+    return max(least, BAND_PIXELS // max(width, 1))
+
+
 def render_fused_cpu(
     pixels: np.ndarray, params: np.ndarray, out_w: int, out_h: int, transparent: bool,
-    amount: float, coeffs: np.ndarray, band_rows: int = 32,
+    amount: float, coeffs: np.ndarray, band_rows: int | None = None,
 ) -> np.ndarray:
     """The CPU twin of the fused kernel, one band of output rows at a time (same arguments and
     result as :func:`render_reference`, bit for bit).
@@ -219,9 +229,11 @@ def render_fused_cpu(
     Only the live part of the canvas is resampled (outside it every sum is exactly 0, and a
     band whose rows and halo are all outside is the constant pad); the horizontal pass runs once
     per source row, the rest works on planar float32 channels in cache-sized bands with
-    buffers reused from band to band.
+    buffers reused from band to band (``band_rows``: default about :data:`BAND_PIXELS` pixels,
+    at least 32 rows).
     """
     h, w = pixels.shape[:2]
+    band_rows = band_rows or _rows_per_band(out_w, 32)
     ix, wx, iy, wy = _taps(params, out_w, out_h, h, w, coeffs)
     out = np.empty((out_h, out_w, 4 if transparent else 3), np.uint8)
     fill = 0 if transparent else 255
@@ -244,7 +256,7 @@ def render_fused_cpu(
     cover_full = np.zeros((band_rows, out_w), np.float32) if transparent else None
     for b0 in range(0, out_h, band_rows):
         b1 = min(out_h, b0 + band_rows)
-        rows = np.clip(np.arange(b0 - 1, b1 + 1), 0, out_h - 1)  # replicated halo rows
+        rows = np.minimum(np.maximum(np.arange(b0 - 1, b1 + 1), 0), out_h - 1)  # replicated halo rows
         if int(rows[-1]) < y0 or int(rows[0]) >= y1:
             out[b0:b1] = fill
             continue
@@ -256,7 +268,6 @@ def render_fused_cpu(
             dst *= wy[rows, u][:, None, None]
             if j:
                 acc += term
-        cover = np.clip(acc[:, 3], F32(0), F32(1))
         padded = pad_buf[:, :nb]
         live = padded[:, :, 1 + x0:1 + x1]
         if transparent:
@@ -274,7 +285,7 @@ def render_fused_cpu(
             np.putmask(v, (padded[:, 1:-1, 1:-1] < F32(254.5)) & (v > F32(254)), F32(254))
         if cover_full is not None:
             full = cover_full[:nb - 2]
-            full[:, x0:x1] = cover[1:-1]
+            full[:, x0:x1] = np.clip(acc[1:-1, 3], F32(0), F32(1))
             _finalize_planar(out[b0:b1], v, full)
         else:
             _round_planar(out[b0:b1], v)

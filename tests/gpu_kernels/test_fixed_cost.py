@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import skimage.data
 
-from gpu_kernels.retouch import RetinexConfig, RetouchConfig
+from gpu_kernels.retouch import RetinexConfig, RetouchConfig, render
 from gpu_kernels.retouch.checks import alpha_source
 from gpu_kernels.retouch.color import (
     ExposureConfig,
@@ -20,6 +20,7 @@ from gpu_kernels.retouch.correction import correct_fused_cpu, correct_reference,
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import axis_taps
 from gpu_kernels.retouch.illumination import gaussian_matrix
+from gpu_kernels.retouch.render import render_fused_cpu, render_reference
 from tests.gpu_kernels.test_retouch import product_shot, soft_mask
 
 
@@ -143,3 +144,33 @@ def test_the_neutral_cluster_search_in_place_equals_the_plain_loop() -> None:
         c = (k @ ab) / k.sum()
     assert np.allclose(centre, c, rtol=1e-12, atol=1e-12) and np.allclose(kernel, k, rtol=1e-12, atol=0)
     assert centre[1] > 1.0 and float(confidence) > 0.5  # found the warm (yellow: b* > 0) cluster, with trust
+
+
+@pytest.mark.parametrize("transparent", [False, True])
+@pytest.mark.parametrize(("src", "canvas"), [((64, 64), (64, 64)), ((48, 90), (40, 40)), ((300, 200), (800, 600))])
+def test_render_bands_sized_by_pixels_give_the_same_bits(
+    transparent: bool, src: tuple[int, int], canvas: tuple[int, int]
+) -> None:
+    """A small canvas is one band and one horizontal chunk now; the 32-row bands and 16-row
+    chunks it had before give the same bits, and so does the unfused reference."""
+    rng = np.random.default_rng(9)
+    pixels = rng.integers(0, 256, (*src, 4 if transparent else 3), dtype=np.uint8)
+    if transparent:
+        pixels[..., 3] = 0
+        pixels[src[0] // 4: 3 * src[0] // 4, src[1] // 4: 3 * src[1] // 4, 3] = 255
+    coeffs = RetouchConfig().geometry.cubic_coefficients()
+    w, h = canvas
+    k = max(src[1] / w, src[0] / h) * 1.1  # source pixels per canvas pixel, with a margin
+    params = np.array([k, (src[1] - k * w) / 2, (src[0] - k * h) / 2], np.float32)
+    default = render_fused_cpu(pixels, params, w, h, transparent, 0.3, coeffs)
+    assert default.shape == (h, w, 4 if transparent else 3)
+    old = render.BAND_PIXELS
+    try:
+        render.BAND_PIXELS = 1  # the least rows everywhere: 32-row bands, 16-row chunks
+        banded = render_fused_cpu(pixels, params, w, h, transparent, 0.3, coeffs)
+    finally:
+        render.BAND_PIXELS = old
+    assert np.array_equal(default, banded)
+    reference = np.asarray(render_reference(np, pixels, params, w, h, transparent, 0.3, coeffs))
+    assert np.array_equal(default, reference)
+    assert len(np.unique(default[..., 0])) > 10  # a picture, not a constant canvas
