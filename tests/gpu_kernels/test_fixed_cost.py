@@ -12,6 +12,7 @@ from gpu_kernels.retouch.checks import alpha_source
 from gpu_kernels.retouch.color import (
     ExposureConfig,
     WhiteBalanceConfig,
+    _clamp,
     _neutral_cluster,
     estimate_tone,
     srgb_to_lab,
@@ -174,3 +175,12 @@ def test_render_bands_sized_by_pixels_give_the_same_bits(
     reference = np.asarray(render_reference(np, pixels, params, w, h, transparent, 0.3, coeffs))
     assert np.array_equal(default, reference)
     assert len(np.unique(default[..., 0])) > 10  # a picture, not a constant canvas
+
+
+def test_clamp_is_numpys_clip_bit_for_bit() -> None:
+    values = np.array([np.nan, -0.0, 0.0, 1.0, -1.0, 2.0, 0.5, -np.inf, np.inf, 1e-300])
+    for lo, hi in ((0.0, 1.0), (-0.0, 1.0), (-2.0, 0.5)):
+        for x in (values, *values):  # the array and each 0-d value (the estimation's scalars)
+            want, got = np.clip(x, lo, hi), _clamp(np, x, lo, hi)
+            assert np.array_equal(want, got, equal_nan=True)
+            assert np.array_equal(np.signbit(want), np.signbit(got))  # a tie gives the bound's zero
