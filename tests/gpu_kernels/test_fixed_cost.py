@@ -20,7 +20,7 @@ from gpu_kernels.retouch.color import (
 from gpu_kernels.retouch.correction import correct_fused_cpu, correct_reference, plan_correction
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import axis_taps
-from gpu_kernels.retouch.illumination import gaussian_matrix
+from gpu_kernels.retouch.illumination import gaussian_matrix, illumination_gain
 from gpu_kernels.retouch.render import render_fused_cpu, render_reference
 from tests.gpu_kernels.test_retouch import product_shot, soft_mask
 
@@ -184,3 +184,39 @@ def test_clamp_is_numpys_clip_bit_for_bit() -> None:
             want, got = np.clip(x, lo, hi), _clamp(np, x, lo, hi)
             assert np.array_equal(want, got, equal_nan=True)
             assert np.array_equal(np.signbit(want), np.signbit(got))  # a tie gives the bound's zero
+
+
+def _gain_plain(lum: np.ndarray, weight: np.ndarray, cfg: RetinexConfig) -> np.ndarray:
+    """The Retinex gain with one temporary per operation."""
+    h, w = lum.shape
+    stack = np.stack([lum * weight, weight]).astype(np.float32)
+    terms, dens = [], []
+    for frac in cfg.scales:
+        sigma = frac * max(h, w)
+        blurred = (gaussian_matrix(h, sigma) @ stack @ gaussian_matrix(w, sigma).T).astype(np.float64)
+        terms.append(np.log1p(np.maximum(blurred[0] / np.maximum(blurred[1], 1e-12), 0.0)))
+        dens.append(blurred[1])
+    log_surround = terms[0]
+    for t in terms[1:]:
+        log_surround = log_surround + t
+    support = dens[0]
+    for d in dens[1:]:
+        support = np.maximum(support, d)
+    log_surround = log_surround / len(cfg.scales)
+    total = np.sum(weight)
+    log_mean = np.sum(weight * log_surround) / np.maximum(total, 1e-12)
+    gain = np.clip(np.exp(cfg.strength * (log_mean - log_surround)), cfg.min_gain, cfg.max_gain)
+    return np.where((support >= cfg.min_support) & (total > 0), gain, 1.0).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (17, 160), (120, 90)])
+def test_the_retinex_gain_in_place_equals_the_plain_formula(shape: tuple[int, int]) -> None:
+    rng = np.random.default_rng(2)
+    xx = np.mgrid[0:shape[0], 0:shape[1]][1]
+    lum = 40.0 + 180.0 * xx / shape[1] + rng.normal(0, 5, shape)  # lit from the right
+    weight = np.zeros(shape)
+    weight[:, shape[1] // 5:] = 1.0  # a subject with no support on its left
+    cfg = RetinexConfig(strength=0.5)
+    gain = illumination_gain(np, lum, weight, cfg, gaussian_matrix)
+    assert np.array_equal(gain, _gain_plain(lum, weight, cfg))
+    assert gain[:, -1].mean() < 1.0 < gain[:, shape[1] // 4].mean()  # bright side down, dark side up
