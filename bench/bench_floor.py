@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in stages.items()))
     ratios = {}
     if "baseline" in summary:
-        ratios = {k: summary["baseline"][k] / v for k, v in summary["current"].items() if v > 0 and k in summary["baseline"]}
+        base = summary["baseline"]
+        ratios = {k: base[k] / v for k, v in summary["current"].items() if v > 0 and k in base}
         print("  baseline / current: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"commit": git("rev-parse", "--short", "HEAD"), "baseline": args.baseline,

@@ -175,6 +175,11 @@ def _band_gain(cols3: np.ndarray, band: tuple[int, int], grid: MapGrid) -> np.nd
     instead of one band per row (64 numpy passes for a 64×64 image)."""
     y_start, y_stop = band
     gh = cols3.shape[0]
+    if grid.step_y == 1 and grid.origin_y == 0 and y_stop <= gh:
+        # a gain row per image row (a stride-1 sample: an image of at most sample_side pixels):
+        # each row reads its own gain row with weight 1 and the next with 0, c * 1 + d * 0 == c
+        # for the finite gains of a map
+        return cols3[y_start:y_stop]
     gy = map_positions(np, y_start, y_stop, grid.step_y, grid.origin_y, gh)
     j0 = gy.astype(np.int32)
     j1 = np.minimum(j0 + 1, gh - 1)

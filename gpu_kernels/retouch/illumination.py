@@ -157,6 +157,10 @@ def map_positions(xp: Any, start: int, stop: int, step: float, origin: float, n:
 def gain_columns(xp: Any, gain_map: Array, width: int, grid: MapGrid) -> Array:
     """The gain map interpolated along x at every image column: ``(gh, width)`` float32."""
     gw = gain_map.shape[1]
+    if grid.step_x == 1 and grid.origin_x == 0 and width <= gw:
+        # a map column per image column: weight 1 on its own column and 0 on the next, and
+        # c * 1 + d * 0 == c for the finite gains of a map (a copy: callers may write to it)
+        return gain_map[:, :width].copy()
     gx = map_positions(xp, 0, width, grid.step_x, grid.origin_x, gw)
     x0 = gx.astype(xp.int32)
     x1 = xp.minimum(x0 + 1, gw - 1)

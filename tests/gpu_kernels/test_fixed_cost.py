@@ -17,10 +17,10 @@ from gpu_kernels.retouch.color import (
     estimate_tone,
     srgb_to_lab,
 )
-from gpu_kernels.retouch.correction import correct_fused_cpu, correct_reference, plan_correction
+from gpu_kernels.retouch.correction import _band_gain, correct_fused_cpu, correct_reference, plan_correction
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import axis_taps
-from gpu_kernels.retouch.illumination import gaussian_matrix, illumination_gain
+from gpu_kernels.retouch.illumination import MapGrid, gain_columns, gaussian_matrix, illumination_gain, map_positions
 from gpu_kernels.retouch.render import render_fused_cpu, render_reference
 from tests.gpu_kernels.test_retouch import product_shot, soft_mask
 
@@ -220,3 +220,27 @@ def test_the_retinex_gain_in_place_equals_the_plain_formula(shape: tuple[int, in
     gain = illumination_gain(np, lum, weight, cfg, gaussian_matrix)
     assert np.array_equal(gain, _gain_plain(lum, weight, cfg))
     assert gain[:, -1].mean() < 1.0 < gain[:, shape[1] // 4].mean()  # bright side down, dark side up
+
+
+def test_a_stride_one_gain_map_is_read_as_the_interpolation_reads_it() -> None:
+    """Gain per image pixel from a map with a cell per pixel (the sample of a small image): the
+    shortcut (the map itself) equals the bilinear read, weights 1 and 0, bit for bit."""
+    rng = np.random.default_rng(4)
+    gain_map = rng.uniform(0.6, 2.0, (40, 56)).astype(np.float32)
+    grid = MapGrid(1, 1)
+
+    def bilinear(n: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        g = map_positions(np, 0, size, 1, 0.0, n)
+        i0 = g.astype(np.int32)
+        return i0, np.minimum(i0 + 1, n - 1), g - i0.astype(np.float32)
+
+    x0, x1, fx = bilinear(56, 56)
+    cols = gain_map[:, x0] * (np.float32(1) - fx) + gain_map[:, x1] * fx
+    assert np.array_equal(gain_columns(np, gain_map, 56, grid), cols)
+    cols3 = np.repeat(cols, 3, axis=1)
+    y0, y1, fy = bilinear(40, 40)
+    rows = cols3[y0] * (np.float32(1) - fy[:, None]) + cols3[y1] * fy[:, None]
+    assert np.array_equal(_band_gain(cols3, (0, 40), grid), rows)
+    assert np.array_equal(_band_gain(cols3, (13, 29), grid), rows[13:29])
+    shifted = grid.shifted(3, 5)  # a window's grid takes the interpolating path, reading the same cells
+    assert np.array_equal(gain_columns(np, gain_map, 40, shifted)[:, :30], cols[:, 5:35])
