@@ -207,7 +207,7 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
     guarantees it). Returns ``(len(qs),)`` float64 on the same device.
     """
     ordered = xp.sort(xp.where(select, values, xp.inf))
-    last = xp.maximum(xp.sum(select) - 1, 0).astype(xp.float64)
+    last = xp.maximum(xp.count_nonzero(select) - 1, 0).astype(xp.float64)  # count_nonzero: no int cast
     out = []
     for q in qs:
         pos = last * (q / 100.0)
@@ -312,7 +312,7 @@ def _neutral_cluster(
     top = masked_percentiles(xp, light, valid | ~any_valid, (cfg.bright_pct,))[0]
     bright = _clamp(xp, (light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
     weight = xp.where(valid, bright, 0.0)
-    total = xp.maximum(valid.sum(), 1.0)
+    total = xp.maximum(xp.count_nonzero(valid), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
     ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
@@ -438,7 +438,7 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     c0, c1, c2 = levels[:, 0], levels[:, 1], levels[:, 2]
     # the channel mean and max column by column: levels.mean(axis=1) / levels.max(axis=1) are
     # the same sums and maxima, but NumPy's reductions over a length-3 axis cost ~10x as much
-    stats = xp.stack([(c0 + c1 + c2) / 3.0, xp.maximum(xp.maximum(c0, c1), c2)])
+    stats = ((c0 + c1 + c2) / 3.0, xp.maximum(xp.maximum(c0, c1), c2))
     everything = xp.ones(levels.shape[0], dtype=bool)
     qs = (cfg.high_pct, cfg.peak_pct)
     high_low = masked_percentiles(xp, stats[0], everything, (cfg.high_pct, cfg.low_pct))  # one sort
