@@ -28,6 +28,7 @@ uint8 source. They are bit-identical (tested); the GPU kernel agrees within 1 LS
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -176,19 +177,66 @@ def _premultiplied(src: np.ndarray, f: np.ndarray) -> None:
             np.copyto(f[..., k], src[..., k if c == 3 else 0], casting="unsafe")
 
 
-def _horizontal_planar(rows: np.ndarray, ix: np.ndarray, wx: np.ndarray,
-                       chunk: int | None = None) -> np.ndarray:
-    """:func:`_horizontal` for live columns: ``(r, w, c)`` uint8 → ``(r, 4, n)`` float32
-    planar ``[c0, c1, c2, a]`` per row, the same products summed in tap order (16-byte gathers
-    of interleaved pixels, then one transpose per chunk of rows). The running sum starts from
-    the first product instead of ``0 + product``: that differs only in the sign of a zero, which
-    no later step turns into a different uint8."""
+@dataclass(frozen=True, slots=True)
+class _AxisPlan:
+    """What the fused CPU render reads along one axis, derived from :func:`.geometry.axis_taps`
+    once per placement (kept per process, as the taps are): the live output range ``[lo, hi)``
+    (:func:`_live`), the source range ``[s0, s1)`` its non-zero taps read, the tap columns with
+    any non-zero weight, and for those, over the live outputs, the source indices relative to
+    ``s0`` (intp) and the weights repeated for 4 interleaved channels; ``rel_all``: every
+    output's indices relative to ``s0`` (intp). All read-only."""
+
+    idx: np.ndarray
+    weight: np.ndarray
+    lo: int
+    hi: int
+    s0: int
+    s1: int
+    taps: tuple[int, ...]
+    rel_idx: tuple[np.ndarray, ...]
+    weight4: tuple[np.ndarray, ...]
+    rel_all: np.ndarray
+
+
+_PLANS: dict[tuple[float, float, int, int, bytes], _AxisPlan] = {}
+_PLANS_MAX = 512
+
+
+def _axis_plan(inv_k: float, origin: float, n_out: int, n_src: int, coeffs: np.ndarray) -> _AxisPlan:
+    key = (float(F32(inv_k)), float(F32(origin)), n_out, n_src, np.asarray(coeffs, F32).tobytes())
+    hit = _PLANS.get(key)
+    if hit is not None:
+        return hit
+    idx, weight = axis_taps(inv_k, origin, n_out, n_src, coeffs)
+    lo, hi = _live(weight)
+    s0 = s1 = 0
+    if hi > lo:
+        used = idx[lo:hi][weight[lo:hi] != 0]
+        s0, s1 = int(used.min()), int(used.max()) + 1
+    taps = tuple(t for t in range(weight.shape[1]) if bool((weight[:, t] != 0).any()))
+    rel_idx = tuple((idx[lo:hi, t] - s0).astype(np.intp) for t in taps)
+    weight4 = tuple(np.repeat(weight[lo:hi, t], 4).reshape(hi - lo, 4) for t in taps)
+    rel_all = (idx - s0).astype(np.intp)
+    for a in (*rel_idx, *weight4, rel_all):
+        a.flags.writeable = False
+    plan = _AxisPlan(idx, weight, lo, hi, s0, s1, taps, rel_idx, weight4, rel_all)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _horizontal_planar(rows: np.ndarray, plan: _AxisPlan, chunk: int | None = None) -> np.ndarray:
+    """:func:`_horizontal` for the live columns of ``plan``: ``(r, w, c)`` uint8 (the source
+    columns ``[plan.s0, plan.s1)``) → ``(r, 4, n)`` float32 planar ``[c0, c1, c2, a]`` per row,
+    the same products summed in tap order (16-byte gathers of interleaved pixels, then one
+    transpose per chunk of rows). The running sum starts from the first product instead of
+    ``0 + product``: that differs only in the sign of a zero, which no later step turns into a
+    different uint8."""
     r, w = rows.shape[:2]
-    n, taps = ix.shape
+    n = plan.hi - plan.lo
     chunk = chunk or _rows_per_band(max(w, n), 16)
-    live = [t for t in range(taps) if bool((wx[:, t] != 0).any())]
-    w4 = [np.repeat(wx[:, t], 4).reshape(n, 4) for t in live]
-    idx = [ix[:, t].astype(np.intp) for t in live]
+    w4, idx = plan.weight4, plan.rel_idx
     out = np.empty((r, 4, n), np.float32)
     f_buf = np.empty((chunk, w, 4), np.float32)
     f_buf[..., 3] = 1
@@ -233,23 +281,21 @@ def render_fused_cpu(
     at least 32 rows).
     """
     h, w = pixels.shape[:2]
-    band_rows = band_rows or _rows_per_band(out_w, 32)
-    ix, wx, iy, wy = _taps(params, out_w, out_h, h, w, coeffs)
+    band_rows = min(band_rows or _rows_per_band(out_w, 32), out_h)  # buffers no taller than the canvas
+    inv_k, ox, oy = (float(v) for v in params)
+    px, py = _axis_plan(inv_k, ox, out_w, w, coeffs), _axis_plan(inv_k, oy, out_h, h, coeffs)
+    wy = py.weight
     out = np.empty((out_h, out_w, 4 if transparent else 3), np.uint8)
     fill = 0 if transparent else 255
-    x0, x1 = _live(wx)
-    y0, y1 = _live(wy)
+    x0, x1 = px.lo, px.hi
+    y0, y1 = py.lo, py.hi
     if x1 <= x0 or y1 <= y0:
         out[...] = fill
         return out
-    live_y = wy[y0:y1] != 0
-    r0, r1 = int(iy[y0:y1][live_y].min()), int(iy[y0:y1][live_y].max()) + 1
-    live_x = wx[x0:x1] != 0
-    s0, s1 = int(ix[x0:x1][live_x].min()), int(ix[x0:x1][live_x].max()) + 1
-    hp = _horizontal_planar(pixels[r0:r1, s0:s1], ix[x0:x1] - s0, wx[x0:x1])
+    r0 = py.s0
+    hp = _horizontal_planar(pixels[r0:py.s1, px.s0:px.s1], px)
     nl = x1 - x0
-    taps_y = [u for u in range(iy.shape[1]) if bool((wy[:, u] != 0).any())]
-    rel_iy = (iy - r0).astype(np.intp)
+    taps_y, rel_iy = py.taps, py.rel_all
     acc_buf = np.empty((band_rows + 2, 4, nl), np.float32)
     term_buf = np.empty_like(acc_buf)
     pad_buf = np.full((3, band_rows + 2, out_w + 2), F32(fill), np.float32)

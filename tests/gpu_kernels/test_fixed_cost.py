@@ -244,3 +244,18 @@ def test_a_stride_one_gain_map_is_read_as_the_interpolation_reads_it() -> None:
     assert np.array_equal(_band_gain(cols3, (13, 29), grid), rows[13:29])
     shifted = grid.shifted(3, 5)  # a window's grid takes the interpolating path, reading the same cells
     assert np.array_equal(gain_columns(np, gain_map, 40, shifted)[:, :30], cols[:, 5:35])
+
+
+def test_the_render_axis_plan_is_kept_per_placement_and_read_only() -> None:
+    coeffs = RetouchConfig().geometry.cubic_coefficients()
+    a = render._axis_plan(2.5, -3.25, 64, 160, coeffs)
+    assert render._axis_plan(2.5, -3.25, 64, 160, coeffs) is a  # one derivation per process and placement
+    with pytest.raises(ValueError):
+        a.rel_all[0] = 1
+    idx, weight = axis_taps(2.5, -3.25, 64, 160, coeffs)
+    used = idx[weight != 0]
+    assert (a.s0, a.s1) == (int(used.min()), int(used.max()) + 1)
+    live_rows = np.flatnonzero((weight != 0).any(axis=1))
+    assert (a.lo, a.hi) == (int(live_rows[0]), int(live_rows[-1]) + 1)
+    assert a.taps == tuple(t for t in range(weight.shape[1]) if (weight[:, t] != 0).any())
+    assert render._axis_plan(2.5, -3.0, 64, 160, coeffs) is not a
