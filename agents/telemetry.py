@@ -70,6 +70,7 @@ class Metrics:
                           ["version", "model", "device"], registry=r)
         for outcome in ("processed", "dead_letter"):
             self.images.labels(outcome)  # both series exist from the start (rate() needs them)
+        self._stage_children: dict[tuple[Any, Any], Any] = {}
 
     def set_info(self, *, version: str, model: str, device: str) -> None:
         self.info.labels(version, model, device).set(1)
@@ -77,11 +78,21 @@ class Metrics:
     def observe_spans(self, spans: Iterable[Mapping[str, Any]], exemplar: dict[str, str] | None = None) -> None:
         """One output's per-stage spans (``stage``, ``duration_us``, ``batch_size``, ``device``)."""
         for s in spans:
-            stage = str(s["stage"]).split(":", 1)[0]
-            stage = "render" if stage == "preset" else stage
             size = max(1, int(s.get("batch_size") or 1))
-            self.stage_seconds.labels(stage, str(s.get("device") or "cpu")).observe(
-                int(s["duration_us"]) / 1e6 / size, exemplar=exemplar)
+            self._stage_child(s["stage"], s.get("device")).observe(int(s["duration_us"]) / 1e6 / size,
+                                                                   exemplar=exemplar)
+
+    def _stage_child(self, span_stage: Any, device: Any) -> Any:
+        """The ``stage_seconds`` series of a span's stage (``preset:<name>`` -> ``render``,
+        ``encode:<name>`` -> ``encode``) and device, kept per distinct pair: ``labels()`` builds
+        and locks per call, ten spans an output."""
+        key = (span_stage, device)
+        child = self._stage_children.get(key)
+        if child is None:
+            stage = str(span_stage).split(":", 1)[0]
+            stage = "render" if stage == "preset" else stage
+            child = self._stage_children[key] = self.stage_seconds.labels(stage, str(device or "cpu"))
+        return child
 
     def observe_output(self, *, kind: str, error_code: str | None, e2e_s: float | None,
                        exemplar: dict[str, str] | None = None) -> None:

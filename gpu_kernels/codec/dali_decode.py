@@ -49,9 +49,14 @@ Time budget (``time_budget_s``, per image). Pillow and DCT-scaled decodes run on
 thread pool; an item whose decode takes longer than ``time_budget_s`` (still running at its
 deadline, or finished late) is returned as ``DecodeFailed`` "over time budget" and its
 batch-mates go on (items queued behind it move to a
-fresh pool). A DALI run (one chunk) runs on its own thread with ``time_budget_s`` × its image
-count; when it overruns, the run and its pipelines are abandoned and each image of the chunk
-runs alone under ``time_budget_s`` — so the slow one is isolated and the rest are decoded.
+fresh pool). Small images (at most ``CHUNK_PIXELS`` by their header) go to the pool in chunks,
+one per pool thread, so that a batch of thumbnails pays a few thread hand-offs rather than one
+per image: a chunk has ``time_budget_s`` × its image count, an image that took longer than
+``time_budget_s`` is over budget as above, and when a chunk overruns, the images it has not
+finished run alone under ``time_budget_s`` (on a fresh pool). A DALI run (one chunk) runs on
+its own thread with ``time_budget_s`` × its image count; when it overruns, the run and its
+pipelines are abandoned and each image of the chunk runs alone under ``time_budget_s`` — so
+the slow one is isolated and the rest are decoded.
 A late decode cannot be interrupted (a C decoder in a thread): it is abandoned and ends by
 itself — every decode is bounded by the header guards (pixels, frames, scans, bytes), so the
 budget protects the batch's latency, not the CPU. Threads rather than worker processes: a
@@ -97,6 +102,7 @@ STAGE = "decode"
 ReduceMode = Literal["auto", "dct", "resize", "off"]
 _FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
 DEFAULT_TIME_BUDGET_S = 10.0
+CHUNK_PIXELS = 256 * 256  # images up to this many pixels (header) go to the pool in chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +268,10 @@ class DaliDecoder:
                 reason = _refusal(out[job.index])
                 if reason is not None:
                     pooled.append((job, self._chain(("pillow", "opencv"), [("DALI", reason)])))
+        small = [item for item in pooled if item[0].info.width * item[0].info.height <= CHUNK_PIXELS]
+        if len(small) > 1:
+            large = [item for item in pooled if item[0].info.width * item[0].info.height > CHUNK_PIXELS]
+            pooled = large + self._run_chunked(small, out)
         if pooled:
             self._run_budgeted(pooled, out)
         return out
@@ -492,11 +502,56 @@ class DaliDecoder:
                     del futures[fut]
                     futures[pool.submit(call, job, fn)] = (job, fn)
 
+    def _run_chunked(
+        self, items: list[tuple[_Job, Callable[[_Job], Array]]], out: list[Array | LightboxError]
+    ) -> list[tuple[_Job, Callable[[_Job], Array]]]:
+        """Run small items on the pool in one chunk per pool thread (see the module docstring);
+        returns the items a chunk that overran did not finish, to be run alone."""
+        n = min(self.num_threads, len(items))
+        chunks = [items[k::n] for k in range(n)]
+        done: dict[int, tuple[Array | BaseException, float]] = {}  # index -> (result, seconds)
+        stop = threading.Event()
+
+        def run(chunk: list[tuple[_Job, Callable[[_Job], Array]]]) -> None:
+            for job, fn in chunk:
+                if stop.is_set():  # the chunk overran: what is left runs alone elsewhere
+                    return
+                start = time.monotonic()
+                try:
+                    value: Array | BaseException = fn(job)
+                except Exception as err:
+                    value = err
+                done[job.index] = (value, time.monotonic() - start)
+
+        pool = self._pool or self._new_pool()
+        futures = [pool.submit(run, chunk) for chunk in chunks]
+        _, late = wait(futures, timeout=self.time_budget_s * max(len(c) for c in chunks))
+        stop.set()
+        finished = dict(done)  # a result that lands after this moment is not used
+        if late:  # the late chunk's thread is lost to this pool
+            self._new_pool()
+            pool.shutdown(wait=False)
+        left = []
+        for job, fn in items:
+            if job.index not in finished:
+                left.append((job, fn))
+                continue
+            value, took = finished[job.index]
+            out[job.index] = self._over_budget(job) if took > self.time_budget_s else self._settle(value, job)
+        return left
+
     @staticmethod
     def _result(fut: Future[Array], job: _Job) -> Array | LightboxError:
         err = fut.exception()
-        if err is None:
-            return fut.result()
+        return DaliDecoder._settle(fut.result() if err is None else err, job)
+
+    @staticmethod
+    def _settle(value: Array | BaseException, job: _Job) -> Array | LightboxError:
+        """A pool decode's result: the array, or the item's error (a LightboxError as raised, any
+        other exception as a ``DecodeFailed`` naming the image)."""
+        if not isinstance(value, BaseException):
+            return value
+        err = value
         if isinstance(err, LightboxError):
             return err
         i = job.info

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from gpu_kernels.array import Array
@@ -153,6 +154,13 @@ class ExposureConfig:
             raise ValueError(f"exposure lut_size must be >= 16; got {self.lut_size}")
 
 
+def _clamp(xp: Any, x: Array, lo: float, hi: float) -> Array:
+    """``xp.clip(x, lo, hi)``, bit for bit (NaN and the sign of a zero included: the bound wins a
+    tie, as in NumPy's clip), in two ufunc calls: ``np.clip``'s Python layers cost ~8 us a call,
+    more than the arithmetic on the scalars and small samples of the estimation."""
+    return xp.minimum(hi, xp.maximum(lo, x))
+
+
 def sample_stride(height: int, width: int, side: int) -> int:
     """Stride ``s`` such that ``image[::s, ::s]`` has at most ``side`` pixels along each axis."""
     return max(1, math.ceil(max(height, width) / max(1, side)))
@@ -199,7 +207,7 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
     guarantees it). Returns ``(len(qs),)`` float64 on the same device.
     """
     ordered = xp.sort(xp.where(select, values, xp.inf))
-    last = xp.maximum(xp.sum(select) - 1, 0).astype(xp.float64)
+    last = xp.maximum(xp.count_nonzero(select) - 1, 0).astype(xp.float64)  # count_nonzero: no int cast
     out = []
     for q in qs:
         pos = last * (q / 100.0)
@@ -212,21 +220,68 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
     return xp.stack(out)
 
 
-def srgb_to_lab(xp: Any, rgb: Array) -> Array:
-    """CIELAB (D65) of ``(..., 3)`` sRGB levels 0..255 (float64): ``(..., 3)`` L*, a*, b*."""
+def _srgb_linear(xp: Any, rgb: Array) -> Array:
+    """Linear-light sRGB of levels 0..255 (float64, any shape): the sRGB transfer curve inverted."""
     c = rgb / 255.0
-    lin = xp.where(c <= 0.04045, c / 12.92, xp.power((xp.maximum(c, 0.04045) + 0.055) / 1.055, 2.4))
-    r, g, b = lin[..., 0], lin[..., 1], lin[..., 2]
-    x = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b) / 0.95047
-    y = 0.2126729 * r + 0.7151522 * g + 0.0721750 * b
-    z = (0.0193339 * r + 0.1191920 * g + 0.9503041 * b) / 1.08883
+    return xp.where(c <= 0.04045, c / 12.92, xp.power((xp.maximum(c, 0.04045) + 0.055) / 1.055, 2.4))
+
+
+@lru_cache(maxsize=4)
+def _srgb_linear_table(xp: Any) -> Array:
+    """:func:`_srgb_linear` of the 256 integer levels (``(256,)`` float64, on ``xp``'s device)."""
+    return _srgb_linear(xp, xp.arange(256, dtype=xp.float64))
+
+
+def srgb_to_lab(xp: Any, rgb: Array, *, levels: Array | None = None) -> Array:
+    """CIELAB (D65) of ``(..., 3)`` sRGB levels 0..255 (float64): ``(..., 3)`` L*, a*, b*.
+
+    ``levels``: the same values as uint8 when ``rgb`` holds integer levels (a strided sample of
+    an image): the transfer curve is then read from a 256-entry table (the same float64 values
+    as computed per pixel) instead of a ``power`` per channel value. The planes are combined in
+    place (a handful of temporaries instead of one per operation: a 160-pixel sample's planes
+    outgrow the caches), each value by the same float64 operations in the same order."""
+    shape = rgb.shape[:-1]
+    if levels is not None:
+        table = _srgb_linear_table(xp)
+        flat = levels.reshape(-1, 3)
+        r, g, b = (xp.take(table, flat[:, k]) for k in range(3))
+    else:
+        lin = _srgb_linear(xp, rgb.reshape(-1, 3))
+        r, g, b = lin[:, 0], lin[:, 1], lin[:, 2]
+    tmp = xp.empty(r.shape, xp.float64)
+
+    def mix(k0: float, k1: float, k2: float) -> Array:  # k0 r + k1 g + k2 b
+        out = xp.multiply(r, k0)
+        out += xp.multiply(g, k1, out=tmp)
+        out += xp.multiply(b, k2, out=tmp)
+        return out
+
+    x, y, z = mix(0.4124564, 0.3575761, 0.1804375), mix(0.2126729, 0.7151522, 0.0721750), \
+        mix(0.0193339, 0.1191920, 0.9503041)
+    x /= 0.95047
+    z /= 1.08883
     eps, kappa = 216.0 / 24389.0, 24389.0 / 27.0
 
-    def f(t: Array) -> Array:
-        return xp.where(t > eps, xp.cbrt(xp.maximum(t, eps)), (kappa * t + 16.0) / 116.0)
+    def f(t: Array) -> Array:  # where(t > eps, cbrt(max(t, eps)), (kappa t + 16) / 116), into t
+        xp.greater(t, eps, out=above)
+        xp.maximum(t, eps, out=tmp)
+        xp.cbrt(tmp, out=tmp)
+        t *= kappa
+        t += 16.0
+        t /= 116.0
+        xp.copyto(t, tmp, where=above)
+        return t
 
+    above = xp.empty(r.shape, bool)
     fx, fy, fz = f(x), f(y), f(z)
-    return xp.stack([116.0 * fy - 16.0, 500.0 * (fx - fy), 200.0 * (fy - fz)], axis=-1)
+    out = xp.empty((r.shape[0], 3), xp.float64)
+    xp.multiply(fy, 116.0, out=out[:, 0])
+    out[:, 0] -= 16.0
+    xp.subtract(fx, fy, out=out[:, 1])
+    out[:, 1] *= 500.0
+    xp.subtract(fy, fz, out=out[:, 2])
+    out[:, 2] *= 200.0
+    return out.reshape(*shape, 3)
 
 
 LOCUS_SLOPE = 0.3  # a* per b* of a white under lights along the daylight/Planckian locus (warm: +a*)
@@ -239,7 +294,7 @@ def _plausible(xp: Any, a: Array, b: Array, cfg: WhiteBalanceConfig) -> Array:
     along = (b + LOCUS_SLOPE * a) / norm
     across = (a - LOCUS_SLOPE * b) / norm
     r = xp.sqrt((across / cfg.max_cast_a) ** 2 + (along / cfg.max_cast_b) ** 2)
-    return xp.clip((1.25 - r) / 0.25, 0.0, 1.0)
+    return _clamp(xp, (1.25 - r) / 0.25, 0.0, 1.0)
 
 
 def _balancing_gains(xp: Any, illuminant: Array) -> Array:
@@ -255,30 +310,40 @@ def _neutral_cluster(
     (white-patch); a mean-shift in a*b* that starts at neutral and narrows finds the cluster."""
     any_valid = xp.any(valid)
     top = masked_percentiles(xp, light, valid | ~any_valid, (cfg.bright_pct,))[0]
-    bright = xp.clip((light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
+    bright = _clamp(xp, (light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
     weight = xp.where(valid, bright, 0.0)
-    total = xp.maximum(valid.sum(), 1.0)
+    total = xp.maximum(xp.count_nonzero(valid), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
     ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+    db = xp.empty_like(ca)
     for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
-        d2 = (ca - centre[0]) ** 2 + (cb - centre[1]) ** 2
-        kernel = weight * xp.exp(-0.5 * d2 / (sigma * sigma))
+        # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
+        kernel = xp.subtract(ca, centre[0])
+        kernel *= kernel
+        xp.subtract(cb, centre[1], out=db)
+        db *= db
+        kernel += db
+        kernel *= -0.5
+        kernel /= sigma * sigma
+        xp.exp(kernel, out=kernel)
+        kernel *= weight
         mass = kernel.sum()
         centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()
-    confidence = xp.clip(mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
+    confidence = _clamp(xp, mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
     confidence = xp.where(mass > 1e-12, confidence, 0.0)
     return centre, kernel, confidence
 
 
 def estimate_white_balance(
-    xp: Any, rgb: Array, alpha: Array | None, cfg: WhiteBalanceConfig
+    xp: Any, rgb: Array, alpha: Array | None, cfg: WhiteBalanceConfig, *, levels: Array | None = None
 ) -> Array:
     """Per-channel gains ``(3,)`` float32 from neutral evidence in a sample.
 
     ``rgb``: ``(h, w, 3)`` float64 levels (the strided sample, its neighbours are neighbours);
-    ``alpha``: ``(h, w)`` float64 in 0..255 or None.
+    ``alpha``: ``(h, w)`` float64 in 0..255 or None; ``levels``: ``rgb`` as uint8 when it holds
+    integer levels (see :func:`srgb_to_lab`; the same result, cheaper).
 
     1. Neutral evidence: pixels (not clipped, not dark) weighted by ``(L*/100)^2`` (bright
        pixels are the better witnesses: white-patch), and a mean-shift in a*b* that starts at
@@ -296,7 +361,7 @@ def estimate_white_balance(
     """
     n = rgb.shape[0] * rgb.shape[1]
     flat = rgb.reshape(-1, 3)
-    lab = srgb_to_lab(xp, flat)
+    lab = srgb_to_lab(xp, flat, levels=None if levels is None else levels.reshape(-1, 3))
     light, ab = lab[:, 0], lab[:, 1:]
     peak = xp.maximum(xp.maximum(flat[:, 0], flat[:, 1]), flat[:, 2])  # max over channels, without a reduce
     valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
@@ -321,11 +386,11 @@ def estimate_white_balance(
         t_max = cfg.backdrop_max_texture
         disagree = xp.sqrt(((bg_ab - centre) ** 2).sum())
         trust = (
-            xp.clip(count / (cfg.backdrop_min_share * n), 0.0, 1.0)
+            _clamp(xp, count / (cfg.backdrop_min_share * n), 0.0, 1.0)
             * _plausible(xp, bg_ab[0], bg_ab[1], cfg)
-            * xp.clip((2.0 * t_max - texture) / t_max, 0.0, 1.0)
+            * _clamp(xp, (2.0 * t_max - texture) / t_max, 0.0, 1.0)
             * (pairs > 0)
-            * (1.0 - confidence * xp.clip((disagree - cfg.agree) / cfg.agree, 0.0, 1.0))
+            * (1.0 - confidence * _clamp(xp, (disagree - cfg.agree) / cfg.agree, 0.0, 1.0))
         )
         log_bg = xp.log(_balancing_gains(xp, xp.maximum(bg_rgb, 1.0)))
         log_gain = trust * log_bg + (1.0 - trust) * log_gain
@@ -335,20 +400,20 @@ def estimate_white_balance(
         s_mass = xp.maximum(s_kernel.sum(), 1e-12)
         s_light = (s_kernel @ light) / s_mass
         bg_light = (bgw @ light) / xp.maximum(count, 1)
-        lighter = xp.clip((s_light - bg_light + 1.5 * cfg.subject_darker) / (0.5 * cfg.subject_darker), 0.0, 1.0)
+        lighter = _clamp(xp, (s_light - bg_light + 1.5 * cfg.subject_darker) / (0.5 * cfg.subject_darker), 0.0, 1.0)
         own = s_conf * lighter * (count > 0)
         tint = xp.sqrt((s_centre ** 2).sum())
-        cast = xp.clip((tint - cfg.tint_free) / (cfg.tint_full - cfg.tint_free), 0.0, 1.0)
+        cast = _clamp(xp, (tint - cfg.tint_free) / (cfg.tint_full - cfg.tint_free), 0.0, 1.0)
         s_illuminant = xp.maximum((s_kernel @ flat) / s_mass, 1.0)
         log_own = cast * xp.log(_balancing_gains(xp, s_illuminant))
-        apart = xp.clip((xp.sqrt(((bg_ab - s_centre) ** 2).sum()) - cfg.agree) / cfg.agree, 0.0, 1.0)
+        apart = _clamp(xp, (xp.sqrt(((bg_ab - s_centre) ** 2).sum()) - cfg.agree) / cfg.agree, 0.0, 1.0)
         # a backdrop of another colour than the subject's near-white: a colour, not a cast (a
         # strongly tinted subject, an orange cat, is no white reference: the search above decides)
         override = own * apart * (1.0 - cast)
         log_gain = override * log_own + (1.0 - override) * log_gain
         log_gain = log_gain * (1.0 - own * (1.0 - cast))  # a pale tint of the reference is its colour
     limit = math.log(cfg.max_gain)
-    gains = xp.exp(xp.clip(log_gain, -limit, limit))
+    gains = xp.exp(_clamp(xp, log_gain, -limit, limit))
     return gains.astype(xp.float32)
 
 
@@ -370,10 +435,14 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     one has lost the information to do so). One gain for all channels: hue is kept wherever the
     curve is linear (below the knee).
     """
-    stats = xp.stack([levels.mean(axis=1), levels.max(axis=1)])
+    c0, c1, c2 = levels[:, 0], levels[:, 1], levels[:, 2]
+    # the channel mean and max column by column: levels.mean(axis=1) / levels.max(axis=1) are
+    # the same sums and maxima, but NumPy's reductions over a length-3 axis cost ~10x as much
+    stats = ((c0 + c1 + c2) / 3.0, xp.maximum(xp.maximum(c0, c1), c2))
     everything = xp.ones(levels.shape[0], dtype=bool)
     qs = (cfg.high_pct, cfg.peak_pct)
-    refs = xp.stack([masked_percentiles(xp, v, everything, (q,))[0] for v, q in zip(stats, qs, strict=True)])
+    high_low = masked_percentiles(xp, stats[0], everything, (cfg.high_pct, cfg.low_pct))  # one sort
+    refs = xp.stack([high_low[0], masked_percentiles(xp, stats[1], everything, (cfg.peak_pct,))[0]])
     if alpha is not None:
         subject = alpha >= cfg.subject_min_alpha
         enough = xp.sum(subject) >= max(16.0, 0.005 * levels.shape[0])
@@ -383,9 +452,9 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     refs = xp.maximum(refs, 1e-6)
     gain = xp.minimum(cfg.target_high * 255.0 / refs[0], cfg.ceiling * 255.0 / refs[1])
     gain = xp.minimum(xp.maximum(gain, 1.0), cfg.max_gain)
-    black = masked_percentiles(xp, stats[0], everything, (cfg.low_pct,))[0] / 255.0
-    veil = xp.clip((cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full), 0.0, 1.0)
-    dim = xp.clip((cfg.veil_bright - refs[0] / 255.0) / 0.1, 0.0, 1.0)  # too dark to be veiled
+    black = high_low[1] / 255.0
+    veil = _clamp(xp, (cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full), 0.0, 1.0)
+    dim = _clamp(xp, (cfg.veil_bright - refs[0] / 255.0) / 0.1, 0.0, 1.0)  # too dark to be veiled
     veil = xp.maximum(veil, dim)
     return (1.0 + (gain - 1.0) * veil).reshape(1)
 

@@ -86,7 +86,11 @@ def plan_correction(
     rgb, a, grid = statistics_sample(xp, pixels, alpha, cfg)
     gh, gw = rgb.shape[:2]
     flat_a = None if a is None else a.reshape(-1)
-    wb = estimate_white_balance(xp, rgb, a, cfg.white_balance)
+    levels = None  # the sample as uint8 when it is a strided pick of an RGB(A) image
+    if cfg.sample == "strided" and pixels.shape[2] >= 3:
+        s = sample_stride(pixels.shape[0], pixels.shape[1], cfg.sample_side)
+        levels = pixels[::s, ::s, :3]
+    wb = estimate_white_balance(xp, rgb, a, cfg.white_balance, levels=levels)
     lum = luma(xp, rgb * wb.astype(xp.float64))
     gain_map = None
     v_max = 255.0 * xp.max(wb).astype(xp.float64) * 1.001
@@ -171,6 +175,11 @@ def _band_gain(cols3: np.ndarray, band: tuple[int, int], grid: MapGrid) -> np.nd
     instead of one band per row (64 numpy passes for a 64×64 image)."""
     y_start, y_stop = band
     gh = cols3.shape[0]
+    if grid.step_y == 1 and grid.origin_y == 0 and y_stop <= gh:
+        # a gain row per image row (a stride-1 sample: an image of at most sample_side pixels):
+        # each row reads its own gain row with weight 1 and the next with 0, c * 1 + d * 0 == c
+        # for the finite gains of a map
+        return cols3[y_start:y_stop]
     gy = map_positions(np, y_start, y_stop, grid.step_y, grid.origin_y, gh)
     j0 = gy.astype(np.int32)
     j1 = np.minimum(j0 + 1, gh - 1)

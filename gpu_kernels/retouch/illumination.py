@@ -116,20 +116,30 @@ def illumination_gain(
     side = max(h, w)
     log_surround = None
     support = None
+    # each per-pixel step in place (one temporary per scale, not one per operation); the same
+    # float64 operations on the same operands in the same order, so the same bits
     for frac in cfg.scales:
         sigma = frac * side
         blurred = (matrix(h, sigma) @ stack @ matrix(w, sigma).T).astype(xp.float64)
         den = blurred[1]
-        local = blurred[0] / xp.maximum(den, 1e-12)
-        term = xp.log1p(xp.maximum(local, 0.0))
-        log_surround = term if log_surround is None else log_surround + term
-        support = den if support is None else xp.maximum(support, den)
+        term = xp.maximum(den, 1e-12)
+        xp.divide(blurred[0], term, out=term)  # the local surround
+        xp.maximum(term, 0.0, out=term)
+        xp.log1p(term, out=term)
+        if log_surround is None:
+            log_surround, support = term, den
+        else:
+            log_surround += term
+            xp.maximum(support, den, out=support)
     assert log_surround is not None and support is not None
-    log_surround = log_surround / len(cfg.scales)
+    log_surround /= len(cfg.scales)
     total = xp.sum(weight)
     log_mean = xp.sum(weight * log_surround) / xp.maximum(total, 1e-12)
-    gain = xp.exp(cfg.strength * (log_mean - log_surround))
-    gain = xp.minimum(xp.maximum(gain, cfg.min_gain), cfg.max_gain)
+    gain = xp.subtract(log_mean, log_surround, out=log_surround)
+    gain *= cfg.strength
+    xp.exp(gain, out=gain)
+    xp.maximum(gain, cfg.min_gain, out=gain)
+    xp.minimum(gain, cfg.max_gain, out=gain)
     gain = xp.where((support >= cfg.min_support) & (total > 0), gain, 1.0)
     return gain.astype(xp.float32)
 
@@ -147,6 +157,10 @@ def map_positions(xp: Any, start: int, stop: int, step: float, origin: float, n:
 def gain_columns(xp: Any, gain_map: Array, width: int, grid: MapGrid) -> Array:
     """The gain map interpolated along x at every image column: ``(gh, width)`` float32."""
     gw = gain_map.shape[1]
+    if grid.step_x == 1 and grid.origin_x == 0 and width <= gw:
+        # a map column per image column: weight 1 on its own column and 0 on the next, and
+        # c * 1 + d * 0 == c for the finite gains of a map (a copy: callers may write to it)
+        return gain_map[:, :width].copy()
     gx = map_positions(xp, 0, width, grid.step_x, grid.origin_x, gw)
     x0 = gx.astype(xp.int32)
     x1 = xp.minimum(x0 + 1, gw - 1)

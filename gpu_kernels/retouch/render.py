@@ -28,6 +28,7 @@ uint8 source. They are bit-identical (tested); the GPU kernel agrees within 1 LS
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -176,18 +177,66 @@ def _premultiplied(src: np.ndarray, f: np.ndarray) -> None:
             np.copyto(f[..., k], src[..., k if c == 3 else 0], casting="unsafe")
 
 
-def _horizontal_planar(rows: np.ndarray, ix: np.ndarray, wx: np.ndarray,
-                       chunk: int = 16) -> np.ndarray:
-    """:func:`_horizontal` for live columns: ``(r, w, c)`` uint8 → ``(r, 4, n)`` float32
-    planar ``[c0, c1, c2, a]`` per row, the same products summed in tap order (16-byte gathers
-    of interleaved pixels, then one transpose per chunk of rows). The running sum starts from
-    the first product instead of ``0 + product``: that differs only in the sign of a zero, which
-    no later step turns into a different uint8."""
+@dataclass(frozen=True, slots=True)
+class _AxisPlan:
+    """What the fused CPU render reads along one axis, derived from :func:`.geometry.axis_taps`
+    once per placement (kept per process, as the taps are): the live output range ``[lo, hi)``
+    (:func:`_live`), the source range ``[s0, s1)`` its non-zero taps read, the tap columns with
+    any non-zero weight, and for those, over the live outputs, the source indices relative to
+    ``s0`` (intp) and the weights repeated for 4 interleaved channels; ``rel_all``: every
+    output's indices relative to ``s0`` (intp). All read-only."""
+
+    idx: np.ndarray
+    weight: np.ndarray
+    lo: int
+    hi: int
+    s0: int
+    s1: int
+    taps: tuple[int, ...]
+    rel_idx: tuple[np.ndarray, ...]
+    weight4: tuple[np.ndarray, ...]
+    rel_all: np.ndarray
+
+
+_PLANS: dict[tuple[float, float, int, int, bytes], _AxisPlan] = {}
+_PLANS_MAX = 512
+
+
+def _axis_plan(inv_k: float, origin: float, n_out: int, n_src: int, coeffs: np.ndarray) -> _AxisPlan:
+    key = (float(F32(inv_k)), float(F32(origin)), n_out, n_src, np.asarray(coeffs, F32).tobytes())
+    hit = _PLANS.get(key)
+    if hit is not None:
+        return hit
+    idx, weight = axis_taps(inv_k, origin, n_out, n_src, coeffs)
+    lo, hi = _live(weight)
+    s0 = s1 = 0
+    if hi > lo:
+        used = idx[lo:hi][weight[lo:hi] != 0]
+        s0, s1 = int(used.min()), int(used.max()) + 1
+    taps = tuple(t for t in range(weight.shape[1]) if bool((weight[:, t] != 0).any()))
+    rel_idx = tuple((idx[lo:hi, t] - s0).astype(np.intp) for t in taps)
+    weight4 = tuple(np.repeat(weight[lo:hi, t], 4).reshape(hi - lo, 4) for t in taps)
+    rel_all = (idx - s0).astype(np.intp)
+    for a in (*rel_idx, *weight4, rel_all):
+        a.flags.writeable = False
+    plan = _AxisPlan(idx, weight, lo, hi, s0, s1, taps, rel_idx, weight4, rel_all)
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+    return plan
+
+
+def _horizontal_planar(rows: np.ndarray, plan: _AxisPlan, chunk: int | None = None) -> np.ndarray:
+    """:func:`_horizontal` for the live columns of ``plan``: ``(r, w, c)`` uint8 (the source
+    columns ``[plan.s0, plan.s1)``) → ``(r, 4, n)`` float32 planar ``[c0, c1, c2, a]`` per row,
+    the same products summed in tap order (16-byte gathers of interleaved pixels, then one
+    transpose per chunk of rows). The running sum starts from the first product instead of
+    ``0 + product``: that differs only in the sign of a zero, which no later step turns into a
+    different uint8."""
     r, w = rows.shape[:2]
-    n, taps = ix.shape
-    live = [t for t in range(taps) if bool((wx[:, t] != 0).any())]
-    w4 = [np.repeat(wx[:, t], 4).reshape(n, 4) for t in live]
-    idx = [ix[:, t].astype(np.intp) for t in live]
+    n = plan.hi - plan.lo
+    chunk = chunk or _rows_per_band(max(w, n), 16)
+    w4, idx = plan.weight4, plan.rel_idx
     out = np.empty((r, 4, n), np.float32)
     f_buf = np.empty((chunk, w, 4), np.float32)
     f_buf[..., 3] = 1
@@ -209,9 +258,18 @@ def _horizontal_planar(rows: np.ndarray, ix: np.ndarray, wx: np.ndarray,
     return out
 
 
+BAND_PIXELS = 8_192  # pixels per band of render_fused_cpu (32 rows of a 256-px-wide canvas)
+
+
+def _rows_per_band(width: int, least: int) -> int:
+    """Rows per band: about :data:`BAND_PIXELS` pixels, at least ``least`` rows (a small canvas
+    is one band, its cost not a fixed number of NumPy calls per ``least`` rows)."""
+    return max(least, BAND_PIXELS // max(width, 1))
+
+
 def render_fused_cpu(
     pixels: np.ndarray, params: np.ndarray, out_w: int, out_h: int, transparent: bool,
-    amount: float, coeffs: np.ndarray, band_rows: int = 32,
+    amount: float, coeffs: np.ndarray, band_rows: int | None = None,
 ) -> np.ndarray:
     """The CPU twin of the fused kernel, one band of output rows at a time (same arguments and
     result as :func:`render_reference`, bit for bit).
@@ -219,32 +277,32 @@ def render_fused_cpu(
     Only the live part of the canvas is resampled (outside it every sum is exactly 0, and a
     band whose rows and halo are all outside is the constant pad); the horizontal pass runs once
     per source row, the rest works on planar float32 channels in cache-sized bands with
-    buffers reused from band to band.
+    buffers reused from band to band (``band_rows``: default about :data:`BAND_PIXELS` pixels,
+    at least 32 rows).
     """
     h, w = pixels.shape[:2]
-    ix, wx, iy, wy = _taps(params, out_w, out_h, h, w, coeffs)
+    band_rows = min(band_rows or _rows_per_band(out_w, 32), out_h)  # buffers no taller than the canvas
+    inv_k, ox, oy = (float(v) for v in params)
+    px, py = _axis_plan(inv_k, ox, out_w, w, coeffs), _axis_plan(inv_k, oy, out_h, h, coeffs)
+    wy = py.weight
     out = np.empty((out_h, out_w, 4 if transparent else 3), np.uint8)
     fill = 0 if transparent else 255
-    x0, x1 = _live(wx)
-    y0, y1 = _live(wy)
+    x0, x1 = px.lo, px.hi
+    y0, y1 = py.lo, py.hi
     if x1 <= x0 or y1 <= y0:
         out[...] = fill
         return out
-    live_y = wy[y0:y1] != 0
-    r0, r1 = int(iy[y0:y1][live_y].min()), int(iy[y0:y1][live_y].max()) + 1
-    live_x = wx[x0:x1] != 0
-    s0, s1 = int(ix[x0:x1][live_x].min()), int(ix[x0:x1][live_x].max()) + 1
-    hp = _horizontal_planar(pixels[r0:r1, s0:s1], ix[x0:x1] - s0, wx[x0:x1])
+    r0 = py.s0
+    hp = _horizontal_planar(pixels[r0:py.s1, px.s0:px.s1], px)
     nl = x1 - x0
-    taps_y = [u for u in range(iy.shape[1]) if bool((wy[:, u] != 0).any())]
-    rel_iy = (iy - r0).astype(np.intp)
+    taps_y, rel_iy = py.taps, py.rel_all
     acc_buf = np.empty((band_rows + 2, 4, nl), np.float32)
     term_buf = np.empty_like(acc_buf)
     pad_buf = np.full((3, band_rows + 2, out_w + 2), F32(fill), np.float32)
     cover_full = np.zeros((band_rows, out_w), np.float32) if transparent else None
     for b0 in range(0, out_h, band_rows):
         b1 = min(out_h, b0 + band_rows)
-        rows = np.clip(np.arange(b0 - 1, b1 + 1), 0, out_h - 1)  # replicated halo rows
+        rows = np.minimum(np.maximum(np.arange(b0 - 1, b1 + 1), 0), out_h - 1)  # replicated halo rows
         if int(rows[-1]) < y0 or int(rows[0]) >= y1:
             out[b0:b1] = fill
             continue
@@ -256,7 +314,6 @@ def render_fused_cpu(
             dst *= wy[rows, u][:, None, None]
             if j:
                 acc += term
-        cover = np.clip(acc[:, 3], F32(0), F32(1))
         padded = pad_buf[:, :nb]
         live = padded[:, :, 1 + x0:1 + x1]
         if transparent:
@@ -274,7 +331,7 @@ def render_fused_cpu(
             np.putmask(v, (padded[:, 1:-1, 1:-1] < F32(254.5)) & (v > F32(254)), F32(254))
         if cover_full is not None:
             full = cover_full[:nb - 2]
-            full[:, x0:x1] = cover[1:-1]
+            full[:, x0:x1] = np.clip(acc[1:-1, 3], F32(0), F32(1))
             _finalize_planar(out[b0:b1], v, full)
         else:
             _round_planar(out[b0:b1], v)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents.telemetry import Health, Metrics, MetricsServer
@@ -66,6 +67,20 @@ def test_metrics_from_spans_and_outputs(served: tuple[Metrics, Health, Clock, st
     assert got[("lightbox_dead_letters_total", (("code", "DECODE_FAILED"),))] == 1
     assert got[("lightbox_e2e_seconds_count", ())] == 1
     assert got[("lightbox_info", (("device", "cpu"), ("model", "u2netp"), ("version", "0.1.0")))] == 1
+
+def test_spans_of_several_presets_and_outputs_share_one_series_per_stage_and_device() -> None:
+    metrics = Metrics()  # a registry of its own
+    for _ in range(3):
+        metrics.observe_spans([
+            {"stage": "encode:taobao_main", "duration_us": 2_000, "batch_size": 2, "device": "cpu"},
+            {"stage": "encode:thumb_webp", "duration_us": 1_000, "batch_size": 1, "device": None},
+            {"stage": "preset:thumb_webp", "duration_us": 6_000, "batch_size": 3, "device": "gpu"}])
+    got = _samples(generate_latest(metrics.registry).decode())
+    assert got[("lightbox_stage_seconds_count", (("device", "cpu"), ("stage", "encode")))] == 6
+    assert got[("lightbox_stage_seconds_sum", (("device", "cpu"), ("stage", "encode")))] == pytest.approx(3 * 0.002)
+    assert got[("lightbox_stage_seconds_sum", (("device", "gpu"), ("stage", "render")))] == pytest.approx(3 * 0.002)
+    assert not any(k[0].startswith("lightbox_stage_seconds") and ("stage", "preset") in k[1] for k in got)
+
 
 
 def test_exemplars_carry_trace_ids_in_openmetrics(served: tuple[Metrics, Health, Clock, str]) -> None:

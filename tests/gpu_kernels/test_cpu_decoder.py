@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from gpu_kernels.codec import DaliDecoder, make_decoder
-from schemas.errors import LightboxError
-from tests.corpus import Hostile, hostile_files, mixed_folder
+from schemas.errors import DecodeFailed, LightboxError
+from tests.corpus import Hostile, _save, hostile_files, jpeg_scan_bomb, mixed_folder, photo
 from tests.gpu_kernels.test_hostile_files import _assert_no_echo
 
 
@@ -50,3 +51,47 @@ def test_hostile_files_reach_the_same_outcome_without_dali(case: Hostile) -> Non
     assert outcome == case.outcome, got
     if isinstance(got, LightboxError):
         _assert_no_echo(blob, str(got))
+
+
+def _thumbs() -> list[bytes]:
+    """Thumbnails of every kind the pool decodes (plain and progressive JPEG, PNG, WebP, RGBA)."""
+    out = []
+    for k, (fmt, kw) in enumerate([("JPEG", {"quality": 90}), ("JPEG", {"progressive": True}), ("PNG", {}),
+                                   ("WEBP", {"quality": 85}), ("PNG", {}), ("JPEG", {"quality": 70})]):
+        im = Image.fromarray(photo(64 + 16 * k, 48 + 8 * k))
+        out.append(_save(im.convert("RGBA") if k == 4 else im, fmt, **kw))
+    return out
+
+
+def test_thumbnails_decoded_in_chunks_equal_one_by_one_and_a_bad_one_fails_alone() -> None:
+    thumbs = _thumbs()
+    bad = thumbs[2][: len(thumbs[2]) // 2]  # a PNG cut in the middle: its header passes, no decoder reads it
+    batch = [*thumbs[:3], bad, mixed_folder()["jpeg.jpg"], *thumbs[3:]]  # one 600x400 photo among them
+    with make_decoder("cpu") as d:
+        together = d.decode_batch(batch)
+        alone = [d.decode_batch([blob])[0] for blob in batch]
+    for k, (x, y) in enumerate(zip(together, alone, strict=True)):
+        if isinstance(y, LightboxError):
+            assert isinstance(x, LightboxError) and x.code == y.code, (k, x, y)
+            continue
+        assert isinstance(x, np.ndarray) and np.array_equal(x, y), k
+    assert isinstance(together[3], DecodeFailed)
+    assert all(isinstance(x, np.ndarray) for k, x in enumerate(together) if k != 3)
+
+
+def test_a_slow_thumbnail_is_isolated_from_its_chunk_mates() -> None:
+    slow = jpeg_scan_bomb(256, 50_000)  # ~0.9 s in libjpeg-turbo with the scan guard lifted
+    thumbs = _thumbs()
+    batch = [*thumbs[:3], slow, *thumbs[3:]]
+    with DaliDecoder("cpu", dali=False, max_scans=10**6, max_markers=10**6, time_budget_s=0.1) as d:
+        results = d.decode_batch(batch)
+        again = d.decode_batch(thumbs[:2])  # the decoder is usable after abandoning a chunk
+    assert isinstance(results[3], DecodeFailed) and "over time budget" in results[3].message
+    assert all(isinstance(r, np.ndarray) for k, r in enumerate(results) if k != 3), results
+    assert all(isinstance(r, np.ndarray) for r in again)
+
+
+def test_a_chunk_over_budget_fails_each_thumbnail_as_over_budget() -> None:
+    with DaliDecoder("cpu", dali=False, time_budget_s=1e-9) as d:  # below any decode
+        results = d.decode_batch(_thumbs())
+    assert all(isinstance(r, DecodeFailed) and "over time budget" in r.message for r in results), results

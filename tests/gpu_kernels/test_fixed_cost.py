@@ -7,12 +7,21 @@ import numpy as np
 import pytest
 import skimage.data
 
-from gpu_kernels.retouch import RetinexConfig, RetouchConfig
+from gpu_kernels.retouch import RetinexConfig, RetouchConfig, render
 from gpu_kernels.retouch.checks import alpha_source
-from gpu_kernels.retouch.correction import correct_fused_cpu, correct_reference, plan_correction
+from gpu_kernels.retouch.color import (
+    ExposureConfig,
+    WhiteBalanceConfig,
+    _clamp,
+    _neutral_cluster,
+    estimate_tone,
+    srgb_to_lab,
+)
+from gpu_kernels.retouch.correction import _band_gain, correct_fused_cpu, correct_reference, plan_correction
 from gpu_kernels.retouch.cpu import effective_background
 from gpu_kernels.retouch.geometry import axis_taps
-from gpu_kernels.retouch.illumination import gaussian_matrix
+from gpu_kernels.retouch.illumination import MapGrid, gain_columns, gaussian_matrix, illumination_gain, map_positions
+from gpu_kernels.retouch.render import render_fused_cpu, render_reference
 from tests.gpu_kernels.test_retouch import product_shot, soft_mask
 
 
@@ -49,3 +58,204 @@ def test_taps_are_kept_read_only_and_equal_to_a_fresh_table() -> None:
     assert up[0].shape == (64, 4) and np.allclose(up[1][5:-5].sum(axis=1), 1.0, atol=1e-5)
     other = axis_taps(2.5, -3.0, 64, 160, coeffs)
     assert not np.array_equal(other[1], a[1]) or not np.array_equal(other[0], a[0])
+
+
+def test_lab_from_the_level_table_equals_the_per_pixel_curve() -> None:
+    rng = np.random.default_rng(3)
+    levels = np.concatenate([np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1),
+                             rng.integers(0, 256, (4000, 3), dtype=np.uint8)])
+    direct = srgb_to_lab(np, levels.astype(np.float64))
+    tabled = srgb_to_lab(np, levels.astype(np.float64), levels=levels)
+    assert np.array_equal(direct, tabled)
+    assert direct[255, 0] == pytest.approx(100.0, abs=1e-4) and direct[0, 0] == 0.0  # white, black
+
+
+def _tone_by_axis_reductions(levels: np.ndarray, alpha: np.ndarray | None, cfg: ExposureConfig) -> float:
+    """estimate_tone written the plain way: NumPy's axis reductions and np.percentile."""
+    mean, peak = levels.mean(axis=1), levels.max(axis=1)
+    refs = np.array([np.percentile(mean, cfg.high_pct), np.percentile(peak, cfg.peak_pct)])
+    if alpha is not None:
+        subject = alpha >= cfg.subject_min_alpha
+        if subject.sum() >= max(16.0, 0.005 * levels.shape[0]):
+            refs = np.maximum(refs, [np.percentile(mean[subject], cfg.high_pct),
+                                     np.percentile(peak[subject], cfg.peak_pct)])
+    refs = np.maximum(refs, 1e-6)
+    gain = min(max(min(cfg.target_high * 255 / refs[0], cfg.ceiling * 255 / refs[1]), 1.0), cfg.max_gain)
+    black = np.percentile(mean, cfg.low_pct) / 255
+    veil = max(np.clip((cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full), 0, 1),
+               np.clip((cfg.veil_bright - refs[0] / 255) / 0.1, 0, 1))
+    return float(1 + (gain - 1) * veil)
+
+
+@pytest.mark.parametrize("scene", ["dark", "veiled", "bright", "masked_dark"])
+def test_tone_by_columns_and_shared_sorts_equals_the_plain_reductions(scene: str) -> None:
+    rng = np.random.default_rng(7)
+    n = 4096
+    base = {"dark": (10, 140), "veiled": (110, 200), "bright": (30, 256), "masked_dark": (5, 120)}[scene]
+    levels = rng.integers(base[0], base[1], (n, 3)).astype(np.float64)
+    levels[:, 1] += rng.random(n)  # fractions too (an area sample): the sums' order matters then
+    alpha = rng.integers(0, 256, n).astype(np.float64) if scene == "masked_dark" else None
+    cfg = ExposureConfig()
+    tone = float(estimate_tone(np, levels, alpha, cfg)[0])
+    assert tone == pytest.approx(_tone_by_axis_reductions(levels, alpha, cfg), rel=1e-12)
+    assert (tone > 1.0) == (scene != "bright")  # the scenes reach the branches they are named for
+    c0, c1, c2 = levels[:, 0], levels[:, 1], levels[:, 2]
+    assert np.array_equal((c0 + c1 + c2) / 3.0, levels.mean(axis=1))  # the column sum is NumPy's
+
+
+def _lab_plain(rgb: np.ndarray) -> np.ndarray:
+    """CIELAB of float64 sRGB levels, one temporary per operation (the textbook formula)."""
+    c = rgb / 255.0
+    lin = np.where(c <= 0.04045, c / 12.92, np.power((np.maximum(c, 0.04045) + 0.055) / 1.055, 2.4))
+    r, g, b = lin[..., 0], lin[..., 1], lin[..., 2]
+    x = (0.4124564 * r + 0.3575761 * g + 0.1804375 * b) / 0.95047
+    y = 0.2126729 * r + 0.7151522 * g + 0.0721750 * b
+    z = (0.0193339 * r + 0.1191920 * g + 0.9503041 * b) / 1.08883
+    eps, kappa = 216.0 / 24389.0, 24389.0 / 27.0
+    fx, fy, fz = (np.where(t > eps, np.cbrt(np.maximum(t, eps)), (kappa * t + 16.0) / 116.0) for t in (x, y, z))
+    return np.stack([116.0 * fy - 16.0, 500.0 * (fx - fy), 200.0 * (fy - fz)], axis=-1)
+
+
+@pytest.mark.parametrize("shape", [(3,), (5, 3), (7, 9, 3), (20_000, 3)])
+def test_lab_in_place_equals_the_textbook_formula_bit_for_bit(shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(11)
+    rgb = rng.random(shape) * 255.0
+    flat = rgb.reshape(-1)
+    flat[:3] = [0.0, 10.31, 255.0]  # both branches of both curves (dark: linear; white: the power/cbrt)
+    assert np.array_equal(srgb_to_lab(np, rgb), _lab_plain(rgb))
+
+
+def test_the_neutral_cluster_search_in_place_equals_the_plain_loop() -> None:
+    rng = np.random.default_rng(5)
+    n = 4096
+    flat = np.clip(rng.normal(170, 40, (n, 3)), 0, 255)
+    flat[: n // 3] = np.clip(rng.normal(200, 4, (n // 3, 3)) + np.array([6.0, 0.0, -8.0]), 0, 255)  # a warm near-white
+    lab = srgb_to_lab(np, flat)
+    light, ab = lab[:, 0], lab[:, 1:]
+    valid = light > 20
+    cfg = WhiteBalanceConfig()
+    centre, kernel, confidence = _neutral_cluster(np, flat, light, ab, valid, cfg)
+    # the plain loop: one temporary per operation
+    top = np.percentile(light[valid], cfg.bright_pct)
+    weight = np.where(valid, np.clip((light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0, 1), 0.0)
+    c = np.zeros(2)
+    for sigma in cfg.sigmas:
+        d2 = (ab[:, 0] - c[0]) ** 2 + (ab[:, 1] - c[1]) ** 2
+        k = weight * np.exp(-0.5 * d2 / (sigma * sigma))
+        c = (k @ ab) / k.sum()
+    assert np.allclose(centre, c, rtol=1e-12, atol=1e-12) and np.allclose(kernel, k, rtol=1e-12, atol=0)
+    assert centre[1] > 1.0 and float(confidence) > 0.5  # found the warm (yellow: b* > 0) cluster, with trust
+
+
+@pytest.mark.parametrize("transparent", [False, True])
+@pytest.mark.parametrize(("src", "canvas"), [((64, 64), (64, 64)), ((48, 90), (40, 40)), ((300, 200), (800, 600))])
+def test_render_bands_sized_by_pixels_give_the_same_bits(
+    transparent: bool, src: tuple[int, int], canvas: tuple[int, int]
+) -> None:
+    """A small canvas is one band and one horizontal chunk now; the 32-row bands and 16-row
+    chunks it had before give the same bits, and so does the unfused reference."""
+    rng = np.random.default_rng(9)
+    pixels = rng.integers(0, 256, (*src, 4 if transparent else 3), dtype=np.uint8)
+    if transparent:
+        pixels[..., 3] = 0
+        pixels[src[0] // 4: 3 * src[0] // 4, src[1] // 4: 3 * src[1] // 4, 3] = 255
+    coeffs = RetouchConfig().geometry.cubic_coefficients()
+    w, h = canvas
+    k = max(src[1] / w, src[0] / h) * 1.1  # source pixels per canvas pixel, with a margin
+    params = np.array([k, (src[1] - k * w) / 2, (src[0] - k * h) / 2], np.float32)
+    default = render_fused_cpu(pixels, params, w, h, transparent, 0.3, coeffs)
+    assert default.shape == (h, w, 4 if transparent else 3)
+    old = render.BAND_PIXELS
+    try:
+        render.BAND_PIXELS = 1  # the least rows everywhere: 32-row bands, 16-row chunks
+        banded = render_fused_cpu(pixels, params, w, h, transparent, 0.3, coeffs)
+    finally:
+        render.BAND_PIXELS = old
+    assert np.array_equal(default, banded)
+    reference = np.asarray(render_reference(np, pixels, params, w, h, transparent, 0.3, coeffs))
+    assert np.array_equal(default, reference)
+    assert len(np.unique(default[..., 0])) > 10  # a picture, not a constant canvas
+
+
+def test_clamp_is_numpys_clip_bit_for_bit() -> None:
+    values = np.array([np.nan, -0.0, 0.0, 1.0, -1.0, 2.0, 0.5, -np.inf, np.inf, 1e-300])
+    for lo, hi in ((0.0, 1.0), (-0.0, 1.0), (-2.0, 0.5)):
+        for x in (values, *values):  # the array and each 0-d value (the estimation's scalars)
+            want, got = np.clip(x, lo, hi), _clamp(np, x, lo, hi)
+            assert np.array_equal(want, got, equal_nan=True)
+            assert np.array_equal(np.signbit(want), np.signbit(got))  # a tie gives the bound's zero
+
+
+def _gain_plain(lum: np.ndarray, weight: np.ndarray, cfg: RetinexConfig) -> np.ndarray:
+    """The Retinex gain with one temporary per operation."""
+    h, w = lum.shape
+    stack = np.stack([lum * weight, weight]).astype(np.float32)
+    terms, dens = [], []
+    for frac in cfg.scales:
+        sigma = frac * max(h, w)
+        blurred = (gaussian_matrix(h, sigma) @ stack @ gaussian_matrix(w, sigma).T).astype(np.float64)
+        terms.append(np.log1p(np.maximum(blurred[0] / np.maximum(blurred[1], 1e-12), 0.0)))
+        dens.append(blurred[1])
+    log_surround = terms[0]
+    for t in terms[1:]:
+        log_surround = log_surround + t
+    support = dens[0]
+    for d in dens[1:]:
+        support = np.maximum(support, d)
+    log_surround = log_surround / len(cfg.scales)
+    total = np.sum(weight)
+    log_mean = np.sum(weight * log_surround) / np.maximum(total, 1e-12)
+    gain = np.clip(np.exp(cfg.strength * (log_mean - log_surround)), cfg.min_gain, cfg.max_gain)
+    return np.where((support >= cfg.min_support) & (total > 0), gain, 1.0).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (17, 160), (120, 90)])
+def test_the_retinex_gain_in_place_equals_the_plain_formula(shape: tuple[int, int]) -> None:
+    rng = np.random.default_rng(2)
+    xx = np.mgrid[0:shape[0], 0:shape[1]][1]
+    lum = 40.0 + 180.0 * xx / shape[1] + rng.normal(0, 5, shape)  # lit from the right
+    weight = np.zeros(shape)
+    weight[:, shape[1] // 5:] = 1.0  # a subject with no support on its left
+    cfg = RetinexConfig(strength=0.5)
+    gain = illumination_gain(np, lum, weight, cfg, gaussian_matrix)
+    assert np.array_equal(gain, _gain_plain(lum, weight, cfg))
+    assert gain[:, -1].mean() < 1.0 < gain[:, shape[1] // 4].mean()  # bright side down, dark side up
+
+
+def test_a_stride_one_gain_map_is_read_as_the_interpolation_reads_it() -> None:
+    """Gain per image pixel from a map with a cell per pixel (the sample of a small image): the
+    shortcut (the map itself) equals the bilinear read, weights 1 and 0, bit for bit."""
+    rng = np.random.default_rng(4)
+    gain_map = rng.uniform(0.6, 2.0, (40, 56)).astype(np.float32)
+    grid = MapGrid(1, 1)
+
+    def bilinear(n: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        g = map_positions(np, 0, size, 1, 0.0, n)
+        i0 = g.astype(np.int32)
+        return i0, np.minimum(i0 + 1, n - 1), g - i0.astype(np.float32)
+
+    x0, x1, fx = bilinear(56, 56)
+    cols = gain_map[:, x0] * (np.float32(1) - fx) + gain_map[:, x1] * fx
+    assert np.array_equal(gain_columns(np, gain_map, 56, grid), cols)
+    cols3 = np.repeat(cols, 3, axis=1)
+    y0, y1, fy = bilinear(40, 40)
+    rows = cols3[y0] * (np.float32(1) - fy[:, None]) + cols3[y1] * fy[:, None]
+    assert np.array_equal(_band_gain(cols3, (0, 40), grid), rows)
+    assert np.array_equal(_band_gain(cols3, (13, 29), grid), rows[13:29])
+    shifted = grid.shifted(3, 5)  # a window's grid takes the interpolating path, reading the same cells
+    assert np.array_equal(gain_columns(np, gain_map, 40, shifted)[:, :30], cols[:, 5:35])
+
+
+def test_the_render_axis_plan_is_kept_per_placement_and_read_only() -> None:
+    coeffs = RetouchConfig().geometry.cubic_coefficients()
+    a = render._axis_plan(2.5, -3.25, 64, 160, coeffs)
+    assert render._axis_plan(2.5, -3.25, 64, 160, coeffs) is a  # one derivation per process and placement
+    with pytest.raises(ValueError):
+        a.rel_all[0] = 1
+    idx, weight = axis_taps(2.5, -3.25, 64, 160, coeffs)
+    used = idx[weight != 0]
+    assert (a.s0, a.s1) == (int(used.min()), int(used.max()) + 1)
+    live_rows = np.flatnonzero((weight != 0).any(axis=1))
+    assert (a.lo, a.hi) == (int(live_rows[0]), int(live_rows[-1]) + 1)
+    assert a.taps == tuple(t for t in range(weight.shape[1]) if (weight[:, t] != 0).any())
+    assert render._axis_plan(2.5, -3.0, 64, 160, coeffs) is not a
