@@ -84,7 +84,7 @@ def run_lightbox(seg: OnnxSegmenter, images: list[np.ndarray], arrivals: np.ndar
     while finished < len(arrivals):
         now = time.monotonic() - t0
         if not ready:  # double buffering: take arrivals only while no closed batch waits
-            while i < len(arrivals) and arrivals[i] <= now:
+            while not ready and i < len(arrivals) and arrivals[i] <= now:  # a batch closed: stop adding
                 ready.extend(batcher.add(i, "u2netp", now))
                 i += 1
             ready.extend(batcher.poll(now))
@@ -249,7 +249,9 @@ def main(argv: list[str] | None = None) -> None:
                 t0 = time.monotonic()
                 if side == "lightbox":
                     (done, sizes), wall = timed(run_lightbox, local, images, arrivals, args.max_batch, t0)
-                    extra = {"mean_batch": float(np.mean(sizes)), "batches": len(sizes)}
+                    extra = {"mean_batch": float(np.mean(sizes)), "batches": len(sizes),
+                             "batch_sizes": {int(b): int(k) for b, k in zip(*np.unique(sizes, return_counts=True),
+                                                                             strict=True)}}
                 else:
                     inf0, exe0 = triton_counts(server.metrics_url)
                     done, wall = timed(clients.run, arrivals, t0, server_sid=sid)
