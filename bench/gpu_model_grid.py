@@ -274,18 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         ("grid", lambda: grid(args.model, fp16, gpu, BATCHES if gpu else (1, 2), args.budget if gpu else 0.05)),
         ("fp16_gate", lambda: fp16_gate(args.model, fp16, gpu, load_gate_images(args.gate_images))),
     ]
-    for name, step in steps:
-        try:
-            result[name] = step()
-        except Exception:
-            result["errors"][name] = traceback.format_exc(limit=6)
-            print(f"[{name}] FAILED\n{result['errors'][name]}", flush=True)
-        _write(args.out, result)
-    if result["errors"]:
-        result["status"] = "partial"
-    _write(args.out, result)
-    print(f"status {result['status']}; wrote {args.out}")
-    return 0 if result["status"] == "ok" else 1
+    return _run_steps(steps, args.out, result)
 
 
 def _torch_main(args: argparse.Namespace, gpu: bool, result: dict[str, Any]) -> int:
@@ -308,17 +297,23 @@ def _torch_main(args: argparse.Namespace, gpu: bool, result: dict[str, Any]) -> 
                                     deadline)),
         ("gate", lambda: torch_gate(args.model, gpu, load_gate_images(args.gate_images))),
     ]
+    return _run_steps(steps, args.out, result)
+
+
+def _run_steps(steps: list[tuple[str, Callable[[], Any]]], out: Path, result: dict[str, Any]) -> int:
+    """Each step in turn, its result (or its traceback) written to ``out`` as soon as it ends; the
+    exit code: 0 when every step ran."""
     for name, step in steps:
         try:
             result[name] = step()
         except Exception:
             result["errors"][name] = traceback.format_exc(limit=6)
             print(f"[{name}] FAILED\n{result['errors'][name]}", flush=True)
-        _write(args.out, result)
+        _write(out, result)
     if result["errors"]:
         result["status"] = "partial"
-    _write(args.out, result)
-    print(f"status {result['status']}; wrote {args.out}")
+    _write(out, result)
+    print(f"status {result['status']}; wrote {out}")
     return 0 if result["status"] == "ok" else 1
 
 

@@ -30,22 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 
 __all__ = ["run_worker"]
 
-PARTITIONS = 2  # one worker process: partitions only spread the keys
-
-
-async def _create_topics(bootstrap: str, names: dict[str, str]) -> None:
-    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        append = {"message.timestamp.type": "LogAppendTime"}
-        await admin.create_topics([NewTopic(names[k], PARTITIONS, 1, topic_configs=append if k in ("output", "dlq")
-                                            else {}) for k in ("input", "backfill", "output", "dlq")])
-    finally:
-        await admin.close()
-
-
 async def _publish(bootstrap: str, topic: str, files: list[Path], presets: list[str]) -> None:
     from streams.producer import ImageProducer
 
@@ -76,13 +60,9 @@ async def _outputs(bootstrap: str, topics: list[str], n: int, deadline: float,
     return got
 
 
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:13]) / os.sysconf("SC_CLK_TCK")
-
-
 def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str]) -> dict[str, Any]:
     """One whole ``lightbox worker`` run over ``files`` (see the module docstring)."""
+    from bench.bench_overhead import PARTITIONS, _proc_cpu_s, create_topics
     from lightbox.launch import terminate
     from lightbox.report import per_event_stage_ms
     from schemas.codec import split_frame
@@ -90,7 +70,7 @@ def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str])
 
     tag = uuid.uuid4().hex[:8]
     topics = {k: f"peers.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
-    asyncio.run(_create_topics(bootstrap, topics))
+    asyncio.run(create_topics(bootstrap, topics))
     asyncio.run(_publish(bootstrap, topics["input"], files, presets))
     roots = sorted({str(f.resolve().parent) for f in files})
     env = {**os.environ, "PYTHONPATH": str(ROOT), "LIGHTBOX_KAFKA_BOOTSTRAP": bootstrap,
@@ -108,7 +88,7 @@ def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str])
     try:
         got = asyncio.run(_outputs(bootstrap, [topics["output"], topics["dlq"]], len(files),
                                    time.monotonic() + 600, proc))
-        cpu = _cpu_s(proc.pid)
+        cpu = _proc_cpu_s(proc.pid)
     finally:
         terminate(proc.pid, 60)  # SIGTERM (a graceful stop), SIGKILL after 60 s
     dead = sum(1 for _, topic, _ in got if topic == topics["dlq"])

@@ -18,22 +18,21 @@ started (pid and start time), and an ``up`` on a folder or port another instance
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from lightbox.kafka_secure import client_env, secure_setup
 from lightbox.launch import (
+    EmulatorProcess,
     InstanceBusy,
     cache_root,
     check_data_dir,
@@ -45,10 +44,7 @@ from lightbox.launch import (
     maven_jars,
     port_free,
     process_start_time,
-    release_data_dir,
     same_process,
-    state_path,
-    tail,
     terminate,
     wait_gone,
 )
@@ -143,9 +139,12 @@ log.retention.hours=24
 
 
 @dataclass
-class LocalKafka:
+class LocalKafka(EmulatorProcess):
     """One running (or stopped) local broker. ``bootstrap`` is ``127.0.0.1:<port>``."""
 
+    kind = "kafka"
+    state_env = "LIGHTBOX_STATE_FILE"
+    launch_error = KafkaLaunchError
     pid: int
     port: int
     controller_port: int
@@ -158,10 +157,6 @@ class LocalKafka:
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
-
-    @property
-    def log_file(self) -> Path:
-        return Path(self.data_dir) / "kafka.log"
 
     @classmethod
     def start(
@@ -273,31 +268,12 @@ class LocalKafka:
             return {"LIGHTBOX_KAFKA_BOOTSTRAP": self.bootstrap}
         return client_env(self.bootstrap, Path(self.data_dir))
 
-    def log_tail(self, lines: int = 20) -> str:
-        return tail(self.log_file, lines)
-
-    def alive(self) -> bool:
-        """The very process this object started runs and its port answers."""
-        return same_process(self.pid, self.started) and _port_open(self.port)
+    def answers(self) -> bool:
+        return _port_open(self.port)
 
     def stop(self, timeout_s: float = 30.0) -> bool:
-        """SIGTERM (Kafka shuts down cleanly on it), then SIGKILL after ``timeout_s``; only when
-        the pid is still the process this object started. Returns whether it stopped one."""
-        ours = same_process(self.pid, self.started)
-        if ours:
-            terminate(self.pid, timeout_s)
-            release_data_dir(Path(self.data_dir), self.pid)
-        if self.owns_data_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-        return ours
-
-    # The CLI keeps the broker it started in a small state file per instance, so `down` and
-    # `status` from another shell find it.
-    def save_state(self) -> Path:
-        path = _state_file(self.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self)))
-        return path
+        """As :meth:`EmulatorProcess.stop`; Kafka shuts down cleanly on SIGTERM, given the time."""
+        return super().stop(timeout_s)
 
 
 def _read_from(path: Path, offset: int) -> str:
@@ -323,17 +299,10 @@ def cluster_id(data_dir: Path) -> str:
     return cid
 
 
-def _state_file(key: str = "default") -> Path:
-    return state_path("kafka", key, "LIGHTBOX_STATE_FILE")
-
-
 def read_state(key: str = "default") -> LocalKafka | None:
     """The broker instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
-    try:
-        return LocalKafka(**json.loads(_state_file(key).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
+    return LocalKafka.read_state(key)
 
 
 def clear_state(key: str = "default") -> None:
-    _state_file(key).unlink(missing_ok=True)
+    LocalKafka.clear_state(key)

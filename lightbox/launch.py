@@ -246,10 +246,10 @@ def tail(path: Path, lines: int = 20, missing: str = "(no log)") -> str:
 
 
 class EmulatorProcess:
-    """What a local HTTP emulator's record shares (Azurite, fake-gcs-server): the process it started
+    """What a local HTTP server's record shares (s3proxy, Azurite, fake-gcs-server): the process it started
     (pid and start time, so ``stop`` never signals a process that reused the pid), its log, whether
-    it answers, and one state file per instance (``lightbox azure up --name …``), as the Kafka and
-    S3 launchers keep theirs. A subclass is a dataclass with the fields ``pid``, ``started``,
+    it answers, and one state file per instance (``lightbox azure up --name …``), as the Kafka
+    launcher keeps its own. A subclass is a dataclass with the fields ``pid``, ``started``,
     ``port``, ``data_dir``, ``owns_data_dir`` and ``name``, and sets ``kind``, ``state_env``,
     ``launch_error`` and :meth:`answers`."""
 
@@ -297,10 +297,12 @@ class EmulatorProcess:
 
     def stop(self, timeout_s: float = 15.0) -> bool:
         """SIGTERM, then SIGKILL after ``timeout_s``, only when the pid is still the process this
-        record started; removes a temporary data folder. Returns whether it stopped one."""
+        record started; releases its claim on the data folder (:func:`claim_data_dir`, if it made
+        one) and removes a temporary one. Returns whether it stopped one."""
         ours = same_process(self.pid, self.started)
         if ours:
             terminate(self.pid, timeout_s)
+            release_data_dir(Path(self.data_dir), self.pid)
         if self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
         return ours

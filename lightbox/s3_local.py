@@ -9,19 +9,17 @@ Used by ``lightbox s3 up|down|status`` and by the pytest session fixture.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
-import shutil
 import socket
 import subprocess
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 from lightbox.launch import (
+    EmulatorProcess,
     InstanceBusy,
     cache_root,
     check_data_dir,
@@ -33,11 +31,6 @@ from lightbox.launch import (
     maven_jars,
     port_free,
     process_start_time,
-    release_data_dir,
-    same_process,
-    state_path,
-    tail,
-    terminate,
 )
 
 __all__ = [
@@ -104,9 +97,12 @@ def _answers_http(port: int) -> bool:
 
 
 @dataclass
-class LocalS3:
+class LocalS3(EmulatorProcess):
     """One running (or stopped) local S3 server. Buckets are folders under ``data_dir/buckets``."""
 
+    kind = "s3"
+    state_env = "LIGHTBOX_S3_STATE_FILE"
+    launch_error = S3LaunchError
     pid: int
     port: int
     data_dir: str
@@ -119,11 +115,14 @@ class LocalS3:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self.url
 
     @property
     def log_file(self) -> Path:
         return Path(self.data_dir) / "s3proxy.log"
+
+    def answers(self) -> bool:
+        return _answers_http(self.port)
 
     @property
     def basedir(self) -> Path:
@@ -183,54 +182,14 @@ class LocalS3:
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             s3.pid, s3.started = proc.pid, process_start_time(proc.pid)
             claim_data_dir(ddir, "s3", name, s3.pid, s3.started)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise S3LaunchError(f"s3proxy exited with {proc.returncode} during start; log:\n{s3.log_tail()}")
-            if _answers_http(port):
-                return s3
-            time.sleep(0.2)
-        s3.stop()
-        raise S3LaunchError(f"s3proxy did not start within {timeout_s:.0f} s; log:\n{s3.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        return tail(self.log_file, lines)
-
-    def alive(self) -> bool:
-        """The very process this object started runs and answers HTTP."""
-        return same_process(self.pid, self.started) and _answers_http(self.port)
-
-    def stop(self, timeout_s: float = 15.0) -> bool:
-        """SIGTERM, then SIGKILL after ``timeout_s``, only when the pid is still the process this
-        object started; removes a temporary data folder. Returns whether it stopped one."""
-        ours = same_process(self.pid, self.started)
-        if ours:
-            terminate(self.pid, timeout_s)
-            release_data_dir(Path(self.data_dir), self.pid)
-        if self.owns_data_dir:
-            shutil.rmtree(self.data_dir, ignore_errors=True)
-        return ours
-
-    def save_state(self) -> Path:
-        """The CLI keeps the server it started in a state file (mode 600: it holds the secret)."""
-        path = _state_file(self.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(json.dumps(asdict(self)))
-        return path
-
-
-def _state_file(key: str = "default") -> Path:
-    return state_path("s3", key, "LIGHTBOX_S3_STATE_FILE")
+        s3.wait_until_up(proc, timeout_s, "s3proxy")
+        return s3
 
 
 def read_state(key: str = "default") -> LocalS3 | None:
     """The server instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
-    try:
-        return LocalS3(**json.loads(_state_file(key).read_text()))
-    except (OSError, ValueError, TypeError):
-        return None
+    return LocalS3.read_state(key)
 
 
 def clear_state(key: str = "default") -> None:
-    _state_file(key).unlink(missing_ok=True)
+    LocalS3.clear_state(key)
