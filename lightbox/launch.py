@@ -246,12 +246,12 @@ def tail(path: Path, lines: int = 20, missing: str = "(no log)") -> str:
 
 
 class EmulatorProcess:
-    """What a local HTTP server's record shares (s3proxy, Azurite, fake-gcs-server): the process it started
-    (pid and start time, so ``stop`` never signals a process that reused the pid), its log, whether
-    it answers, and one state file per instance (``lightbox azure up --name …``), as the Kafka
-    launcher keeps its own. A subclass is a dataclass with the fields ``pid``, ``started``,
-    ``port``, ``data_dir``, ``owns_data_dir`` and ``name``, and sets ``kind``, ``state_env``,
-    ``launch_error`` and :meth:`answers`."""
+    """What a local server's record shares (Kafka, s3proxy, Azurite, fake-gcs-server): the process
+    it started (pid and start time, so ``stop`` never signals a process that reused the pid), its
+    log, whether it answers, and one state file per instance (``lightbox s3 up --name …``). A
+    subclass is a dataclass with the fields ``pid``, ``started``, ``port``, ``data_dir``,
+    ``owns_data_dir`` and ``name``, and sets ``kind``, ``state_env``, ``launch_error`` and
+    :meth:`answers`."""
 
     kind: ClassVar[str]
     state_env: ClassVar[str]

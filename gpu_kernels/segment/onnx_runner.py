@@ -39,8 +39,8 @@ from schemas.errors import ProcessingFailed
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-__all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "cpu_session_options", "plan_chunks",
-           "usable_cores"]
+__all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "cpu_flags_line", "cpu_session_options",
+           "plan_chunks", "usable_cores"]
 
 STAGE = "segment"
 DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 16}  # on CPU batching does not pay (u2netp on 2 cores: time grows with the batch)
@@ -87,6 +87,15 @@ def usable_cores() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
         return max(1, os.cpu_count() or 1)
+
+
+@functools.cache
+def cpu_flags_line() -> str:
+    """The ``flags`` line of ``/proc/cpuinfo`` (the CPU's instruction sets), "" where there is none;
+    read once per process."""
+    with contextlib.suppress(OSError):
+        return next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
+    return ""
 
 
 def cpu_session_options(threads: int | None = None) -> ort.SessionOptions:

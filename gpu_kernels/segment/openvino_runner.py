@@ -21,7 +21,7 @@ from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.model import U2NETP, ModelSpec
-from gpu_kernels.segment.onnx_runner import usable_cores
+from gpu_kernels.segment.onnx_runner import cpu_flags_line, usable_cores
 from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.postprocess import MaskPostprocess
 from schemas.errors import ProcessingFailed
@@ -60,10 +60,9 @@ def supports_bf16() -> bool:
     """Whether OpenVINO's CPU plugin can run bf16 natively: on Linux from the CPU's flags
     (AVX512-BF16 or AMX-BF16, the instructions the plugin needs), else its reported optimisation
     capabilities (asking the plugin costs ~50 ms at every start)."""
-    with contextlib.suppress(OSError):
-        flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-        if flags:
-            return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
+    flags = cpu_flags_line()
+    if flags:
+        return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
     try:
         caps = shared_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
     except (ImportError, RuntimeError):

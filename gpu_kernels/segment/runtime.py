@@ -45,7 +45,7 @@ import numpy as np
 from gpu_kernels.backends import Segmenter
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.model import U2NETP, ModelSpec
-from gpu_kernels.segment.onnx_runner import OnnxSegmenter, usable_cores
+from gpu_kernels.segment.onnx_runner import OnnxSegmenter, cpu_flags_line, usable_cores
 from gpu_kernels.segment.variants import derived_path, make_fp16, make_int8
 from schemas.errors import ProcessingFailed
 
@@ -196,10 +196,7 @@ def _machine(torch: bool) -> tuple[list[str], str]:
     for package in ("onnxruntime", "onnxruntime-gpu", "openvino", *(("torch",) if torch else ())):
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not imported: ~0.3 s at start
             versions.append(importlib.metadata.version(package))
-    cpu = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        cpu = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), cpu)
-    return versions, cpu
+    return versions, cpu_flags_line() or platform.processor() or platform.machine()
 
 
 class _GateCache:
