@@ -118,6 +118,12 @@ class RetouchPipeline:
         return self.retoucher.device
 
     @property
+    def preferred_batch(self) -> int:
+        """The batch the model runs best at: its largest bucket (on a CPU the images it runs
+        side by side, 2 with OpenVINO; 1 with ONNX Runtime), 1 without a model."""
+        return max(getattr(self.segmenter, "buckets", (1,)))
+
+    @property
     def versions(self) -> dict[str, str]:
         """Each backend's version, for logs and the pipeline's identity."""
         out = {"decoder": self.decoder.version, "retoucher": self.retoucher.version, "encoder": self.encoder.version}
