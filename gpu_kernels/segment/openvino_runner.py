@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -43,10 +44,29 @@ Precision = Literal["f32", "bf16", "f16"]
 
 def openvino_available() -> bool:
     try:
-        import openvino  # noqa: F401
+        _openvino()
     except ImportError:
         return False
     return True
+
+
+def _openvino() -> Any:
+    """The ``openvino`` package without its model converter: ``import openvino`` also imports
+    ``openvino.tools.ovc`` (``convert_model``, ~50 ms of argparse and friends at every start),
+    which lightbox never calls: it reads ONNX files directly. The package's ``__init__`` skips the
+    converter when importing it raises ``ImportError``, which a ``None`` in ``sys.modules`` makes
+    it do; the ``None`` is taken out again so an explicit import of the converter still works."""
+    if "openvino" in sys.modules:
+        return sys.modules["openvino"]
+    blocked = "openvino.tools.ovc" not in sys.modules
+    if blocked:
+        sys.modules["openvino.tools.ovc"] = None  # type: ignore[assignment]
+    try:
+        import openvino
+    finally:
+        if blocked and sys.modules.get("openvino.tools.ovc", 0) is None:
+            del sys.modules["openvino.tools.ovc"]
+    return openvino
 
 
 @functools.cache
@@ -59,9 +79,7 @@ def shared_core() -> Any:
     next candidate is built before the last one is dropped) leave the thread on a freed stack, and
     its next signal, SIGTERM included, killed the process with SIGSEGV. One ``Core`` for the
     whole process installs one stack per thread and keeps it."""
-    import openvino as ov
-
-    return ov.Core()
+    return _openvino().Core()
 
 
 @functools.cache

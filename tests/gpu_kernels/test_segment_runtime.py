@@ -131,6 +131,18 @@ def test_openvino_runs_several_images_side_by_side_with_the_same_masks(u2netp: M
         assert np.abs(g.astype(int) - w.astype(int)).max() <= 2
 
 
+def test_openvino_loads_without_its_model_converter_which_still_imports_when_asked() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys; from gpu_kernels.segment.openvino_runner import shared_core; core = shared_core(); "
+            "assert 'CPU' in core.available_devices; print('openvino.tools.ovc' in sys.modules); "
+            "from openvino.tools.ovc import convert_model; print(callable(convert_model))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.stdout.split() == ["False", "True"]
+
+
 def test_openvino_refuses_a_batch_the_model_cannot_take(u2netp: ModelFiles) -> None:
     from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
 
