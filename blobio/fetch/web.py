@@ -22,10 +22,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-import urllib3
-from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError, ProtocolError, SSLError
-from urllib3.exceptions import TimeoutError as Urllib3Timeout
-
 from blobio.fetch.errors import fetch_error, show_uri
 from blobio.fetch.policy import FetchPolicy, IPAddress, address_refusal
 
@@ -88,6 +84,10 @@ class _Transient(Exception):
 def _one_request(url: str, scheme: str, host: str, port: int, ip: IPAddress, policy: FetchPolicy,
                  deadline: float) -> tuple[int, str | None, bytes]:
     """(status, Location, body) for one GET to the pinned address; body only for 2xx."""
+    import urllib3  # here, not at the top: every worker and `process` imports this module, few fetch http
+    from urllib3.exceptions import HTTPError, MaxRetryError, NewConnectionError, ProtocolError, SSLError
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
     shown = show_uri(url)
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
