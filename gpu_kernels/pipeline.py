@@ -118,10 +118,17 @@ class RetouchPipeline:
         return self.retoucher.device
 
     @property
-    def preferred_batch(self) -> int:
-        """The batch the model runs best at: its largest bucket (on a CPU the images it runs
-        side by side, 2 with OpenVINO; 1 with ONNX Runtime), 1 without a model."""
-        return max(getattr(self.segmenter, "buckets", (1,)))
+    def side_by_side(self) -> int:
+        """How many device-lane calls the model runs at once to good effect: OpenVINO on a CPU,
+        its streams (2); 1 for every other model or none."""
+        return max(1, int(getattr(self.segmenter, "streams", 1)))
+
+    def device_callers(self, n: int) -> None:
+        """Tell the model that ``n`` threads run the device lane at once (``lightbox process``
+        does with ``side_by_side`` threads): OpenVINO then runs even a single image on one of its
+        streams, beside the other caller's, instead of on all threads."""
+        if self.segmenter is not None and hasattr(self.segmenter, "concurrent_callers"):
+            setattr(self.segmenter, "concurrent_callers", n > 1)  # noqa: B010 (not in the Segmenter protocol)
 
     @property
     def versions(self) -> dict[str, str]:

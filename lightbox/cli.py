@@ -530,9 +530,8 @@ def process(
     presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,jd_main,amazon_main",
     device: Annotated[str | None, typer.Option(help="auto, cpu or gpu (default: $LIGHTBOX_DEVICE or auto)")] = None,
     batch: Annotated[int | None, typer.Option(help="images per batch (same size class and presets); default 4 "
-                                                   "on a GPU; on a CPU the images the model runs side by side "
-                                                   "(2 with OpenVINO, 1 with ONNX Runtime: small batches keep "
-                                                   "the lanes overlapping)")] = None,
+                                                   "on a GPU, 1 on a CPU (there OpenVINO runs two batches side "
+                                                   "by side, and small batches keep the lanes overlapping)")] = None,
     segmenter: Annotated[str | None, typer.Option(help="model, classical or none")] = None,
     runtime: Annotated[str | None, typer.Option(help="segment model runtime on CPU: auto, fp32, int8 or "
                                                      "openvino (default: $LIGHTBOX_SEGMENT_RUNTIME or auto)")] = None,
@@ -578,9 +577,13 @@ def process(
             def advance(res: OfflineResult) -> None:
                 bar.update(task, advance=1, failed=bar.tasks[0].fields["failed"] + (not res.ok))
 
-            size = batch or (4 if processor.pipeline.device == "gpu" else processor.pipeline.preferred_batch)
+            gpu = processor.pipeline.device == "gpu"
+            size = batch or (4 if gpu else 1)
+            callers = 1 if gpu or len(files) < 2 else processor.pipeline.side_by_side
+            processor.pipeline.device_callers(callers)
             summary = process_files(files, processor, out, presets=names, batch_size=size, background=background,
-                                    lighting="auto" if lighting else "off", on_result=advance)
+                                    lighting="auto" if lighting else "off", on_result=advance,
+                                    device_threads=callers)
     finally:
         processor.close()
     if table and summary.processed:

@@ -16,7 +16,9 @@ batch; ``stages_ms_per_image``: that divided by the batch size, the image's shar
 
 Variants land in ``out_dir`` as ``<sku>.<preset>.<ext>``. Files are read ahead on a thread, and
 the batches go through the processor's three lanes (decode, device, output) each on its own
-thread, as the worker runs them (:class:`LanePipeline`). Pure of Kafka: no broker, no Faust.
+thread, as the worker runs them (:class:`LanePipeline`), the device lane on ``device_threads``
+threads (``lightbox process`` gives it two with OpenVINO on a CPU: two images on the model's two
+streams, and one's mask refinement beside the other's model). Pure of Kafka: no broker, no Faust.
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ def process_files(
     segmentation: str = "AUTO",
     jsonl: Path | None = None,
     on_result: Callable[[OfflineResult], None] | None = None,
+    device_threads: int = 1,
 ) -> OfflineSummary:
     """Run ``files`` through ``processor`` (see the module docstring); one result per file, in
     completion order. ``jsonl`` defaults to ``out_dir/results.jsonl``."""
@@ -150,7 +153,7 @@ def process_files(
         return i, processor.prepare(rec)
 
     with open(jsonl, "w", encoding="utf-8") as sink, ThreadPoolExecutor(1, thread_name_prefix="offline-read") as pool, \
-            LanePipeline(processor) as lanes:
+            LanePipeline(processor, device_threads=device_threads) as lanes:
         def emit(out: OutRecord | OfflineResult) -> None:
             if isinstance(out, OfflineResult):
                 res = out
@@ -190,11 +193,14 @@ class LanePipeline:
     the worker runs them: while one batch is on the device lane the next one decodes and the one
     before is encoded, so one batch's single-threaded steps (decode, mask refinement, render,
     encode) run beside another's model, whose threads would otherwise leave cores idle in
-    between. Batches come out in the order they went in; at most ``depth`` are in flight."""
+    between. ``device_threads`` > 1 runs that many batches on the device lane at once (the model
+    must take calls from several threads: see ``RetouchPipeline.device_callers``). Batches come
+    out in the order they went in; at most ``depth + device_threads - 1`` are in flight."""
 
-    def __init__(self, processor: BatchProcessor, depth: int = 3) -> None:
-        self.processor, self.depth = processor, depth
-        self._lanes = [ThreadPoolExecutor(1, thread_name_prefix=f"offline-{n}") for n in ("decode", "device", "output")]
+    def __init__(self, processor: BatchProcessor, depth: int = 3, device_threads: int = 1) -> None:
+        self.processor, self.depth = processor, depth + device_threads - 1
+        self._lanes = [ThreadPoolExecutor(n, thread_name_prefix=f"offline-{name}")
+                       for name, n in (("decode", 1), ("device", device_threads), ("output", 1))]
         self._pending: deque[Future[list[OutRecord]]] = deque()
 
     def submit(self, batch: list[Prepared]) -> list[list[OutRecord]]:

@@ -123,12 +123,10 @@ class BucketedSegmenter:
         wh, ww = mask_work_size(h, w, self.mask_work_pixels)
         if (wh, ww) == (h, w):
             return alpha_from_probability(ops.resize_map(prob, h, w), self.post, ops, image)
-        xp = ops.xp
-        small = xp.clip(xp.rint(ops.resize_image(image[..., :3], wh, ww)), 0, 255).astype(xp.uint8)
+        small = ops.resize_u8(image[..., :3], wh, ww)
         alpha = alpha_from_probability(ops.resize_map(prob, wh, ww), self.post, ops, small)
-        up = xp.clip(xp.rint(ops.resize_map(alpha.astype(xp.float32), h, w)), 0, 255).astype(xp.uint8)
-        up[up < ENLARGE_FLOOR] = 0  # the faint ring bilinear enlargement spreads past the edge is background
-        return up
+        # the faint ring bilinear enlargement spreads past the edge is background
+        return ops.zero_below(ops.resize_u8(alpha, h, w), ENLARGE_FLOOR)
 
     def close(self) -> None:
         """Release the runtime; the segmenter cannot be used afterwards."""

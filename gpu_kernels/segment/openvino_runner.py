@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import queue
 import sys
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -148,6 +150,9 @@ class OpenVinoSegmenter(BucketedSegmenter):
         self.buckets = batch_buckets(wanted * self.streams)
         self._request: Any | None = self._compiled.create_infer_request()
         self._side_by_side: list[Any] = []  # the streams' requests, made on the first chunk of several
+        self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()  # those not running an image now
+        self._latency_lock, self._compile_lock, self._api_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        self.concurrent_callers = False  # True: several threads call at once; single images take a stream too
         self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"
         self.providers = [f"OpenVINO:CPU:{precision}"]
         if warmup:
@@ -165,28 +170,41 @@ class OpenVinoSegmenter(BucketedSegmenter):
             raise ProcessingFailed("segmenter used after close()", stage=STAGE)
         x = np.ascontiguousarray(x, dtype=np.float32)
         try:
-            if len(x) < 2 or self.streams < 2:
-                result = self._request.infer({self._input: x})
-                return np.array(result[self._output], dtype=np.float32)  # a copy: the request reuses its buffers
+            if self.streams < 2 or (len(x) < 2 and not self.concurrent_callers):
+                with self._latency_lock:  # one request: calls from several threads take turns
+                    result = self._request.infer({self._input: x})
+                    return np.array(result[self._output], dtype=np.float32)  # a copy: the request reuses its buffers
             parts = np.array_split(x, min(self.streams, len(x)))
-            requests = self._stream_requests()[: len(parts)]
-            for req, part in zip(requests, parts, strict=True):
-                req.start_async({self._input: part})
-            for req in requests:
-                req.wait()
-            return np.concatenate([np.array(req.get_tensor(self._output).data, dtype=np.float32) for req in requests])
+            requests = [self._take_stream() for _ in parts]
+            try:  # the bindings' calls one thread at a time (two threads copying inputs at once hung once)
+                with self._api_lock:
+                    for req, part in zip(requests, parts, strict=True):
+                        req.start_async({self._input: part})
+                for req in requests:
+                    req.wait()
+                with self._api_lock:
+                    return np.concatenate([np.array(req.get_tensor(self._output).data, dtype=np.float32)
+                                           for req in requests])
+            finally:
+                for req in requests:
+                    self._free.put(req)
         except RuntimeError as exc:
             raise ProcessingFailed(f"model {self.model_path.name} failed on a batch of shape {tuple(x.shape)} "
                                    f"(OpenVINO): {exc}", stage=STAGE) from exc
 
-    def _stream_requests(self) -> list[Any]:
-        """One request per stream of the side-by-side compilation (compiled on first use)."""
-        if not self._side_by_side:
-            compiled = self._compile({**self._config, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.streams})
-            self._side_by_side = [compiled.create_infer_request() for _ in range(self.streams)]
-        return self._side_by_side
+    def _take_stream(self) -> Any:
+        """A free request of the side-by-side compilation (compiled on first use), waiting for one
+        when every stream is busy with another caller's image."""
+        with self._compile_lock:
+            if not self._side_by_side:
+                compiled = self._compile({**self._config, "PERFORMANCE_HINT": "THROUGHPUT",
+                                          "NUM_STREAMS": self.streams})
+                self._side_by_side = [compiled.create_infer_request() for _ in range(self.streams)]
+                for req in self._side_by_side:
+                    self._free.put(req)
+        return self._free.get()
 
     def close(self) -> None:
         self._request = None
-        self._side_by_side = []
+        self._side_by_side, self._free = [], queue.SimpleQueue()
         self._compiled = None

@@ -46,6 +46,16 @@ class ArrayOps(Protocol):
         """``(H, W)`` float32 -> ``(out_h, out_w)`` float32."""
         ...
 
+    def resize_u8(self, a: Array, out_h: int, out_w: int) -> Array:
+        """A uint8 image ``(H, W, C)`` or map ``(H, W)`` resized, rounded back to uint8 (on the
+        CPU in one pass, without a float32 copy: OpenCV's fixed-point resampling, within one
+        level of rounding the float result)."""
+        ...
+
+    def zero_below(self, a: Array, level: int) -> Array:
+        """uint8 ``a`` with every value under ``level`` set to 0, in place; returns ``a``."""
+        ...
+
     def erode(self, mask: Array, radius: int) -> Array:
         """Binary erosion by a disk of ``radius`` px; outside the image counts as foreground."""
         ...
@@ -126,6 +136,13 @@ class CpuOps:
             interpolation=_interp(a, out_h, out_w),
         )
         return np.asarray(out, dtype=np.float32)
+
+    def resize_u8(self, a: Array, out_h: int, out_w: int) -> Array:
+        return cv2.resize(np.ascontiguousarray(a), (out_w, out_h), interpolation=_interp(a, out_h, out_w))
+
+    def zero_below(self, a: Array, level: int) -> Array:
+        cv2.threshold(a, level - 1, 0, cv2.THRESH_TOZERO, dst=a)  # keeps values > level - 1
+        return a
 
     def erode(self, mask: Array, radius: int) -> Array:
         if radius <= 0:
@@ -209,6 +226,14 @@ class XpOps:
 
     def resize_map(self, a: Array, out_h: int, out_w: int) -> Array:
         return self._resize(a, out_h, out_w)
+
+    def resize_u8(self, a: Array, out_h: int, out_w: int) -> Array:
+        xp = self.xp
+        return xp.clip(xp.rint(self._resize(a, out_h, out_w)), 0, 255).astype(xp.uint8)
+
+    def zero_below(self, a: Array, level: int) -> Array:
+        a[a < level] = 0
+        return a
 
     def erode(self, mask: Array, radius: int) -> Array:
         if radius <= 0:

@@ -318,6 +318,24 @@ def test_resample_matrix_and_backends_agree_with_opencv() -> None:
     assert np.allclose(cpu.resize_map(m, 47, 61), xp.resize_map(m, 47, 61), atol=1e-5)
 
 
+def test_uint8_resize_and_the_enlarge_floor_agree_across_backends() -> None:
+    """``resize_u8``: a shrunk photo is OpenCV's own uint8 result (what rounding the float one
+    gave); an enlarged alpha is within one level of the rounded float enlargement on both
+    backends; ``zero_below`` zeroes exactly the values under the level, in place."""
+    img = make_composite("chelsea", "star", "gradient", size=(120, 160)).image
+    cpu, xp = CpuOps(), numpy_xp_ops()
+    assert np.array_equal(cpu.resize_u8(img, 50, 37), np.clip(np.rint(cpu.resize_image(img, 50, 37)), 0, 255))
+    assert np.abs(cpu.resize_u8(img, 50, 37).astype(int) - xp.resize_u8(img, 50, 37)).max() <= 1
+    alpha = np.random.default_rng(1).integers(0, 256, (30, 40), dtype=np.uint8)
+    rounded = np.clip(np.rint(cpu.resize_map(alpha.astype(np.float32), 90, 130)), 0, 255)
+    for ops in (cpu, xp):
+        up = ops.resize_u8(alpha, 90, 130)
+        assert up.dtype == np.uint8 and up.shape == (90, 130)
+        assert np.abs(up.astype(int) - rounded).max() <= 1
+        want = np.where(up < 16, 0, up)
+        assert ops.zero_below(up, 16) is up and np.array_equal(up, want)
+
+
 def _blob_probability() -> np.ndarray:
     yy, xx = np.mgrid[0:120, 0:160]
     prob: np.ndarray = np.clip(1.5 - np.hypot((yy - 60) / 40, (xx - 80) / 50), 0, 1)

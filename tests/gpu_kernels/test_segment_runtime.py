@@ -131,6 +131,40 @@ def test_openvino_runs_several_images_side_by_side_with_the_same_masks(u2netp: M
         assert np.abs(g.astype(int) - w.astype(int)).max() <= 2
 
 
+def test_openvino_takes_calls_from_two_threads_each_on_its_own_stream(u2netp: ModelFiles) -> None:
+    """``concurrent_callers``: two threads segmenting single images at once each get a stream
+    (both streams made, none shared), and the masks are those of one call after another."""
+    import threading
+
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
+
+    images = [*small_gate(), make_composite("coffee", "star", "brick").image,
+              make_composite("rocket", "hexagon", "plain").image]
+    with OpenVinoSegmenter(u2netp.original, precision="f32", threads=2, streams=1) as one:
+        want = [one.segment_batch([im])[0] for im in images]
+    with OpenVinoSegmenter(u2netp.original, precision="f32", threads=2) as seg:
+        seg.concurrent_callers = True
+        got: dict[int, np.ndarray] = {}
+        errors: list[BaseException] = []
+
+        def work(k: int) -> None:
+            try:
+                for i in range(k, len(images), 2):
+                    got[i] = seg.segment_batch([images[i]])[0]
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads) and not errors, errors
+        assert len(seg._side_by_side) == 2 and seg._free.qsize() == 2  # every request back in the pool
+    for i, w in enumerate(want):
+        assert mask_iou(got[i], w) > 0.999 and np.abs(got[i].astype(int) - w.astype(int)).max() <= 2
+
+
 def test_openvino_loads_without_its_model_converter_which_still_imports_when_asked() -> None:
     import subprocess
     import sys

@@ -137,3 +137,34 @@ def test_lane_pipeline_overlaps_batches_and_keeps_their_order() -> None:
     assert got == [[10 * k, 10 * k] for k in range(6)]
     names = [next(iter(t)) for t in lanes.threads.values()]
     assert all(len(t) == 1 for t in lanes.threads.values()) and len(set(names)) == 3  # one thread per lane
+
+
+class _SlowDevice(_Lanes):
+    """The device lane takes a while per batch, so a second device thread has work to take."""
+
+    def device(self, batch: list[int]) -> list[int]:
+        import time
+
+        time.sleep(0.05 if batch[0] % 2 == 0 else 0.01)  # even batches slower: out of order inside
+        return super().device(batch)
+
+
+def test_lane_pipeline_runs_batches_side_by_side_on_the_device_lane_in_order() -> None:
+    lanes = _SlowDevice()
+    got: list[Any] = []
+    with LanePipeline(lanes, depth=3, device_threads=2) as pipe:  # type: ignore[arg-type]
+        for k in range(8):
+            got += pipe.submit([k, k])  # type: ignore[list-item]
+        got += pipe.drain()
+    assert got == [[10 * k, 10 * k] for k in range(8)]
+    assert len(lanes.threads["device"]) == 2 and len(lanes.threads["output"]) == 1
+
+
+def test_two_device_threads_give_the_same_variants(catalog: list[Path], tmp_path: Path) -> None:
+    processor = build_processor(Settings(segmenter="classical", device="cpu"))
+    sums = []
+    for n in (1, 2):
+        summary = process_files(catalog[:6], processor, tmp_path / str(n), presets=["taobao_main", "thumb_webp"],
+                                batch_size=1, device_threads=n)
+        sums.append({r.line["sku"]: [v["sha256"] for v in r.line["variants"]] for r in summary.results})
+    assert sums[0] == sums[1] and len(sums[0]) == 6
