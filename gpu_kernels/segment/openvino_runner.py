@@ -14,7 +14,10 @@ to a second compilation of the same model with ``streams`` streams (default 2), 
 its own stream and its share of the threads, started together and awaited together: on the
 2-core machine here two images take ~240 ms instead of 2 × 137 ms, and ~200 ms/img instead of
 ~280 ms/img while a single-threaded lane runs beside them (docs/performance.md). That second
-compilation happens on the first chunk that needs it (~0.1 s from the cache).
+compilation happens on the first chunk that needs it (~0.1 s from the cache). With
+``concurrent_callers`` (several threads calling at once: ``lightbox process`` runs two on its
+device lane) a single image takes a stream too; the segmenter is safe for such callers (the
+one-image request under a lock, a pool of stream requests, the bindings' calls serialised).
 """
 
 from __future__ import annotations
