@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import importlib
 import os
 import time
@@ -976,6 +977,11 @@ def main() -> None:
     except KafkaSecurityError as exc:  # a refused password, an untrusted certificate, a missing setting
         err.print(f"[red]kafka security:[/] {exc}", soft_wrap=True)
         raise SystemExit(2) from None
+    finally:
+        # The command is over and closed what it opened; the interpreter's last full collection at
+        # exit would walk every object the imports made (~0.12 s of a one-photo `process`) only to
+        # free memory the exit frees anyway. Frozen objects are skipped (atexit handlers still run).
+        gc.freeze()
 
 
 if __name__ == "__main__":
