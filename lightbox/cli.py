@@ -962,6 +962,7 @@ def redrive(
 
 
 def main() -> None:
+    gc.freeze()  # the CLI's modules live as long as the process: later collections need not walk them
     import logging
 
     # The retouch twins' small matrix products gain nothing from BLAS threads and lose a lot when
