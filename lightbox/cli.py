@@ -581,7 +581,6 @@ def process(
             gpu = processor.pipeline.device == "gpu"
             size = batch or (4 if gpu else 1)
             callers = 1 if gpu or len(files) < 2 else processor.pipeline.side_by_side
-            processor.pipeline.device_callers(callers)
             summary = process_files(files, processor, out, presets=names, batch_size=size, background=background,
                                     lighting="auto" if lighting else "off", on_result=advance,
                                     device_threads=callers)

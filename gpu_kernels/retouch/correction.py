@@ -88,7 +88,7 @@ def plan_correction(
     flat_a = None if a is None else a.reshape(-1)
     levels = None  # the sample as uint8 when it is a strided pick of an RGB(A) image
     if cfg.sample == "strided" and pixels.shape[2] >= 3:
-        s = sample_stride(pixels.shape[0], pixels.shape[1], cfg.sample_side)
+        s = int(grid.step_y)  # the stride statistics_sample picked (a strided grid: step_y == step_x)
         levels = pixels[::s, ::s, :3]
     wb = estimate_white_balance(xp, rgb, a, cfg.white_balance, levels=levels)
     lum = luma(xp, rgb * wb.astype(xp.float64))

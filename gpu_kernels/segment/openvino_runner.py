@@ -154,7 +154,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
         self._request: Any | None = self._compiled.create_infer_request()
         self._side_by_side: list[Any] = []  # the streams' requests, made on the first chunk of several
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()  # those not running an image now
-        self._latency_lock, self._compile_lock, self._api_lock = threading.Lock(), threading.Lock(), threading.Lock()
+        self._latency_lock, self._take_lock, self._api_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self.concurrent_callers = False  # True: several threads call at once; single images take a stream too
         self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"
         self.providers = [f"OpenVINO:CPU:{precision}"]
@@ -178,7 +178,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
                     result = self._request.infer({self._input: x})
                     return np.array(result[self._output], dtype=np.float32)  # a copy: the request reuses its buffers
             parts = np.array_split(x, min(self.streams, len(x)))
-            requests = [self._take_stream() for _ in parts]
+            requests = self._take_streams(len(parts))
             try:  # the bindings' calls one thread at a time (two threads copying inputs at once hung once)
                 with self._api_lock:
                     for req, part in zip(requests, parts, strict=True):
@@ -195,17 +195,18 @@ class OpenVinoSegmenter(BucketedSegmenter):
             raise ProcessingFailed(f"model {self.model_path.name} failed on a batch of shape {tuple(x.shape)} "
                                    f"(OpenVINO): {exc}", stage=STAGE) from exc
 
-    def _take_stream(self) -> Any:
-        """A free request of the side-by-side compilation (compiled on first use), waiting for one
-        when every stream is busy with another caller's image."""
-        with self._compile_lock:
+    def _take_streams(self, n: int) -> list[Any]:
+        """``n`` free requests of the side-by-side compilation (compiled on first use), waiting
+        while other callers' images hold them. Taken together under the lock: two callers that
+        each held one request and waited for a second would wait for ever."""
+        with self._take_lock:
             if not self._side_by_side:
                 compiled = self._compile({**self._config, "PERFORMANCE_HINT": "THROUGHPUT",
                                           "NUM_STREAMS": self.streams})
                 self._side_by_side = [compiled.create_infer_request() for _ in range(self.streams)]
                 for req in self._side_by_side:
                     self._free.put(req)
-        return self._free.get()
+            return [self._free.get() for _ in range(n)]
 
     def close(self) -> None:
         self._request = None

@@ -147,19 +147,19 @@ def run_gate(runtime: str, candidate: Segmenter, reference: Segmenter, images: S
         raise ValueError("the gate needs at least one image")
     candidate.segment_batch([images[0]])
     reference.segment_batch([images[0]])
+    model_alone = _model_s(reference) is not None and _model_s(candidate) is not None
+
+    def clock(seg: Segmenter) -> float:
+        return float(getattr(seg, "model_s")) if model_alone else time.process_time()  # noqa: B009
+
     ious, t_ref, t_cand = [], [], []
     for img in images:
-        t0, m0 = time.process_time(), _model_s(reference)
+        t0 = clock(reference)
         ref = reference.segment_batch([img])[0]
-        t1, m1, c1 = time.process_time(), _model_s(reference), _model_s(candidate)
+        t_ref.append(clock(reference) - t0)
+        t1 = clock(candidate)
         got = candidate.segment_batch([img])[0]
-        t2, c2 = time.process_time(), _model_s(candidate)
-        if m0 is not None and m1 is not None and c1 is not None and c2 is not None:
-            t_ref.append(m1 - m0)
-            t_cand.append(c2 - c1)
-        else:
-            t_ref.append(t1 - t0)
-            t_cand.append(t2 - t1)
+        t_cand.append(clock(candidate) - t1)
         ious.append(mask_iou(_host(got), _host(ref)))
     mean, worst = float(np.mean(ious)), float(np.min(ious))
     return GateResult(runtime, round(mean, 4), round(worst, 4), len(images), round(float(np.median(t_cand)) * 1000, 1),
