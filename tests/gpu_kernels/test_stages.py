@@ -3,16 +3,21 @@ line, an exception in one stage fails only its items, and lanes follow the encod
 
 from __future__ import annotations
 
+import io
+import threading
+import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from gpu_kernels.backends import Encoder, RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
-from gpu_kernels.pipeline import Job, RetouchPipeline, default_stages
+from gpu_kernels.pipeline import Job, RetouchPipeline, default_stages, light_batch
 from gpu_kernels.presets import Preset, load_presets
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.spans import SpanRecorder
@@ -188,3 +193,86 @@ def test_lanes_run_separately_and_the_device_lane_does_no_cpu_encode(catalog: li
     results = ctx.finalize()
     assert all(r.ok and r.variants[0].data[:4] == b"RIFF" for r in results)  # WebP
     assert isinstance(ctx.rendered[0, "thumb_webp"], np.ndarray)
+
+
+class Overlap(Stage):
+    """Output lane: how many batches are inside this stage at once (the most seen), and, with
+    ``meet``, a barrier two batches must reach together (proof that they ran side by side)."""
+
+    name = "overlap"
+    lane = "output"
+
+    def __init__(self, meet: threading.Barrier | None = None) -> None:
+        self.meet, self.inside, self.most = meet, 0, 0
+        self.lock = threading.Lock()
+
+    def apply(self, ctx: BatchContext, idx: list[int]) -> Sequence[object]:
+        with self.lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            if self.meet is not None:
+                self.meet.wait()
+            else:
+                time.sleep(0.2)  # room for a second batch to come in, if the lane let it
+        finally:
+            with self.lock:
+                self.inside -= 1
+        return [None] * len(idx)
+
+    def keep(self, ctx: BatchContext, i: int, value: Any) -> None:
+        pass
+
+
+def noise_images(count: int, side: int, fmt: str = "JPEG") -> list[bytes]:
+    rng = np.random.default_rng(side)
+    out = []
+    for _ in range(count):
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8)).save(buf, format=fmt)
+        out.append(buf.getvalue())
+    return out
+
+
+def run_side_by_side(pipe: RetouchPipeline, batches: list[list[Job]]) -> list[list[Any]]:
+    ctxs = [pipe.start(jobs) for jobs in batches]
+    for ctx in ctxs:
+        pipe.run_lane(ctx, "decode")
+        pipe.run_lane(ctx, "device")
+    with ThreadPoolExecutor(len(ctxs)) as pool:
+        done = list(pool.map(lambda c: pipe.run_lane(c, "output").finalize(), ctxs))
+    return done
+
+
+def test_light_batches_take_the_output_lane_one_at_a_time_and_heavier_ones_side_by_side() -> None:
+    # two threads running small images' many small NumPy calls only hand the GIL to each other
+    tiny = Preset("tiny", 64, 64, fill=1.0, sharpen=0.0)
+    thumb = load_presets()["thumb_webp"]  # a 400x400 canvas: pixel work, which releases the GIL
+    blobs = noise_images(2, 64)
+
+    def batch(preset: Preset) -> list[Job]:
+        return [Job(b, [preset], RetouchOptions(background="keep"), SpanRecorder()) for b in blobs[:2]]
+
+    light = Overlap()
+    pipe = cpu_pipeline((99, light))
+    ctx = pipe.start(batch(tiny))
+    pipe.run_lane(ctx, "decode")
+    assert light_batch(ctx)
+    results = run_side_by_side(pipe, [batch(tiny), batch(tiny), batch(tiny)])
+    assert light.most == 1
+    assert all(r.ok and r.variants[0].width == 64 for res in results for r in res)
+
+    heavy = Overlap(threading.Barrier(2, timeout=30))  # breaks (and fails the items) unless both meet
+    pipe = cpu_pipeline((99, heavy))
+    results = run_side_by_side(pipe, [batch(thumb), batch(thumb)])
+    assert heavy.most == 2
+    assert all(r.ok and r.variants[0].width == 400 for res in results for r in res)
+
+    # one large image makes the batch heavy (a PNG: a JPEG would be decoded at the preset's scale),
+    # and an item that already failed does not count
+    big = pipe.start([Job(noise_images(1, 512, "PNG")[0], [tiny], RetouchOptions(background="keep"), SpanRecorder()),
+                      *batch(tiny)])
+    pipe.run_lane(big, "decode")
+    assert big.images[0].shape[:2] == (512, 512) and not light_batch(big)
+    big.fail(0, TooLarge("left the batch"), "test")
+    assert light_batch(big)
