@@ -99,7 +99,7 @@ def make_intake(config: RunnerConfig) -> tuple[dict[str, Intake], dict[str, Thre
     pools = {
         "prepare": ThreadPoolExecutor(config.prepare_threads, thread_name_prefix="lightbox-prepare"),
         "decode": ThreadPoolExecutor(1, thread_name_prefix="lightbox-decode"),
-        "device": ThreadPoolExecutor(1, thread_name_prefix="lightbox-device"),
+        "device": ThreadPoolExecutor(config.device_threads, thread_name_prefix="lightbox-device"),
         "output": ThreadPoolExecutor(config.output_threads, thread_name_prefix="lightbox-output"),
     }
     live_prep, live_out = asyncio.Semaphore(config.prepare_threads), asyncio.Semaphore(config.output_threads)

@@ -88,6 +88,7 @@ class RunnerConfig:
     max_in_flight: int = 64
     prepare_threads: int = 4
     output_threads: int = 2
+    device_threads: int = 1  # > 1 only for a model that runs calls side by side (OpenVINO's streams)
     queue_depth: int = 1  # closed batches waiting in front of each of decode, device, output
     delivery_timeout_s: float = 120.0
     stage_timeout_s: float = 300.0

@@ -8,12 +8,17 @@ sends, retries, ordered acknowledgements, record-size fitting), :mod:`agents.sup
 Lanes, joined by bounded queues so that a slow lane holds back the ones before it and, in the
 end, the consumer (back-pressure), and so that the device never waits on I/O::
 
-    submit ─► prepare (CPU pool) ─► batcher ─► decode (1 thread) ─► device (1 thread) ─► output (CPU pool) ─► send
-                 └── dead letters ───────────────────────────────────────────────────────────────────────────┘
+    submit ─► prepare (CPU pool) ─► batcher ─► decode (1 thread) ─► device (1 thread*) ─► output (CPU pool) ─► send
+                 └── dead letters ────────────────────────────────────────────────────────────────────────────┘
 
 The device thread runs ``processor.device`` and nothing else; Avro, store writes and produce run
-in the output lane. At most ``max_in_flight`` inputs are held (handed and not yet committable);
-past that ``submit`` waits, the agent stops pulling, and Faust pauses the partitions' fetch.
+in the output lane. (*) ``device_threads`` > 1 only for a model that runs calls side by side
+(OpenVINO's two streams on a CPU, ``agents.wiring.runner_config``): each device thread then takes
+the next decoded batch as soon as its own call is done, so one batch's mask refinement and model
+run beside the next one's instead of the cores waiting between them.
+
+At most ``max_in_flight`` inputs are held (handed and not yet committable); past that ``submit``
+waits, the agent stops pulling, and Faust pauses the partitions' fetch.
 
 Delivery (at-least-once, never a lost input)
     An input is acknowledged only after its processed event or dead letter was acknowledged by
@@ -175,8 +180,9 @@ class BatchRunner:
                  "prepare": functools.partial(self._prepare_loop, LIVE),
                  "backfill-prepare": functools.partial(self._prepare_loop, BACKFILL),
                  "batch-timer": self._timer_loop, "decode": self._decode_loop,
-                 "device": self._device_loop, "output": self._output_loop, "send": self._delivery.loop,
-                 "watchdog": self._sup.watchdog}
+                 "output": self._output_loop, "send": self._delivery.loop, "watchdog": self._sup.watchdog}
+        for k in range(self.config.device_threads):  # each takes the next decoded batch when its call is done
+            loops["device" if k == 0 else f"device-{k}"] = self._device_loop
         for name, loop in loops.items():
             task = asyncio.create_task(loop(), name=f"lightbox-{name}")
             task.add_done_callback(functools.partial(self._sup.loop_ended, name))
@@ -303,13 +309,13 @@ class BatchRunner:
 
     def _window_full(self) -> bool:
         """Every live in-flight slot is taken, every taken input reached the batcher (or left
-        it), and decode and device are idle: no batch-mate can arrive before something completes,
-        and waiting for the deadline would only leave the device idle. (While they are busy, the
+        it), decode is idle and a device thread is: no batch-mate can arrive before something
+        completes, and waiting for the deadline would only leave the device idle. (While they are busy, the
         bucket keeps filling as slots free up: under a backlog batches still grow.)"""
         tiers = self._intake.values()
         return (self._live.slots.locked() and not any(t.inbox or t.preparing or t.staged for t in tiers)
                 and self._decode_q.empty() and self._device_q.empty()
-                and not self._calls["decode"] and not self._calls["device"])
+                and not self._calls["decode"] and self._calls["device"] < self.config.device_threads)
 
     async def _timer_loop(self) -> None:
         """Feeds the batcher and closes batches at their deadlines, or at once when the

@@ -118,18 +118,22 @@ def backfill_batching(settings: Settings, live: BatchingConfig) -> BatchingConfi
     return replace(live, max_batch=size, fixed_batch=fixed)
 
 
-def runner_config(settings: Settings, batching: BatchingConfig) -> RunnerConfig:
-    """Lane sizes and timeouts. Every batch slot of the lanes (decode and device: one running,
-    ``queue_depth`` waiting; output: ``output_threads`` running, ``queue_depth`` waiting) plus a
-    filling batch must fit in flight at the largest batch size: with fewer inputs in flight the
-    lanes hold small batches, and every batch costs thread hops and a produce request (with a
-    backlog of 64×64 images and 64 in flight, batches averaged 2 items; bench/bench_overhead.py)."""
+def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: int = 1) -> RunnerConfig:
+    """Lane sizes and timeouts. Every batch slot of the lanes (decode: one running, device:
+    ``device_threads`` running, each ``queue_depth`` waiting; output: ``output_threads`` running,
+    ``queue_depth`` waiting) plus a filling batch must fit in flight at the largest batch size:
+    with fewer inputs in flight the lanes hold small batches, and every batch costs thread hops and
+    a produce request (with a backlog of 64×64 images and 64 in flight, batches averaged 2 items;
+    bench/bench_overhead.py). ``device_threads`` is the setting, else ``side_by_side`` (the
+    pipeline's: how many calls its model runs at once to good effect)."""
     depth = RunnerConfig().queue_depth
-    slots = 2 * (1 + depth) + settings.runner.output_threads + depth + 1
+    device_threads = settings.runner.device_threads or side_by_side
+    slots = 2 * (1 + depth) + device_threads - 1 + settings.runner.output_threads + depth + 1
     backfill = backfill_batching(settings, batching)
     return RunnerConfig(max_in_flight=max(settings.batching.max_in_flight, slots * batching.max_batch + 8),
                         backfill_in_flight=max(settings.backfill.in_flight, backfill.max_batch),
                         prepare_threads=settings.runner.prepare_threads, output_threads=settings.runner.output_threads,
+                        device_threads=device_threads,
                         backfill_threads=settings.backfill.threads, backfill_nice=settings.backfill.nice,
                         delivery_timeout_s=settings.runner.delivery_timeout_s,
                         stage_timeout_s=settings.runner.stage_timeout_s)

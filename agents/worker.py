@@ -115,9 +115,9 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
-    config, tiers = _runner_parts(settings, device, rules)
-    worker.tiers = tiers
     proc = processor or build_processor(settings, device)
+    config, tiers = _runner_parts(settings, device, rules, proc)
+    worker.tiers = tiers
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     worker.live_work = functools.partial(_live_work, worker, settings, last_live)
     backfill = backfill_consumer(settings, lambda: worker.runner, worker.live_work)
@@ -165,10 +165,14 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     return worker
 
 
-def _runner_parts(settings: Settings, device: str, rules: BackfillRules) -> tuple[RunnerConfig, TierBatcher[Pair]]:
-    """The runner's configuration and its tiers' batcher, as every worker process builds them."""
+def _runner_parts(settings: Settings, device: str, rules: BackfillRules,
+                  processor: BatchProcessor) -> tuple[RunnerConfig, TierBatcher[Pair]]:
+    """The runner's configuration and its tiers' batcher, as every worker process builds them; the
+    processor's model is told how many device threads will call it."""
     batching = batching_config(settings, device)
-    return runner_config(settings, batching), tier_batcher(settings, batching, rules)
+    config = runner_config(settings, batching, processor.pipeline.side_by_side)
+    processor.pipeline.device_callers(config.device_threads)
+    return config, tier_batcher(settings, batching, rules)
 
 
 def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
@@ -346,7 +350,7 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Obser
     """The backfill tier alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
     ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
     device = settings.resolved_device()
-    config, tiers = _runner_parts(settings, device, rules)
+    config, tiers = _runner_parts(settings, device, rules, processor)
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
     config = dataclasses.replace(config, backfill_threads=0)
     stopping = asyncio.Event()

@@ -138,6 +138,8 @@ class RunnerSettings(_Section):
 
     prepare_threads: int = Field(4, ge=1, description="fetch/prepare lane threads")
     output_threads: int = Field(2, ge=1, description="output lane threads (CPU encode, Avro, store writes)")
+    device_threads: int | None = Field(None, ge=1, description="device lane threads; unset: as many as the model runs "
+                                                               "side by side (2 for OpenVINO on a CPU, else 1)")
     delivery_timeout_s: float = Field(120.0, gt=0, description="how long an output may keep failing with retriable "
                                                               "errors before the worker fail-stops")
     shutdown_timeout_s: float = Field(30.0, gt=0, description="graceful stop (SIGTERM): the longest in-flight work "

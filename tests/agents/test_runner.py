@@ -589,3 +589,53 @@ def test_inputs_handed_together_are_prepared_in_one_thread_call() -> None:
         await h.runner.stop()
 
     run(go)
+
+
+def test_two_device_threads_run_two_batches_on_the_device_at_once_and_acknowledge_in_order() -> None:
+    """With ``device_threads=2`` (a model that runs calls side by side) the next decoded batch goes
+    onto the device while the previous one is still there; delivery order is untouched."""
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True), device_threads=2,
+                    batching=BatchingConfig(slo_s=1.0, max_batch=2, max_wait_s=0.005, fixed_batch=2))
+        meet = threading.Barrier(2, timeout=10)  # breaks (the batches become dead letters) unless both meet
+        device = h.processor.device
+
+        def together(state: State) -> State:
+            meet.wait()
+            return device(state)
+
+        h.processor.device = together  # type: ignore[method-assign]
+        await h.runner.start()
+        await h.submit(*(rec(p, i) for i in range(2) for p in (0, 1)))  # two batches of two
+        await until(lambda: len(h.acked) == 4, "all acked")
+        assert sorted(o.kind for o in h.sink.acknowledged) == ["processed"] * 4
+        assert len(h.processor.device_threads) == 2 and h.runner.stats.batches == 2
+        assert [(r.partition, r.offset) for r in sorted(h.acked, key=lambda r: (r.partition, r.offset))] == [
+            (0, 0), (0, 1), (1, 0), (1, 1)]
+        for p in (0, 1):  # each partition's inputs acknowledged in offset order
+            assert [r.offset for r in h.acked if r.partition == p] == [0, 1]
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_the_worker_gives_its_device_lane_as_many_threads_as_the_model_runs_side_by_side() -> None:
+    from agents.tiers import DEFAULT_RULES
+    from agents.worker import _runner_parts
+    from streams.settings import Settings
+
+    class Pipeline:
+        side_by_side = 2  # OpenVINO's two streams on a CPU
+
+        def __init__(self) -> None:
+            self.callers: list[int] = []
+
+        def device_callers(self, n: int) -> None:
+            self.callers.append(n)
+
+    proc = SimpleNamespace(pipeline=Pipeline())
+    auto, _ = _runner_parts(Settings(device="cpu"), "cpu", DEFAULT_RULES, proc)  # type: ignore[arg-type]
+    assert auto.device_threads == 2 and proc.pipeline.callers == [2]  # the model is told it has two callers
+    one, _ = _runner_parts(Settings(device="cpu", device_threads=1), "cpu", DEFAULT_RULES, proc)  # type: ignore[arg-type]
+    assert one.device_threads == 1 and proc.pipeline.callers[-1] == 1
+    assert auto.max_in_flight > one.max_in_flight  # room for the second device thread's batch

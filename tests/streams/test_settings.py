@@ -55,6 +55,7 @@ ENV: list[tuple[str, str, Any]] = [
     ("LIGHTBOX_STAGE_TIMEOUT_S", "150.0", 150.0),
     ("LIGHTBOX_PREPARE_THREADS", "7", 7),
     ("LIGHTBOX_OUTPUT_THREADS", "5", 5),
+    ("LIGHTBOX_DEVICE_THREADS", "3", 3),
     ("LIGHTBOX_KAFKA_SECURITY_PROTOCOL", "SSL", "SSL"),
     ("LIGHTBOX_KAFKA_SASL_MECHANISM", "PLAIN", "PLAIN"),
     ("LIGHTBOX_KAFKA_SASL_USERNAME", "x-kafka_sasl_username", "x-kafka_sasl_username"),
