@@ -151,12 +151,15 @@ class RetouchPipeline:
         its streams (2); 1 for every other model or none."""
         return max(1, int(getattr(self.segmenter, "streams", 1)))
 
-    def device_callers(self, n: int) -> None:
-        """Tell the model that ``n`` threads run the device lane at once (``lightbox process``
-        does with ``side_by_side`` threads): OpenVINO then runs even a single image on one of its
-        streams, beside the other caller's, instead of on all threads."""
+    def device_callers(self, n: int, *, lone_latency: bool = True) -> None:
+        """Tell the model that ``n`` threads run the device lane at once (``lightbox process`` and
+        the worker do with ``side_by_side`` threads): OpenVINO then runs a single image on one of
+        its streams, beside the other caller's, instead of on all threads; with ``lone_latency``
+        (the worker: latency at light load) not when no other call is about, without it (``process``:
+        throughput only) always."""
         if self.segmenter is not None and hasattr(self.segmenter, "concurrent_callers"):
             setattr(self.segmenter, "concurrent_callers", n > 1)  # noqa: B010 (not in the Segmenter protocol)
+            setattr(self.segmenter, "lone_latency", lone_latency)  # noqa: B010
 
     @property
     def versions(self) -> dict[str, str]:

@@ -152,7 +152,8 @@ def process_files(
         rec = InRecord(OFFLINE_TOPIC, 0, i, processor.codecs.product.encode(ev), key=skus[i].encode())
         return i, processor.prepare(rec)
 
-    processor.pipeline.device_callers(device_threads)  # the model then takes calls from that many threads
+    # the model then takes calls from that many threads; offline, one image's latency counts for nothing
+    processor.pipeline.device_callers(device_threads, lone_latency=False)
     with open(jsonl, "w", encoding="utf-8") as sink, ThreadPoolExecutor(1, thread_name_prefix="offline-read") as pool, \
             LanePipeline(processor, device_threads=device_threads) as lanes:
         def emit(out: OutRecord | OfflineResult) -> None:

@@ -165,6 +165,46 @@ def test_openvino_takes_calls_from_two_threads_each_on_its_own_stream(u2netp: Mo
         assert mask_iou(got[i], w) > 0.999 and np.abs(got[i].astype(int) - w.astype(int)).max() <= 2
 
 
+def test_openvino_gives_a_lone_call_every_thread_and_a_call_beside_another_thread_a_stream(u2netp: ModelFiles) -> None:
+    """With ``concurrent_callers``, an image with no other thread's call in progress or ended
+    within ``LONE_GAP_S`` runs on the latency compilation (all threads: a light-load worker keeps
+    its latency); one that follows another thread's call closely takes a stream."""
+    import threading
+
+    from gpu_kernels.segment.openvino_runner import LONE_GAP_S, OpenVinoSegmenter
+
+    image = small_gate()[0]
+    with OpenVinoSegmenter(u2netp.original, precision="f32", threads=2) as seg:
+        seg.concurrent_callers = True
+        taken: list[int] = []
+        take = seg._take_streams
+
+        def counted(n: int) -> list[Any]:
+            taken.append(n)
+            return take(n)
+
+        seg._take_streams = counted  # type: ignore[method-assign]
+
+        def in_thread() -> np.ndarray:
+            out: list[Any] = []
+            t = threading.Thread(target=lambda: out.append(seg.segment_batch([image])[0]))
+            t.start()
+            t.join(60)
+            assert not t.is_alive()
+            return np.asarray(out[0])
+
+        alone = seg.segment_batch([image])[0]
+        seg.segment_batch([image])  # the same thread again: its own last call does not count
+        assert taken == []
+        beside = in_thread()  # right after the main thread's call: a stream
+        assert taken == [1] and seg._free.qsize() == 2  # both stream requests made, both back
+        time.sleep(LONE_GAP_S + 0.05)
+        later = in_thread()  # nothing for longer than LONE_GAP_S: alone again
+        assert taken == [1]
+    for got in (beside, later):
+        assert np.abs(alone.astype(int) - got.astype(int)).max() <= 2
+
+
 def test_openvino_loads_without_its_model_converter_which_still_imports_when_asked() -> None:
     import subprocess
     import sys
