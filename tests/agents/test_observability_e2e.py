@@ -128,7 +128,8 @@ def run(kafka_bootstrap: str, catalog: list[Path], bad_files: dict[str, Path],
            "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
            "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
            "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
-           "LIGHTBOX_METRICS_PORT": str(port), "LIGHTBOX_LOG_FORMAT": "json",
+           "LIGHTBOX_METRICS_PORT": str(port), "LIGHTBOX_BACKFILL_METRICS_PORT": "0",  # port + 1 may be taken
+           "LIGHTBOX_LOG_FORMAT": "json",
            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "500"}
     log_path = tmp / "worker.log"
     worker = WorkerProcess(env, log_path, args=["--loglevel", "info"]).start()
@@ -245,7 +246,7 @@ def test_text_logs_in_a_file_carry_no_terminal_codes(settings: Settings, tmp_pat
            "LIGHTBOX_DLQ_TOPIC": settings.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": settings.topics.backfill,
            "LIGHTBOX_DATA_DIR": str(settings.worker.data_dir), "LIGHTBOX_DEVICE": "cpu",
            "LIGHTBOX_SEGMENTER": "classical",
-           "LIGHTBOX_METRICS_PORT": str(port)}
+           "LIGHTBOX_METRICS_PORT": str(port), "LIGHTBOX_BACKFILL_METRICS_PORT": "0"}  # port + 1 may be taken
     worker = WorkerProcess(env, tmp_path / "worker.log").start()
     try:
         wait_for("/readyz", lambda: http_get(f"http://127.0.0.1:{port}/readyz")[0] == 200 or not worker.running(),
