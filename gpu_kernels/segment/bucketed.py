@@ -14,9 +14,11 @@ far from the subject zeroed, ``clean_cutout``).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from gpu_kernels.array import Array
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
@@ -25,7 +27,8 @@ from gpu_kernels.segment.ops import ArrayOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, per_item
 
-__all__ = ["MASK_WORK_PIXELS", "BucketedSegmenter", "batch_buckets", "mask_work_size", "plan_chunks"]
+__all__ = ["LONE_GAP_S", "MASK_WORK_PIXELS", "BucketedSegmenter", "Callers", "batch_buckets", "mask_work_size",
+           "plan_chunks"]
 
 MASK_WORK_PIXELS = 2048 * 2048  # the largest preset (shopify 2048²): no output needs a finer alpha
 ENLARGE_FLOOR = 16  # alpha levels (~6 % opacity) below which an enlarged alpha is zeroed
@@ -62,6 +65,41 @@ def plan_chunks(n: int, buckets: Sequence[int]) -> list[tuple[int, int, int]]:
     return plan
 
 
+LONE_GAP_S = 0.25  # a call with no other thread's call in progress nor ended within this long is alone
+
+
+class Callers:
+    """Which model calls run alone, for a CPU model that runs images side by side on streams of
+    one thread each (OpenVINO's): with several callers
+    (``concurrent_callers``), a single image takes a stream while other threads' calls come and go,
+    and every thread when it is alone (``lone_latency``): one image on one thread takes ~230 ms
+    against ~115 ms on two, so a worker at light load keeps its latency, while a backlog's device
+    threads, which come back after their mask refinement, keep to the streams."""
+
+    def __init__(self) -> None:
+        self.concurrent = False  # several threads call at once
+        self.lone_latency = True  # ...and a lone image still runs on every thread
+        self._lock = threading.Lock()
+        self._active = 0
+        self._ends: dict[int, float] = {}  # calling thread -> when its last call ended (time.monotonic)
+
+    @contextlib.contextmanager
+    def call(self, images: int, streams: int) -> Iterator[bool]:
+        """Around one model call of ``images`` images: yields whether it takes the streams."""
+        me = threading.get_ident()
+        with self._lock:
+            now = time.monotonic()
+            alone = self.lone_latency and self._active == 0 and all(
+                now - t > LONE_GAP_S for k, t in self._ends.items() if k != me)
+            self._active += 1
+        try:
+            yield streams >= 2 and (images >= 2 or (self.concurrent and not alone))
+        finally:
+            with self._lock:
+                self._active -= 1
+                self._ends[me] = time.monotonic()
+
+
 class BucketedSegmenter:
     """Base of the model segmenters (see the module docstring). Subclasses set ``device``,
     ``spec``, ``post``, ``_ops``, ``buckets`` and ``version``, and implement ``_infer``."""
@@ -74,6 +112,28 @@ class BucketedSegmenter:
     _ops: ArrayOps
     mask_work_pixels: int | None = MASK_WORK_PIXELS
     model_s: float = 0.0  # wall seconds spent inside ``_infer`` so far (the model alone)
+    streams: int = 1  # images one call runs side by side (a CPU runtime with streams: see Callers)
+    callers: Callers | None = None  # set by such a runtime
+
+    @property
+    def concurrent_callers(self) -> bool:
+        """Several threads call at once (``RetouchPipeline.device_callers``)."""
+        return self.callers is not None and self.callers.concurrent
+
+    @concurrent_callers.setter
+    def concurrent_callers(self, value: bool) -> None:
+        if self.callers is not None:
+            self.callers.concurrent = value
+
+    @property
+    def lone_latency(self) -> bool:
+        """With several callers, a lone image still runs on every thread (see :class:`Callers`)."""
+        return self.callers is None or self.callers.lone_latency
+
+    @lone_latency.setter
+    def lone_latency(self, value: bool) -> None:
+        if self.callers is not None:
+            self.callers.lone_latency = value
 
     def _infer(self, x: Array) -> Array:
         """The model's output ``spec.output_index`` for a prepared, padded batch ``x``."""

@@ -19,8 +19,8 @@ compilation happens on the first chunk that needs it (~0.1 s from the cache). Wi
 two on their device lane) a single image takes a stream while other threads' calls come and go,
 and the latency compilation when it is alone (no other thread's call now nor within the last
 ``LONE_GAP_S``): one image on one stream's thread takes ~230 ms against ~115 ms on both, so a
-worker at light load keeps its latency (``lone_latency``; ``lightbox process``, which wants
-throughput only, turns it off). The segmenter is safe for such callers (the one-image
+worker at light load keeps its latency (``lone_latency``, :class:`~gpu_kernels.segment.bucketed.Callers`;
+``lightbox process``, which wants throughput only, turns it off). The segmenter is safe for such callers (the one-image
 request under a lock, a pool of stream requests, the bindings' calls serialised).
 """
 
@@ -31,14 +31,13 @@ import functools
 import queue
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from gpu_kernels.array import Array
-from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets
+from gpu_kernels.segment.bucketed import BucketedSegmenter, Callers, batch_buckets
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.onnx_runner import cpu_flags_line, usable_cores
@@ -107,9 +106,6 @@ def supports_bf16() -> bool:
     return "BF16" in [str(c).upper() for c in caps]
 
 
-LONE_GAP_S = 0.25  # a call with no other in progress nor ended within this long takes the latency compilation
-
-
 class OpenVinoSegmenter(BucketedSegmenter):
     """Implements :class:`gpu_kernels.backends.Segmenter` on the CPU with OpenVINO.
 
@@ -163,11 +159,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
         self._side_by_side: list[Any] = []  # the streams' requests, made on the first chunk of several
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()  # those not running an image now
         self._latency_lock, self._take_lock, self._api_lock = threading.Lock(), threading.Lock(), threading.Lock()
-        self._count_lock, self._active = threading.Lock(), 0  # calls in progress
-        self._ends: dict[int, float] = {}  # calling thread -> when its last call ended (time.monotonic)
-        self.lone_latency = True  # with concurrent_callers: a lone image on every thread (False: on a stream)
-        self.concurrent_callers = False  # True: several threads call at once; single images take a stream
-        # while another call is in progress
+        self.callers = Callers()  # which calls take the streams (concurrent_callers, lone_latency)
         self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"
         self.providers = [f"OpenVINO:CPU:{precision}"]
         if warmup:
@@ -184,21 +176,21 @@ class OpenVinoSegmenter(BucketedSegmenter):
         if self._request is None:
             raise ProcessingFailed("segmenter used after close()", stage=STAGE)
         x = np.ascontiguousarray(x, dtype=np.float32)
-        me = threading.get_ident()
-        with self._count_lock:  # alone: no call of another thread now nor within the last LONE_GAP_S
-            # (a backlog's callers come back after their mask refinement: they would find a latency call running)
-            now = time.monotonic()
-            alone = self.lone_latency and self._active == 0 and all(
-                now - t > LONE_GAP_S for k, t in self._ends.items() if k != me)
-            self._active += 1
+        assert self.callers is not None
+        with self.callers.call(len(x), self.streams) as side_by_side:
+            return self._run(x, side_by_side)
+
+    def _run(self, x: np.ndarray, side_by_side: bool) -> Array:
+        request = self._request
+        assert request is not None
         try:
-            if self.streams < 2 or (len(x) < 2 and (alone or not self.concurrent_callers)):
+            if not side_by_side:
                 with self._latency_lock:  # one request: calls from several threads take turns
                     with self._api_lock:  # its input copy never beside a stream's (see below)
-                        self._request.start_async({self._input: x})
-                    self._request.wait()
+                        request.start_async({self._input: x})
+                    request.wait()
                     with self._api_lock:  # a copy: the request reuses its buffers
-                        return np.array(self._request.get_tensor(self._output).data, dtype=np.float32)
+                        return np.array(request.get_tensor(self._output).data, dtype=np.float32)
             parts = np.array_split(x, min(self.streams, len(x)))
             requests = self._take_streams(len(parts))
             try:  # the bindings' calls one thread at a time (two threads copying inputs at once hung once)
@@ -216,10 +208,6 @@ class OpenVinoSegmenter(BucketedSegmenter):
         except RuntimeError as exc:
             raise ProcessingFailed(f"model {self.model_path.name} failed on a batch of shape {tuple(x.shape)} "
                                    f"(OpenVINO): {exc}", stage=STAGE) from exc
-        finally:
-            with self._count_lock:
-                self._active -= 1
-                self._ends[me] = time.monotonic()
 
     def _take_streams(self, n: int) -> list[Any]:
         """``n`` free requests of the side-by-side compilation (compiled on first use), waiting

@@ -171,7 +171,8 @@ def test_openvino_gives_a_lone_call_every_thread_and_a_call_beside_another_threa
     its latency); one that follows another thread's call closely takes a stream."""
     import threading
 
-    from gpu_kernels.segment.openvino_runner import LONE_GAP_S, OpenVinoSegmenter
+    from gpu_kernels.segment.bucketed import LONE_GAP_S
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
 
     image = small_gate()[0]
     with OpenVinoSegmenter(u2netp.original, precision="f32", threads=2) as seg:
