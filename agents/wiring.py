@@ -128,7 +128,7 @@ def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: in
     pipeline's: how many calls its model runs at once to good effect)."""
     depth = RunnerConfig().queue_depth
     device_threads = settings.runner.device_threads or side_by_side
-    slots = 2 * (1 + depth) + device_threads - 1 + settings.runner.output_threads + depth + 1
+    slots = (1 + depth) + (device_threads + depth) + (settings.runner.output_threads + depth) + 1
     backfill = backfill_batching(settings, batching)
     return RunnerConfig(max_in_flight=max(settings.batching.max_in_flight, slots * batching.max_batch + 8),
                         backfill_in_flight=max(settings.backfill.in_flight, backfill.max_batch),

@@ -98,15 +98,9 @@ def light_batch(ctx: BatchContext) -> bool:
     """Whether the output lane of ``ctx`` is light (see ``LIGHT_SOURCE_PIXELS``): its live items'
     images are small and so are their presets' canvases (False for a batch with nothing alive)."""
     alive = [i for i in ctx.alive() if i in ctx.images]
-    if not alive:
-        return False
-    for i in alive:
-        shape = ctx.images[i].shape
-        if shape[0] * shape[1] > LIGHT_SOURCE_PIXELS:
-            return False
-        if sum(p.width * p.height for p in ctx.jobs[i].presets) > LIGHT_CANVAS_PIXELS:
-            return False
-    return True
+    return bool(alive) and all(
+        ctx.images[i].shape[0] * ctx.images[i].shape[1] <= LIGHT_SOURCE_PIXELS
+        and sum(p.width * p.height for p in ctx.jobs[i].presets) <= LIGHT_CANVAS_PIXELS for i in alive)
 
 
 def _check_order(stages: Sequence[Stage]) -> None:
@@ -157,9 +151,9 @@ class RetouchPipeline:
         its streams, beside the other caller's, instead of on all threads; with ``lone_latency``
         (the worker: latency at light load) not when no other call is about, without it (``process``:
         throughput only) always."""
-        if self.segmenter is not None and hasattr(self.segmenter, "concurrent_callers"):
-            setattr(self.segmenter, "concurrent_callers", n > 1)  # noqa: B010 (not in the Segmenter protocol)
-            setattr(self.segmenter, "lone_latency", lone_latency)  # noqa: B010
+        callers = getattr(self.segmenter, "callers", None)  # a model with streams (not in the Segmenter protocol)
+        if callers is not None:
+            callers.concurrent, callers.lone_latency = n > 1, lone_latency
 
     @property
     def versions(self) -> dict[str, str]:

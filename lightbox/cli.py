@@ -578,9 +578,8 @@ def process(
             def advance(res: OfflineResult) -> None:
                 bar.update(task, advance=1, failed=bar.tasks[0].fields["failed"] + (not res.ok))
 
-            gpu = processor.pipeline.device == "gpu"
-            size = batch or (4 if gpu else 1)
-            callers = 1 if gpu or len(files) < 2 else processor.pipeline.side_by_side
+            size = batch or (4 if processor.pipeline.device == "gpu" else 1)
+            callers = processor.pipeline.side_by_side if len(files) > 1 else 1  # 1 on a GPU
             summary = process_files(files, processor, out, presets=names, batch_size=size, background=background,
                                     lighting="auto" if lighting else "off", on_result=advance,
                                     device_threads=callers)

@@ -76,7 +76,8 @@ class Callers:
     against ~115 ms on two, so a worker at light load keeps its latency, while a backlog's device
     threads, which come back after their mask refinement, keep to the streams."""
 
-    def __init__(self) -> None:
+    def __init__(self, streams: int) -> None:
+        self.streams = streams
         self.concurrent = False  # several threads call at once
         self.lone_latency = True  # ...and a lone image still runs on every thread
         self._lock = threading.Lock()
@@ -84,7 +85,7 @@ class Callers:
         self._ends: dict[int, float] = {}  # calling thread -> when its last call ended (time.monotonic)
 
     @contextlib.contextmanager
-    def call(self, images: int, streams: int) -> Iterator[bool]:
+    def call(self, images: int) -> Iterator[bool]:
         """Around one model call of ``images`` images: yields whether it takes the streams."""
         me = threading.get_ident()
         with self._lock:
@@ -93,7 +94,7 @@ class Callers:
                 now - t > LONE_GAP_S for k, t in self._ends.items() if k != me)
             self._active += 1
         try:
-            yield streams >= 2 and (images >= 2 or (self.concurrent and not alone))
+            yield self.streams >= 2 and (images >= 2 or (self.concurrent and not alone))
         finally:
             with self._lock:
                 self._active -= 1
@@ -124,16 +125,6 @@ class BucketedSegmenter:
     def concurrent_callers(self, value: bool) -> None:
         if self.callers is not None:
             self.callers.concurrent = value
-
-    @property
-    def lone_latency(self) -> bool:
-        """With several callers, a lone image still runs on every thread (see :class:`Callers`)."""
-        return self.callers is None or self.callers.lone_latency
-
-    @lone_latency.setter
-    def lone_latency(self, value: bool) -> None:
-        if self.callers is not None:
-            self.callers.lone_latency = value
 
     def _infer(self, x: Array) -> Array:
         """The model's output ``spec.output_index`` for a prepared, padded batch ``x``."""

@@ -159,7 +159,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
         self._side_by_side: list[Any] = []  # the streams' requests, made on the first chunk of several
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()  # those not running an image now
         self._latency_lock, self._take_lock, self._api_lock = threading.Lock(), threading.Lock(), threading.Lock()
-        self.callers = Callers()  # which calls take the streams (concurrent_callers, lone_latency)
+        self.callers = Callers(self.streams)  # which calls take the streams (concurrent_callers, lone_latency)
         self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"
         self.providers = [f"OpenVINO:CPU:{precision}"]
         if warmup:
@@ -177,7 +177,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
             raise ProcessingFailed("segmenter used after close()", stage=STAGE)
         x = np.ascontiguousarray(x, dtype=np.float32)
         assert self.callers is not None
-        with self.callers.call(len(x), self.streams) as side_by_side:
+        with self.callers.call(len(x)) as side_by_side:
             return self._run(x, side_by_side)
 
     def _run(self, x: np.ndarray, side_by_side: bool) -> Array:
