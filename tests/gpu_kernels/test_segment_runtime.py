@@ -131,6 +131,37 @@ def test_openvino_runs_several_images_side_by_side_with_the_same_masks(u2netp: M
         assert np.abs(g.astype(int) - w.astype(int)).max() <= 2
 
 
+def test_openvino_fixes_the_batch_at_one_when_every_request_runs_one_image(u2netp: ModelFiles,
+                                                                          tmp_path: Path) -> None:
+    """``max_batch=1`` (the default): a copy of the symbolic-batch model with the batch fixed at 1
+    is written to the cache once and compiled, with the masks of the symbolic model, alone and
+    side by side; a larger ``max_batch`` keeps the symbolic batch, and a cache that cannot be
+    written leaves the model as it is."""
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
+
+    images = [*small_gate(), make_composite("coffee", "star", "brick").image]
+    with OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, cache_dir=tmp_path / "ov") as fixed, \
+            OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, max_batch=2,
+                              cache_dir=tmp_path / "ov2") as symbolic:
+        assert fixed._compiled.input(0).get_partial_shape().is_static
+        assert fixed._compiled.input(0).get_partial_shape()[0].get_length() == 1
+        assert symbolic._compiled.input(0).get_partial_shape()[0].is_dynamic
+        copy = derived_path(u2netp.batched, "b1", tmp_path / "ov")
+        assert fixed._source == copy and copy.is_file()
+        assert [d.dim_value for d in onnx.load(str(copy)).graph.input[0].type.tensor_type.shape.dim] == [1, 3, 320, 320]
+        alone = fixed.segment_batch(images[:1])
+        got = fixed.segment_batch(images)  # a pair on the streams, then one
+        assert len(fixed._side_by_side) == 2
+        want = symbolic.segment_batch(images)
+    assert np.array_equal(alone[0], want[0])
+    for g, w in zip(got, want, strict=True):
+        assert np.abs(g.astype(int) - w.astype(int)).max() <= 2
+    (tmp_path / "not-a-folder").write_bytes(b"")
+    with OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, cache_dir=tmp_path / "not-a-folder") as seg:
+        assert seg._source == u2netp.batched
+        assert seg._compiled.input(0).get_partial_shape()[0].is_dynamic
+
+
 def test_openvino_takes_calls_from_two_threads_each_on_its_own_stream(u2netp: ModelFiles) -> None:
     """``concurrent_callers``: two threads segmenting single images at once each get a stream
     (both streams made, none shared), and the masks are those of one call after another."""
