@@ -14,9 +14,9 @@ to a second compilation of the same model with ``streams`` streams (default 2), 
 its own stream and its share of the threads, started together and awaited together: on the
 2-core machine here two images take ~240 ms instead of 2 × 137 ms, and ~200 ms/img instead of
 ~280 ms/img while a single-threaded lane runs beside them (docs/performance.md). That second
-compilation is started on a thread of its own at the lowest CPU priority before the first one
-(~0.1 s each from the cache; OpenVINO makes them one after the other): a run of several images
-finds it ready or nearly, and a run of one image measured no slower. With
+compilation is made on a thread of its own at the lowest CPU priority while the first one is
+made (~0.1 s each from the cache): a run of several images finds it ready, a run of one image
+does not wait for it. With
 ``concurrent_callers`` (several threads calling at once: ``lightbox process`` and the worker run
 two on their device lane) a single image takes a stream while other threads' calls come and go,
 and the latency compilation when it is alone (no other thread's call now nor within the last
@@ -164,9 +164,8 @@ class OpenVinoSegmenter(BucketedSegmenter):
         with contextlib.suppress(OSError):
             cache.mkdir(parents=True, exist_ok=True)
             self._config["CACHE_DIR"] = str(cache)  # per compiled model: the shared Core keeps no cache setting
-        # The side-by-side compilation, started at the lowest priority before the one-image one
-        # (OpenVINO makes them one after the other): a run of several images finds it done or
-        # nearly at its first pair; a run of one measured no slower (docs/performance.md).
+        # The side-by-side compilation, made at the lowest priority beside the one-image one: a run
+        # of several images waits for it at its first pair no longer, a run of one loses nothing.
         self._streams_compiled: Future[Any] | None = None
         if self.streams >= 2:
             side_by_side = {**self._config, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.streams}
