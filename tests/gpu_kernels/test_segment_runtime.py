@@ -167,32 +167,6 @@ def test_openvino_fixes_the_batch_at_one_when_every_request_runs_one_image(u2net
         assert seg._compiled.input(0).get_partial_shape()[0].is_dynamic
 
 
-def test_a_side_by_side_compilation_that_fails_fails_the_pair_that_needs_it_not_the_start(
-        u2netp: ModelFiles, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The side-by-side compilation is made in the background: its error reaches the images of
-    the chunks that need it (a ProcessingFailed each, as a model error would), not the segmenter's
-    construction; single images still run, and ``close()`` does not raise."""
-    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
-
-    real = OpenVinoSegmenter._compile
-
-    def refuse_streams(self: OpenVinoSegmenter, config: dict[str, Any]) -> Any:
-        if config.get("NUM_STREAMS", 1) > 1:
-            raise ProcessingFailed("OpenVINO cannot load model 'u2netp': no streams today", stage="segment")
-        return real(self, config)
-
-    monkeypatch.setattr(OpenVinoSegmenter, "_compile", refuse_streams)
-    images = small_gate()
-    seg = OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2)
-    assert seg._streams_compiled is not None
-    assert seg.segment_batch(images[:1])[0].shape == images[0].shape[:2]
-    pair = seg.segment_batch(images)  # one chunk of two: the streams' error in each image's place
-    assert len(pair) == 2 and all(isinstance(m, ProcessingFailed) and "no streams today" in str(m) for m in pair)
-    assert seg.segment_batch(images[1:])[0].shape == images[1].shape[:2]  # single images still run
-    seg.close()
-    assert seg._streams_compiled is None
-
-
 def test_openvino_takes_calls_from_two_threads_each_on_its_own_stream(u2netp: ModelFiles) -> None:
     """``concurrent_callers``: two threads segmenting single images at once each get a stream
     (both streams made, none shared), and the masks are those of one call after another."""
