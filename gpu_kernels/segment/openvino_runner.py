@@ -168,8 +168,8 @@ class OpenVinoSegmenter(BucketedSegmenter):
         # of several images waits for it at its first pair no longer, a run of one loses nothing.
         self._streams_compiled: Future[Any] | None = None
         if self.streams >= 2:
-            side_by_side = {**self._config, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.streams}
-            self._streams_compiled = in_background(self._compile, side_by_side, name="openvino-compile")
+            streams = {**self._config, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.streams}
+            self._streams_compiled = in_background(self._compile, streams, name="openvino-compile")
         self._compiled: Any = self._compile(self._config)
         inputs = [p.get_any_name() for p in self._compiled.inputs]
         self._input = spec.input_name or inputs[0]
