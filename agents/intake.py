@@ -9,6 +9,9 @@ acknowledgement ticket and tier) and the log fields that find inputs again (:fun
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import threading
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +22,9 @@ from agents.interfaces import Processor, RunnerConfig
 from agents.records import InRecord, OutRecord
 from agents.tiers import BACKFILL, LIVE
 from agents.watermark import Ticket
-from gpu_kernels.threads import lower_thread_priority
 from schemas.errors import FatalError
 
-__all__ = ["BACKFILL", "LANES", "LIVE", "TIERS", "Intake", "Item", "Pair", "Sent", "log_ids",
+__all__ = ["BACKFILL", "LANES", "LIVE", "TIERS", "Intake", "Item", "Pair", "Sent", "log_ids", "lower_thread_priority",
            "make_intake", "prepare_each", "record_of", "tier_of"]
 
 TIERS = (LIVE, BACKFILL)  # live first wherever both wait
@@ -126,6 +128,16 @@ def prepare_each(processor: Processor, records: list[InRecord]) -> list[Any]:
         except Exception as exc:
             out.append(exc)
     return out
+
+
+def lower_thread_priority(nice: int) -> None:
+    """Thread initializer: lower the calling thread's CPU priority by ``nice`` (Linux, where niceness
+    is per thread; elsewhere, or if the OS refuses, nothing happens)."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return
+    tid = threading.get_native_id()
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
 def record_of(event: Any) -> InRecord:

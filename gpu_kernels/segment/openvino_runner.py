@@ -14,9 +14,7 @@ to a second compilation of the same model with ``streams`` streams (default 2), 
 its own stream and its share of the threads, started together and awaited together: on the
 2-core machine here two images take ~240 ms instead of 2 × 137 ms, and ~200 ms/img instead of
 ~280 ms/img while a single-threaded lane runs beside them (docs/performance.md). That second
-compilation is made on a thread of its own at the lowest CPU priority while the first one is
-made (~0.1 s each from the cache): a run of several images finds it ready, a run of one image
-does not wait for it. With
+compilation happens on the first chunk that needs it (~0.1 s from the cache). With
 ``concurrent_callers`` (several threads calling at once: ``lightbox process`` and the worker run
 two on their device lane) a single image takes a stream while other threads' calls come and go,
 and the latency compilation when it is alone (no other thread's call now nor within the last
@@ -33,7 +31,6 @@ import functools
 import queue
 import sys
 import threading
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
 
@@ -46,7 +43,6 @@ from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.onnx_runner import cpu_flags_line, usable_cores
 from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.postprocess import MaskPostprocess
-from gpu_kernels.threads import in_background
 from schemas.errors import FetchFailed, ProcessingFailed
 
 __all__ = ["OpenVinoSegmenter", "openvino_available", "supports_bf16"]
@@ -164,12 +160,6 @@ class OpenVinoSegmenter(BucketedSegmenter):
         with contextlib.suppress(OSError):
             cache.mkdir(parents=True, exist_ok=True)
             self._config["CACHE_DIR"] = str(cache)  # per compiled model: the shared Core keeps no cache setting
-        # The side-by-side compilation, made at the lowest priority beside the one-image one: a run
-        # of several images waits for it at its first pair no longer, a run of one loses nothing.
-        self._streams_compiled: Future[Any] | None = None
-        if self.streams >= 2:
-            streams = {**self._config, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.streams}
-            self._streams_compiled = in_background(self._compile, streams, name="openvino-compile")
         self._compiled: Any = self._compile(self._config)
         inputs = [p.get_any_name() for p in self._compiled.inputs]
         self._input = spec.input_name or inputs[0]
@@ -241,13 +231,13 @@ class OpenVinoSegmenter(BucketedSegmenter):
                                    f"(OpenVINO): {exc}", stage=STAGE) from exc
 
     def _take_streams(self, n: int) -> list[Any]:
-        """``n`` free requests of the side-by-side compilation (waited for on first use), waiting
+        """``n`` free requests of the side-by-side compilation (compiled on first use), waiting
         while other callers' images hold them. Taken together under the lock: two callers that
         each held one request and waited for a second would wait for ever."""
         with self._take_lock:
             if not self._side_by_side:
-                assert self._streams_compiled is not None
-                compiled = self._streams_compiled.result()
+                compiled = self._compile({**self._config, "PERFORMANCE_HINT": "THROUGHPUT",
+                                          "NUM_STREAMS": self.streams})
                 self._side_by_side = [compiled.create_infer_request() for _ in range(self.streams)]
                 for req in self._side_by_side:
                     self._free.put(req)
@@ -256,8 +246,4 @@ class OpenVinoSegmenter(BucketedSegmenter):
     def close(self) -> None:
         self._request = None
         self._side_by_side, self._free = [], queue.SimpleQueue()
-        if self._streams_compiled is not None:
-            with contextlib.suppress(ProcessingFailed):  # waited for: never a compilation left running
-                self._streams_compiled.result()
-            self._streams_compiled = None
         self._compiled = None

@@ -233,7 +233,7 @@ def test_gate_refuses_negative_settings() -> None:
 def test_lower_thread_priority_lowers_only_the_calling_thread() -> None:
     import threading
 
-    from gpu_kernels.threads import lower_thread_priority
+    from agents.intake import lower_thread_priority
 
     seen: dict[str, int] = {}
 
