@@ -94,12 +94,12 @@ def rembg_python(venv: Path) -> Path:
     return py
 
 
-def compile_packages() -> None:
-    """Byte-compile this checkout's packages, as installing the wheel would."""
+def compile_packages(root: Path = ROOT) -> None:
+    """Byte-compile a checkout's packages (default: this one), as installing the wheel would."""
     import compileall
 
     for pkg in ("agents", "blobio", "gpu_kernels", "lightbox", "schemas", "streams"):
-        compileall.compile_dir(str(ROOT / pkg), quiet=1)
+        compileall.compile_dir(str(root / pkg), quiet=1)
 
 
 def command(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Path | None) -> list[str]:

@@ -1,0 +1,111 @@
+"""``lightbox process`` of this checkout against another commit's, in paired, alternated runs.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_process_ab.py [--baseline main] [--rounds 12]
+        [--classes start,small,mid,large] [--out bench/results/process_ab.json]
+
+The photos are the peer benchmark's (``bench/peer_photos.py``: ``start`` is the first small
+photo, then the size classes), into its three presets, each run a whole process started the way
+``bench/bench_peers.py`` starts lightbox. The baseline is ``git archive <ref>`` unpacked into a
+temporary folder and run with that folder first on the path; both trees are byte-compiled and
+run once untimed first. Every round runs both trees once per class, the order alternating from
+round to round.
+
+Reported per class: each tree's median seconds, and the mean and standard error of each round's
+difference (current - baseline). The machine's speed drifts by the hour by more than most
+changes are worth; two runs side by side in the same minute drift together, so their difference
+resolves a change of a few per cent that medians of separate runs do not. A benchmark, not a
+test: it asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_peers import PRESETS, compile_packages  # noqa: E402
+from bench.peer_photos import assemble  # noqa: E402
+
+
+def extract(ref: str, into: Path) -> Path:
+    """``git archive ref`` unpacked into ``into``."""
+    data = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def run(tree: Path, files: list[Path], out: Path) -> float:
+    """Seconds of one whole ``lightbox process`` of ``tree`` (its folder first on the path)."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-c", "from lightbox.cli import main; main()", "process", *map(str, files),
+           "-o", str(out), "--presets", PRESETS, "--no-table"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"lightbox process of {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return seconds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--baseline", default="main", help="git ref of the baseline (default main)")
+    ap.add_argument("--rounds", type=int, default=12)
+    ap.add_argument("--classes", default="start,small", help="comma-separated: start, small, mid, large")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "process_ab.json")
+    args = ap.parse_args()
+    if args.rounds < 2:
+        raise SystemExit("--rounds must be at least 2 (a standard error needs two differences)")
+    sets = assemble(ROOT / "bench" / "results" / "peer-photos")
+    sets = {"start": sets["small"][:1], **sets}
+    classes = [c for c in args.classes.split(",") if c]
+    unknown = [c for c in classes if c not in sets]
+    if unknown:
+        raise SystemExit(f"unknown classes {unknown}; known: {list(sets)}")
+    commit = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="lightbox-ab-") as tmp:
+        trees = {"baseline": extract(args.baseline, Path(tmp) / "baseline"), "current": ROOT}
+        work = Path(tmp) / "out"
+        for name, tree in trees.items():
+            compile_packages(tree)
+            run(tree, sets["start"], work / name)  # untimed: caches (model copies, compiled models, verdicts)
+        seconds: dict[str, dict[str, list[float]]] = {c: {n: [] for n in trees} for c in classes}
+        for r in range(args.rounds):
+            order = list(trees) if r % 2 == 0 else list(trees)[::-1]
+            for c in classes:
+                for name in order:
+                    seconds[c][name].append(run(trees[name], sets[c], work / name))
+                s = seconds[c]
+                print(f"round {r + 1:2d} {c:5s} baseline {s['baseline'][-1]:.2f} s  current {s['current'][-1]:.2f} s",
+                      flush=True)
+    print(f"\ncurrent against {args.baseline} ({commit}): median seconds, and current - baseline per round")
+    report = {"baseline": args.baseline, "baseline_commit": commit, "rounds": args.rounds, "classes": {}}
+    for c, s in seconds.items():
+        diffs = [cur - base for base, cur in zip(s["baseline"], s["current"], strict=True)]
+        mean, se = statistics.mean(diffs), statistics.stdev(diffs) / len(diffs) ** 0.5
+        med = {n: statistics.median(v) for n, v in s.items()}
+        report["classes"][c] = {"images": len(sets[c]), "median_s": med, "diff_mean_s": round(mean, 4),
+                                "diff_se_s": round(se, 4), "seconds": s}
+        print(f"  {c:5s} ({len(sets[c])} photos)  baseline {med['baseline']:.2f} s  current {med['current']:.2f} s  "
+              f"difference {mean:+.3f} ± {se:.3f} s")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
