@@ -20,14 +20,12 @@ test: it asserts nothing.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -37,14 +35,6 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_peers import PRESETS, compile_packages  # noqa: E402
 from bench.peer_photos import assemble  # noqa: E402
-
-
-def extract(ref: str, into: Path) -> Path:
-    """``git archive ref`` unpacked into ``into``."""
-    data = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    return into
 
 
 def run(tree: Path, files: list[Path], out: Path) -> float:
@@ -67,6 +57,8 @@ def main() -> None:
     ap.add_argument("--classes", default="start,small", help="comma-separated: start, small, mid, large")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "process_ab.json")
     args = ap.parse_args()
+    from bench.bench_overhead import extract, git
+
     if args.rounds < 2:
         raise SystemExit("--rounds must be at least 2 (a standard error needs two differences)")
     sets = assemble(ROOT / "bench" / "results" / "peer-photos")
@@ -75,8 +67,7 @@ def main() -> None:
     unknown = [c for c in classes if c not in sets]
     if unknown:
         raise SystemExit(f"unknown classes {unknown}; known: {list(sets)}")
-    commit = subprocess.run(["git", "rev-parse", "--short", args.baseline], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.strip()
+    commit = git("rev-parse", "--short", args.baseline)
     with tempfile.TemporaryDirectory(prefix="lightbox-ab-") as tmp:
         trees = {"baseline": extract(args.baseline, Path(tmp) / "baseline"), "current": ROOT}
         work = Path(tmp) / "out"

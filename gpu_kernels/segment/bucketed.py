@@ -71,7 +71,7 @@ LONE_GAP_S = 0.25  # a call with no other thread's call in progress nor ended wi
 class Callers:
     """Which model calls run alone, for a CPU model that runs images side by side on streams of
     one thread each (OpenVINO's): with several callers
-    (``concurrent_callers``), a single image takes a stream while other threads' calls come and go,
+    (``concurrent``), a single image takes a stream while other threads' calls come and go,
     and every thread when it is alone (``lone_latency``): one image on one thread takes ~230 ms
     against ~115 ms on two, so a worker at light load keeps its latency, while a backlog's device
     threads, which come back after their mask refinement, keep to the streams."""
@@ -114,17 +114,7 @@ class BucketedSegmenter:
     mask_work_pixels: int | None = MASK_WORK_PIXELS
     model_s: float = 0.0  # wall seconds spent inside ``_infer`` so far (the model alone)
     streams: int = 1  # images one call runs side by side (a CPU runtime with streams: see Callers)
-    callers: Callers | None = None  # set by such a runtime
-
-    @property
-    def concurrent_callers(self) -> bool:
-        """Several threads call at once (``RetouchPipeline.device_callers``)."""
-        return self.callers is not None and self.callers.concurrent
-
-    @concurrent_callers.setter
-    def concurrent_callers(self, value: bool) -> None:
-        if self.callers is not None:
-            self.callers.concurrent = value
+    callers: Callers | None = None  # set by such a runtime (``RetouchPipeline.device_callers`` tells it)
 
     def _infer(self, x: Array) -> Array:
         """The model's output ``spec.output_index`` for a prepared, padded batch ``x``."""

@@ -29,11 +29,11 @@ import numpy as np
 
 from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets, plan_chunks
-from gpu_kernels.segment.fetch_model import make_batch_static, model_cache_dir, sha256_file
+from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops
 from gpu_kernels.segment.postprocess import MaskPostprocess
-from gpu_kernels.segment.variants import derived_path
+from gpu_kernels.segment.variants import batch_copy
 from schemas.errors import ProcessingFailed
 
 if TYPE_CHECKING:
@@ -304,10 +304,7 @@ class OnnxSegmenter(BucketedSegmenter):
             return self._graphs[bucket]
         graph: _GraphBucket | None = None
         try:
-            static = derived_path(self.model_path, f"b{bucket}", model_cache_dir() / "static")
-            if not static.is_file():
-                static.parent.mkdir(parents=True, exist_ok=True)
-                make_batch_static(self.model_path, static, bucket)
+            static = batch_copy(self.model_path, bucket, model_cache_dir() / "static")
             import cupy
 
             h, w = self.spec.input_size

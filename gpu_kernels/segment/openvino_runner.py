@@ -15,7 +15,7 @@ its own stream and its share of the threads, started together and awaited togeth
 2-core machine here two images take ~240 ms instead of 2 × 137 ms, and ~200 ms/img instead of
 ~280 ms/img while a single-threaded lane runs beside them (docs/performance.md). That second
 compilation happens on the first chunk that needs it (~0.1 s from the cache). With
-``concurrent_callers`` (several threads calling at once: ``lightbox process`` and the worker run
+``callers.concurrent`` (several threads calling at once: ``lightbox process`` and the worker run
 two on their device lane) a single image takes a stream while other threads' calls come and go,
 and the latency compilation when it is alone (no other thread's call now nor within the last
 ``LONE_GAP_S``): one image on one stream's thread takes ~230 ms against ~115 ms on both, so a
@@ -43,6 +43,7 @@ from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.onnx_runner import cpu_flags_line, usable_cores
 from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.postprocess import MaskPostprocess
+from gpu_kernels.segment.variants import batch_copy
 from schemas.errors import FetchFailed, ProcessingFailed
 
 __all__ = ["OpenVinoSegmenter", "openvino_available", "supports_bf16"]
@@ -113,17 +114,10 @@ def _batch_of_one(model: Path, cache: Path) -> Path:
     arithmetic (509 ShapeOf nodes) at compile time instead of working shapes out at the first
     call: here the first image took ~165 instead of ~210 ms, the first pair on the streams ~310
     instead of ~420 ms, and later images ~3 % less (docs/performance.md)."""
-    from gpu_kernels.segment.fetch_model import make_batch_static
-    from gpu_kernels.segment.variants import derived_path
-
-    static = derived_path(model, "b1", cache)
-    if not static.is_file():
-        try:
-            static.parent.mkdir(parents=True, exist_ok=True)
-            make_batch_static(model, static, 1)
-        except (OSError, FetchFailed):  # a read-only cache, or no 'onnx' package: the model as it is
-            return model
-    return static
+    try:
+        return batch_copy(model, 1, cache)
+    except (OSError, FetchFailed):  # a read-only cache, or no 'onnx' package: the model as it is
+        return model
 
 
 class OpenVinoSegmenter(BucketedSegmenter):
@@ -180,7 +174,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
         self._side_by_side: list[Any] = []  # the streams' requests, made on the first chunk of several
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()  # those not running an image now
         self._latency_lock, self._take_lock, self._api_lock = threading.Lock(), threading.Lock(), threading.Lock()
-        self.callers = Callers(self.streams)  # which calls take the streams (concurrent_callers, lone_latency)
+        self.callers = Callers(self.streams)  # which calls take the streams (concurrent, lone_latency)
         self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"
         self.providers = [f"OpenVINO:CPU:{precision}"]
         if warmup:

@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from gpu_kernels.segment.fetch_model import sha256_file
+from gpu_kernels.segment.fetch_model import make_batch_static, sha256_file
 from gpu_kernels.segment.model import ModelSpec, preprocess
 from gpu_kernels.segment.ops import CpuOps
 from schemas.errors import ProcessingFailed
 
-__all__ = ["derived_path", "make_fp16", "make_int8"]
+__all__ = ["batch_copy", "derived_path", "make_fp16", "make_int8"]
 
 STAGE = "segment.variants"
 
@@ -35,6 +35,17 @@ STAGE = "segment.variants"
 def derived_path(src: Path, kind: str, folder: Path | None = None) -> Path:
     """``<folder>/<stem>.<sha12>.<kind>.onnx`` (folder: the source's own)."""
     return (folder or src.parent) / f"{src.stem}.{sha256_file(src)[:12]}.{kind}.onnx"
+
+
+def batch_copy(src: Path, batch: int, folder: Path) -> Path:
+    """``src`` with dim 0 of its inputs and outputs fixed at ``batch``
+    (``<folder>/<stem>.<sha12>.b<batch>.onnx``, written on first use by ``make_batch_static``).
+    Raises OSError when ``folder`` cannot be written, FetchFailed without the ``onnx`` package."""
+    dst = derived_path(src, f"b{batch}", folder)
+    if not dst.is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        make_batch_static(src, dst, batch)
+    return dst
 
 
 def _save_atomic(model: Any, dst: Path) -> None:

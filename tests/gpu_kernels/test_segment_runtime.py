@@ -163,7 +163,7 @@ def test_openvino_fixes_the_batch_at_one_when_every_request_runs_one_image(u2net
 
 
 def test_openvino_takes_calls_from_two_threads_each_on_its_own_stream(u2netp: ModelFiles) -> None:
-    """``concurrent_callers``: two threads segmenting single images at once each get a stream
+    """``callers.concurrent``: two threads segmenting single images at once each get a stream
     (both streams made, none shared), and the masks are those of one call after another."""
     import threading
 
@@ -174,7 +174,7 @@ def test_openvino_takes_calls_from_two_threads_each_on_its_own_stream(u2netp: Mo
     with OpenVinoSegmenter(u2netp.original, precision="f32", threads=2, streams=1) as one:
         want = [one.segment_batch([im])[0] for im in images]
     with OpenVinoSegmenter(u2netp.original, precision="f32", threads=2) as seg:
-        seg.concurrent_callers = True
+        seg.callers.concurrent = True
         got: dict[int, np.ndarray] = {}
         errors: list[BaseException] = []
 
@@ -197,7 +197,7 @@ def test_openvino_takes_calls_from_two_threads_each_on_its_own_stream(u2netp: Mo
 
 
 def test_openvino_gives_a_lone_call_every_thread_and_a_call_beside_another_thread_a_stream(u2netp: ModelFiles) -> None:
-    """With ``concurrent_callers``, an image with no other thread's call in progress or ended
+    """With ``callers.concurrent``, an image with no other thread's call in progress or ended
     within ``LONE_GAP_S`` runs on the latency compilation (all threads: a light-load worker keeps
     its latency); one that follows another thread's call closely takes a stream."""
     import threading
@@ -207,7 +207,7 @@ def test_openvino_gives_a_lone_call_every_thread_and_a_call_beside_another_threa
 
     image = small_gate()[0]
     with OpenVinoSegmenter(u2netp.original, precision="f32", threads=2) as seg:
-        seg.concurrent_callers = True
+        seg.callers.concurrent = True
         taken: list[int] = []
         take = seg._take_streams
 
