@@ -150,10 +150,14 @@ class RetouchPipeline:
         the worker do with ``side_by_side`` threads): OpenVINO then runs a single image on one of
         its streams, beside the other caller's, instead of on all threads; with ``lone_latency``
         (the worker: latency at light load) not when no other call is about, without it (``process``:
-        throughput only) always."""
+        throughput only) always. A model that compiles per use (OpenVINO) compiles what those calls
+        run on now: a model that cannot load fails here, at start-up, not on the first image."""
         callers = getattr(self.segmenter, "callers", None)  # a model with streams (not in the Segmenter protocol)
         if callers is not None:
             callers.concurrent, callers.lone_latency = n > 1, lone_latency
+        prepare = getattr(self.segmenter, "prepare", None)  # compile what those calls run on, now
+        if prepare is not None:
+            prepare()
 
     @property
     def versions(self) -> dict[str, str]:

@@ -13,8 +13,10 @@ so when another lane (render, encode) holds a core. A chunk of two or more image
 to a second compilation of the same model with ``streams`` streams (default 2), each image on
 its own stream and its share of the threads, started together and awaited together: on the
 2-core machine here two images take ~240 ms instead of 2 × 137 ms, and ~200 ms/img instead of
-~280 ms/img while a single-threaded lane runs beside them (docs/performance.md). That second
-compilation happens on the first chunk that needs it (~0.1 s from the cache). With
+~280 ms/img while a single-threaded lane runs beside them (docs/performance.md). Each
+compilation (~0.1 s from the cache) is made when first needed, or by :meth:`~OpenVinoSegmenter.prepare`
+at start-up (``RetouchPipeline.device_callers`` calls it), never at construction: ``lightbox
+process`` of several files sends every image to the streams and never compiles the other. With
 ``callers.concurrent`` (several threads calling at once: ``lightbox process`` and the worker run
 two on their device lane) a single image takes a stream while other threads' calls come and go,
 and the latency compilation when it is alone (no other thread's call now nor within the last
@@ -44,7 +46,7 @@ from gpu_kernels.segment.onnx_runner import cpu_flags_line, usable_cores
 from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.postprocess import MaskPostprocess
 from gpu_kernels.segment.variants import batch_copy
-from schemas.errors import FetchFailed, ProcessingFailed
+from schemas.errors import ProcessingFailed
 
 __all__ = ["OpenVinoSegmenter", "openvino_available", "supports_bf16"]
 
@@ -116,8 +118,8 @@ def _batch_of_one(model: Path, cache: Path) -> Path:
     instead of ~420 ms, and later images ~3 % less (docs/performance.md)."""
     try:
         return batch_copy(model, 1, cache)
-    except (OSError, FetchFailed):  # a read-only cache, or no 'onnx' package: the model as it is
-        return model
+    except Exception:  # a read-only cache, no 'onnx' package, a file 'onnx' cannot parse:
+        return model  # the model as it is (OpenVINO then says what it makes of a bad one)
 
 
 class OpenVinoSegmenter(BucketedSegmenter):
@@ -154,25 +156,14 @@ class OpenVinoSegmenter(BucketedSegmenter):
         with contextlib.suppress(OSError):
             cache.mkdir(parents=True, exist_ok=True)
             self._config["CACHE_DIR"] = str(cache)  # per compiled model: the shared Core keeps no cache setting
-        self._compiled: Any = self._compile(self._config)
-        inputs = [p.get_any_name() for p in self._compiled.inputs]
-        self._input = spec.input_name or inputs[0]
-        if self._input not in inputs:
-            raise ProcessingFailed(f"model {self.model_path.name}: no input {self._input!r}; has {inputs}",
-                                   stage=STAGE)
-        outputs = self._compiled.outputs
-        if spec.output_index >= len(outputs):
-            raise ProcessingFailed(f"model {self.model_path.name}: output_index {spec.output_index} but the model "
-                                   f"has {len(outputs)} outputs", stage=STAGE)
-        self._output = outputs[spec.output_index]
-        batch_dim = self._compiled.input(self._input).get_partial_shape()[0]
-        if batch_dim.is_static and wanted > batch_dim.get_length():
-            raise ProcessingFailed(f"model {self.model_path.name} declares a fixed batch of {batch_dim.get_length()}; "
-                                   f"max_batch={wanted} needs a symbolic batch dimension", stage=STAGE)
         self.buckets = batch_buckets(wanted * self.streams)
-        self._request: Any | None = self._compiled.create_infer_request()
-        self._side_by_side: list[Any] = []  # the streams' requests, made on the first chunk of several
+        self._wanted = wanted
+        self._compiled: Any | None = None  # the one-image compilation, made when first needed
+        self._request: Any | None = None  # its request
+        self._input, self._output = "", None  # from the first compilation (either)
+        self._side_by_side: list[Any] = []  # the streams' requests, made when first needed
         self._free: queue.SimpleQueue[Any] = queue.SimpleQueue()  # those not running an image now
+        self._closed = False
         self._latency_lock, self._take_lock, self._api_lock = threading.Lock(), threading.Lock(), threading.Lock()
         self.callers = Callers(self.streams)  # which calls take the streams (concurrent, lone_latency)
         self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"
@@ -180,15 +171,64 @@ class OpenVinoSegmenter(BucketedSegmenter):
         if warmup:
             self.warm_up()
 
+    def prepare(self) -> None:
+        """Compile now what the first calls will run on, so that a model OpenVINO cannot load
+        fails here and the first image pays no compilation: the streams when every image takes
+        them (``callers.concurrent`` without ``lone_latency``: ``lightbox process`` of several
+        files), else the one-image compilation. Nothing is compiled at construction: a run that
+        never sends a single image to the one-image compilation never compiles it (~0.1 s)."""
+        if self._closed:
+            raise ProcessingFailed("segmenter used after close()", stage=STAGE)
+        callers = self.callers
+        assert callers is not None
+        if self.streams >= 2 and callers.concurrent and not callers.lone_latency:
+            with self._take_lock:
+                self._make_streams()
+        else:
+            with self._latency_lock:
+                self._one_image_request()
+
     def _compile(self, config: dict[str, Any]) -> Any:
+        """A compilation of the model with ``config``, checked against the spec and ``max_batch``."""
         try:  # from the path: with a cached blob OpenVINO skips reading the ONNX file (~0.1 s at start)
-            return shared_core().compile_model(str(self._source), "CPU", config)
+            compiled = shared_core().compile_model(str(self._source), "CPU", config)
         except RuntimeError as exc:
             raise ProcessingFailed(f"OpenVINO cannot load model {str(self.model_path)!r}: {exc}",
                                    stage=STAGE) from exc
+        inputs = [p.get_any_name() for p in compiled.inputs]
+        name = self.spec.input_name or inputs[0]
+        if name not in inputs:
+            raise ProcessingFailed(f"model {self.model_path.name}: no input {name!r}; has {inputs}", stage=STAGE)
+        outputs = compiled.outputs
+        if self.spec.output_index >= len(outputs):
+            raise ProcessingFailed(f"model {self.model_path.name}: output_index {self.spec.output_index} but the "
+                                   f"model has {len(outputs)} outputs", stage=STAGE)
+        batch_dim = compiled.input(name).get_partial_shape()[0]
+        if batch_dim.is_static and self._wanted > batch_dim.get_length():
+            raise ProcessingFailed(f"model {self.model_path.name} declares a fixed batch of {batch_dim.get_length()}; "
+                                   f"max_batch={self._wanted} needs a symbolic batch dimension", stage=STAGE)
+        self._input, self._output = name, outputs[self.spec.output_index]
+        return compiled
+
+    def _one_image_request(self) -> Any:
+        """The one-image compilation's request, compiled on first use (the caller holds
+        ``_latency_lock``)."""
+        if self._request is None:
+            self._compiled = self._compile(self._config)
+            self._request = self._compiled.create_infer_request()
+        return self._request
+
+    def _make_streams(self) -> None:
+        """The side-by-side compilation and its requests, compiled on first use (the caller holds
+        ``_take_lock``)."""
+        if not self._side_by_side:
+            compiled = self._compile({**self._config, "PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": self.streams})
+            self._side_by_side = [compiled.create_infer_request() for _ in range(self.streams)]
+            for req in self._side_by_side:
+                self._free.put(req)
 
     def _infer(self, x: Array) -> Array:
-        if self._request is None:
+        if self._closed:
             raise ProcessingFailed("segmenter used after close()", stage=STAGE)
         x = np.ascontiguousarray(x, dtype=np.float32)
         assert self.callers is not None
@@ -196,11 +236,10 @@ class OpenVinoSegmenter(BucketedSegmenter):
             return self._run(x, side_by_side)
 
     def _run(self, x: np.ndarray, side_by_side: bool) -> Array:
-        request = self._request
-        assert request is not None
         try:
             if not side_by_side:
                 with self._latency_lock:  # one request: calls from several threads take turns
+                    request = self._one_image_request()
                     with self._api_lock:  # its input copy never beside a stream's (see below)
                         request.start_async({self._input: x})
                     request.wait()
@@ -229,15 +268,11 @@ class OpenVinoSegmenter(BucketedSegmenter):
         while other callers' images hold them. Taken together under the lock: two callers that
         each held one request and waited for a second would wait for ever."""
         with self._take_lock:
-            if not self._side_by_side:
-                compiled = self._compile({**self._config, "PERFORMANCE_HINT": "THROUGHPUT",
-                                          "NUM_STREAMS": self.streams})
-                self._side_by_side = [compiled.create_infer_request() for _ in range(self.streams)]
-                for req in self._side_by_side:
-                    self._free.put(req)
+            self._make_streams()
             return [self._free.get() for _ in range(n)]
 
     def close(self) -> None:
+        self._closed = True
         self._request = None
         self._side_by_side, self._free = [], queue.SimpleQueue()
         self._compiled = None

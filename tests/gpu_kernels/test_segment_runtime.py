@@ -143,6 +143,8 @@ def test_openvino_fixes_the_batch_at_one_when_every_request_runs_one_image(u2net
     with OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, cache_dir=tmp_path / "ov") as fixed, \
             OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, max_batch=2,
                               cache_dir=tmp_path / "ov2") as symbolic:
+        fixed.prepare()
+        symbolic.prepare()
         assert fixed._compiled.input(0).get_partial_shape().is_static
         assert fixed._compiled.input(0).get_partial_shape()[0].get_length() == 1
         assert symbolic._compiled.input(0).get_partial_shape()[0].is_dynamic
@@ -159,7 +161,44 @@ def test_openvino_fixes_the_batch_at_one_when_every_request_runs_one_image(u2net
     (tmp_path / "not-a-folder").write_bytes(b"")
     with OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, cache_dir=tmp_path / "not-a-folder") as seg:
         assert seg._source == u2netp.batched
+        seg.prepare()
         assert seg._compiled.input(0).get_partial_shape()[0].is_dynamic
+
+
+def test_openvino_compiles_at_start_up_only_what_its_calls_run_on(u2netp: ModelFiles, tmp_path: Path) -> None:
+    """Nothing is compiled at construction. ``device_callers`` prepares the model: the one-image
+    compilation for one caller, or for a worker's callers (a lone image keeps its latency); the
+    streams alone when every image takes them (``lightbox process`` of several files), whose single
+    images then never compile the other. A file OpenVINO cannot load fails there, at start-up."""
+    from gpu_kernels.codec import CpuEncoder, make_decoder
+    from gpu_kernels.pipeline import RetouchPipeline
+    from gpu_kernels.retouch import CpuRetoucher
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
+
+    def pipeline(seg: OpenVinoSegmenter) -> RetouchPipeline:
+        return RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg, None)
+
+    image = small_gate()[0]
+    with OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, cache_dir=tmp_path / "ov") as seg:
+        assert seg._compiled is None and seg._side_by_side == []
+        pipeline(seg).device_callers(2, lone_latency=False)
+        assert seg._compiled is None and len(seg._side_by_side) == 2
+        (alpha,) = seg.segment_batch([image])  # one image, on a stream
+        assert seg._compiled is None and alpha.shape == image.shape[:2]
+    for n, lone in ((1, False), (2, True)):
+        with OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, cache_dir=tmp_path / "ov") as seg:
+            pipeline(seg).device_callers(n, lone_latency=lone)
+            assert seg._compiled is not None and seg._side_by_side == []
+            (alone,) = seg.segment_batch([image])
+            assert seg._side_by_side == [] and np.abs(alone.astype(int) - alpha.astype(int)).max() <= 2
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with OpenVinoSegmenter(bad, precision="f32", threads=2, cache_dir=tmp_path / "ov") as seg:
+        assert seg._source == bad  # no batch-fixed copy of a file 'onnx' cannot parse
+        with pytest.raises(ProcessingFailed, match="cannot load model"):
+            pipeline(seg).device_callers(2, lone_latency=False)
+        (failed,) = seg.segment_batch([image])  # and, unprepared, on the first image: for that image
+        assert isinstance(failed, ProcessingFailed) and "cannot load model" in str(failed)
 
 
 def test_openvino_takes_calls_from_two_threads_each_on_its_own_stream(u2netp: ModelFiles) -> None:
@@ -253,7 +292,7 @@ def test_openvino_refuses_a_batch_the_model_cannot_take(u2netp: ModelFiles) -> N
     from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
 
     with pytest.raises(ProcessingFailed, match="fixed batch of 1"):
-        OpenVinoSegmenter(u2netp.original, max_batch=4)
+        OpenVinoSegmenter(u2netp.original, max_batch=4).prepare()
 
 
 def test_static_batch_copy_folds_shapes_and_matches(u2netp: ModelFiles, tmp_path: Path) -> None:
