@@ -158,12 +158,14 @@ def drop_islands(hard: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
         return hard
     areas = xp.bincount(labels.ravel(), minlength=n + 1).astype(xp.float64)
     areas[0] = 0
-    main = xp.argmax(areas)
-    radius = cfg.near * math.hypot(*hard.shape[:2])
-    near_main = (ops.distance_to(labels == main) <= radius).astype(xp.float64)
-    touches = xp.bincount(labels.ravel(), weights=near_main.ravel(), minlength=n + 1) > 0
     big = areas.max()
-    keep = (areas >= cfg.min_component * big) & (touches | (areas >= cfg.far_component * big))
+    large, far_enough = areas >= cfg.min_component * big, areas >= cfg.far_component * big
+    keep = large & far_enough
+    if bool((large & ~far_enough).any()):  # only these need to know how near the largest they are
+        radius = cfg.near * math.hypot(*hard.shape[:2])
+        near_main = (ops.distance_to(labels == xp.argmax(areas)) <= radius).astype(xp.float64)
+        touches = xp.bincount(labels.ravel(), weights=near_main.ravel(), minlength=n + 1) > 0
+        keep |= large & touches
     keep[0] = False
     return keep[labels]
 

@@ -43,3 +43,48 @@ def test_edge_clutter_removal_can_be_switched_off() -> None:
     image, prob, parts = scene()
     alpha = alpha_from_probability(prob, MaskPostprocess(clutter_delta_e=0.0), CpuOps(), image) >= 128
     assert alpha[parts["flag"]].mean() > 0.97
+
+
+def test_islands_keep_the_large_and_the_near_ones_and_only_mid_sized_ones_ask_how_near() -> None:
+    """``drop_islands`` against the rule written out: a component stays when it is at least
+    ``min_component`` of the largest and either at least ``far_component`` of it or within ``near``
+    of it. The distance transform it needs only for the mid-sized ones is skipped when there are
+    none, with the same masks."""
+    from gpu_kernels.segment.postprocess import drop_islands
+
+    cfg, ops = MaskPostprocess(), CpuOps()
+    calls = []
+
+    class Counting(CpuOps):
+        def distance_to(self, mask: np.ndarray) -> np.ndarray:
+            calls.append(mask.shape)
+            return super().distance_to(mask)
+
+    def by_rule(hard: np.ndarray) -> np.ndarray:
+        labels, n = ops.label(hard, 8)
+        areas = np.bincount(labels.ravel(), minlength=n + 1).astype(float)
+        areas[0] = 0
+        main, big = int(np.argmax(areas)), areas.max()
+        dist = cv2.distanceTransform((labels != main).astype(np.uint8), cv2.DIST_L2, cv2.DIST_MASK_PRECISE)
+        radius = cfg.near * np.hypot(*hard.shape)
+        out = np.zeros_like(hard)
+        for k in range(1, n + 1):
+            near = bool((dist[labels == k] <= radius).any())
+            if areas[k] >= cfg.min_component * big and (areas[k] >= cfg.far_component * big or near):
+                out |= labels == k
+        return out
+
+    rng = np.random.default_rng(7)
+    asked = []
+    for case in range(40):
+        hard = np.zeros((300, 400), bool)
+        hard[100:220, 120:260] = True  # the product: 16,800 px
+        for _ in range(rng.integers(0, 6)):  # specks, mid-sized parts and large ones, near and far
+            side = int(rng.choice([3, 8, 35, 45, 70]))
+            y, x = int(rng.integers(0, 300 - side)), int(rng.integers(0, 400 - side))
+            hard[y:y + side, x:x + side] = True
+        calls.clear()
+        got = drop_islands(hard, cfg, Counting())
+        assert np.array_equal(got, by_rule(hard)), case
+        asked.append(bool(calls))
+    assert any(asked) and not all(asked)  # some cases needed the distances, some did not
