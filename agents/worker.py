@@ -327,6 +327,7 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
     try:
         obs = Observability(settings)
         processor = build_processor(settings, settings.resolved_device())
+        parts = _runner_parts(settings, settings.resolved_device(), rules, processor)  # the model compiles here
     except StopAtStart as stop:
         print(f"lightbox backfill worker stopped while starting ({stop})", file=sys.stderr)
         if obs is not None:
@@ -340,17 +341,19 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
     finally:
         asked.restore()
     try:
-        return asyncio.run(run_backfill(settings, processor, obs, rules))
+        return asyncio.run(run_backfill(settings, processor, obs, rules, parts=parts))
     finally:
         obs.close()
 
 
 async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Observability | None = None,
-                       rules: BackfillRules = DEFAULT_RULES) -> int:
+                       rules: BackfillRules = DEFAULT_RULES, *,
+                       parts: tuple[RunnerConfig, TierBatcher[Pair]] | None = None) -> int:
     """The backfill tier alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
-    ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
+    ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``.
+    ``parts``: :func:`_runner_parts` made already (where a model that cannot load is a start-up error)."""
     device = settings.resolved_device()
-    config, tiers = _runner_parts(settings, device, rules, processor)
+    config, tiers = parts or _runner_parts(settings, device, rules, processor)
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
     config = dataclasses.replace(config, backfill_threads=0)
     stopping = asyncio.Event()

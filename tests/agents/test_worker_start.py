@@ -55,3 +55,28 @@ def test_sigterm_during_the_runtime_gate_stops_the_worker_with_exit_0(settings: 
     assert code == 0, (code, text[-2000:])
     assert "stopped while starting (SIGTERM)" in text, text[-2000:]
     assert "backfill lane: process" not in text  # it stopped before starting anything else
+
+
+@pytest.mark.parametrize("command", [["-c", "from lightbox.cli import main; main()", "worker"],
+                                     ["-m", "agents.worker", "backfill-worker"]], ids=["worker", "backfill-child"])
+def test_a_model_openvino_cannot_load_stops_the_worker_at_start_with_the_reason(settings: Settings, tmp_path: Path,
+                                                                               command: list[str]) -> None:
+    """OpenVINO compiles when the worker tells the model how many threads will call it, before it
+    joins its group (nothing is compiled when the segmenter is built); a model file it cannot load
+    still ends the start with the reason and exit 70, in the backfill child too."""
+    from agents.worker import EXIT_FAIL_STOP
+
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    env = {**os.environ, "LIGHTBOX_KAFKA_BOOTSTRAP": settings.kafka.bootstrap,
+           "LIGHTBOX_GROUP_ID": settings.kafka.group_id, "LIGHTBOX_INPUT_TOPIC": settings.topics.input,
+           "LIGHTBOX_OUTPUT_TOPIC": settings.topics.output, "LIGHTBOX_DLQ_TOPIC": settings.topics.dlq,
+           "LIGHTBOX_BACKFILL_TOPIC": settings.topics.backfill, "LIGHTBOX_DATA_DIR": str(tmp_path / "faust"),
+           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "model", "LIGHTBOX_SEGMENT_RUNTIME": "openvino-f32",
+           "LIGHTBOX_MODEL_PATH": str(bad), "LIGHTBOX_MODEL_DIR": str(tmp_path / "models"),
+           "LIGHTBOX_METRICS_PORT": "0", "LIGHTBOX_BACKFILL_ENABLED": "false"}
+    proc = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == EXIT_FAIL_STOP, (proc.returncode, text[-2000:])
+    assert "could not start: ProcessingFailed" in text and "cannot load model" in text, text[-2000:]
+    assert "Traceback" not in text, text[-2000:]
