@@ -550,6 +550,7 @@ def process(
 
     from agents.wiring import build_processor
     from lightbox.offline import OfflineResult, process_files
+    from schemas.errors import LightboxError
     from streams.producer import iter_image_files
 
     try:
@@ -566,8 +567,20 @@ def process(
             overrides[key] = val
     settings = Settings(**overrides)
     names = [p.strip() for p in presets.split(",") if p.strip()]
+    callers = 1
     with err.status("loading the pipeline…"):
-        processor = build_processor(settings.model_copy(update={"output_dir": None}))
+        try:
+            processor = build_processor(settings.model_copy(update={"output_dir": None}))
+        except (LightboxError, OSError) as exc:  # a model file that is missing or cannot be read
+            err.print(f"[red]cannot load the pipeline:[/] {exc}", soft_wrap=True)
+            raise typer.Exit(2) from None
+        try:  # the model compiles what the device lane's threads will run on (1 thread on a GPU)
+            callers = processor.pipeline.side_by_side if len(files) > 1 else 1
+            processor.pipeline.device_callers(callers, lone_latency=False)
+        except LightboxError as exc:  # a model the runtime cannot load
+            processor.close()
+            err.print(f"[red]cannot load the pipeline:[/] {exc}", soft_wrap=True)
+            raise typer.Exit(2) from None
     err.print(f"{len(files)} files, device {processor.pipeline.device}, model {processor.model_version}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[failed]} dead letters"))
@@ -579,7 +592,6 @@ def process(
                 bar.update(task, advance=1, failed=bar.tasks[0].fields["failed"] + (not res.ok))
 
             size = batch or (4 if processor.pipeline.device == "gpu" else 1)
-            callers = processor.pipeline.side_by_side if len(files) > 1 else 1  # 1 on a GPU
             summary = process_files(files, processor, out, presets=names, batch_size=size, background=background,
                                     lighting="auto" if lighting else "off", on_result=advance,
                                     device_threads=callers)

@@ -12,6 +12,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from agents.wiring import build_processor
+from gpu_kernels.segment.openvino_runner import openvino_available
 from lightbox.cli import app
 from lightbox.offline import LanePipeline, process_files, unique_skus
 from lightbox.samples import BAD_INPUTS
@@ -78,6 +79,26 @@ def test_cli_process_reports_dead_letters_and_the_stage_table(catalog: list[Path
 def test_cli_process_refuses_a_missing_path(tmp_path: Path) -> None:
     result = runner.invoke(app, ["process", "/no/such/folder", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "/no/such/folder" in result.output
+
+
+@pytest.mark.skipif(not openvino_available(), reason="needs the 'openvino' package")
+def test_cli_process_says_why_a_model_cannot_load_without_a_traceback(catalog: list[Path], tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model file that is missing, or that the runtime cannot load (OpenVINO compiles at start-up,
+    when the model is told how many threads will call it), ends ``process`` with the reason and
+    exit 2 before any image is read."""
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    monkeypatch.setenv("LIGHTBOX_SEGMENT_RUNTIME", "openvino-f32")
+    monkeypatch.setenv("LIGHTBOX_MODEL_DIR", str(tmp_path / "models"))
+    for model, why in ((bad, "OpenVINO cannot load model"), (tmp_path / "missing.onnx", "No such file")):
+        monkeypatch.setenv("LIGHTBOX_MODEL_PATH", str(model))
+        out = tmp_path / f"out-{model.stem}"
+        result = runner.invoke(app, ["process", str(catalog[0]), "--out", str(out)])
+        assert result.exit_code == 2, result.output
+        assert "cannot load the pipeline" in result.output and why in result.output, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        assert not (out / "results.jsonl").exists()  # no image was read
 
 
 @pytest.mark.slow
