@@ -24,9 +24,12 @@ only in where the model runs and who forms the batches:
 Capacity: each side gets a backlog of ``4 * max_batch`` requests at once (closed loop); the
 load levels are fractions of lightbox's capacity so both see the same arrival times (seeded per
 level). Latency = completion - scheduled arrival; throughput = completed / (last completion -
-first arrival). Writes ``<out>/bench_vs_triton.json`` and ``.png`` (p50, p99 and throughput
-vs offered load). A benchmark, not a test: it asserts nothing. The machine (2 cores here) may
-be shared with other work: ``other_cpu_cores`` per run is the mean load of other processes.
+first arrival). Per level, lightbox's p99 minus Triton's with a 95 % bootstrap interval (the
+requests resampled together): with a few dozen requests a level a p99 is one or two of them, so
+only a difference whose interval leaves 0 out says one side is ahead. Writes
+``<out>/bench_vs_triton.json`` and ``.png`` (p50, p99 and throughput vs offered load). A
+benchmark, not a test: it asserts nothing. The machine (2 cores here) may be shared with other
+work: ``other_cpu_cores`` per run is the mean load of other processes.
 """
 
 from __future__ import annotations
@@ -188,6 +191,18 @@ def summarize(arrivals: np.ndarray, done: list[float], wall: tuple[float, float,
             "other_cpu_cores": max(0.0, (cores_all - cores_self) / seconds)}
 
 
+def p99_difference(lightbox: np.ndarray, triton: np.ndarray, resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """lightbox's p99 minus Triton's, in ms, with a 95 % bootstrap interval: the requests (the same
+    arrival times on both sides) resampled together. With a few dozen requests a level, a p99 is
+    one or two of them; the interval says whether a difference is more than that."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(lightbox), size=(resamples, len(lightbox)))
+    diffs = np.percentile(lightbox[picks], 99, axis=1) - np.percentile(triton[picks], 99, axis=1)
+    lo, hi = np.percentile(diffs, [2.5, 97.5])
+    return {"p99_lightbox_minus_triton_ms": float((np.percentile(lightbox, 99) - np.percentile(triton, 99)) * 1000),
+            "ci95_ms": [float(lo * 1000), float(hi * 1000)]}
+
+
 def timed(fn: Any, *args: Any, server_sid: int = 0) -> tuple[Any, tuple[float, float, float]]:
     """``fn(*args)`` and (machine busy CPU s, this process's and the Triton server's CPU s, wall s)."""
     a0, s0, w0 = *cpu_seconds_all(), time.monotonic()
@@ -245,6 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             arrivals = np.cumsum(rng.exponential(1 / rate, int(rate * args.seconds * 1.5) + 10))
             arrivals = arrivals[arrivals < args.seconds]
             order = ("lightbox", "triton") if n % 2 == 0 else ("triton", "lightbox")
+            latency: dict[str, np.ndarray] = {}
             for side in order:
                 t0 = time.monotonic()
                 if side == "lightbox":
@@ -259,7 +275,12 @@ def main(argv: list[str] | None = None) -> None:
                     extra = {"mean_batch": (inf1 - inf0) / max(1.0, exe1 - exe0), "batches": int(exe1 - exe0)}
                 row = {"side": side, "load": load, "offered_rps": rate, **summarize(arrivals, done, wall), **extra}
                 report["runs"].append(row)
+                latency[side] = np.asarray(done) - arrivals
                 print(json.dumps(row), flush=True)
+            diff = {"load": load, **p99_difference(latency["lightbox"], latency["triton"], seed=args.seed + n)}
+            report.setdefault("p99_differences", []).append(diff)
+            print(f"load {load:.0%}: p99 lightbox - Triton {diff['p99_lightbox_minus_triton_ms']:+.0f} ms "
+                  f"(95 % interval {diff['ci95_ms'][0]:+.0f} .. {diff['ci95_ms'][1]:+.0f} ms)", flush=True)
         clients.close()
     (args.out / "bench_vs_triton.json").write_text(json.dumps(report, indent=2))
     plot(report, args.out / "bench_vs_triton.png")
