@@ -326,8 +326,9 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
     asked = StopAtStart.install()  # as the worker's: a stop while building exits 0 at once
     try:
         obs = Observability(settings)
-        processor = build_processor(settings, settings.resolved_device())
-        parts = _runner_parts(settings, settings.resolved_device(), rules, processor)  # the model compiles here
+        device = settings.resolved_device()
+        processor = build_processor(settings, device)
+        parts = _runner_parts(settings, device, rules, processor)  # the model compiles here
     except StopAtStart as stop:
         print(f"lightbox backfill worker stopped while starting ({stop})", file=sys.stderr)
         if obs is not None:

@@ -567,7 +567,6 @@ def process(
             overrides[key] = val
     settings = Settings(**overrides)
     names = [p.strip() for p in presets.split(",") if p.strip()]
-    callers = 1
     with err.status("loading the pipeline…"):
         try:
             processor = build_processor(settings.model_copy(update={"output_dir": None}))
