@@ -463,6 +463,16 @@ class NullLanes:
         shape_class: int = 0
         nbytes: int = 0
 
+    class Pipeline:
+        """What the worker asks of a processor's pipeline at start: no model, one device thread."""
+
+        side_by_side = 1
+
+        def device_callers(self, n: int, *, lone_latency: bool = True) -> None:
+            pass
+
+    pipeline = Pipeline()
+
     def prepare(self, rec: Any) -> Any:
         return NullLanes.Job(rec)
 
