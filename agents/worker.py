@@ -342,19 +342,18 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
     finally:
         asked.restore()
     try:
-        return asyncio.run(run_backfill(settings, processor, obs, rules, parts=parts))
+        return asyncio.run(run_backfill(settings, processor, parts, obs))
     finally:
         obs.close()
 
 
-async def run_backfill(settings: Settings, processor: BatchProcessor, obs: Observability | None = None,
-                       rules: BackfillRules = DEFAULT_RULES, *,
-                       parts: tuple[RunnerConfig, TierBatcher[Pair]] | None = None) -> int:
+async def run_backfill(settings: Settings, processor: BatchProcessor, parts: tuple[RunnerConfig, TierBatcher[Pair]],
+                       obs: Observability | None = None) -> int:
     """The backfill tier alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
-    ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``.
-    ``parts``: :func:`_runner_parts` made already (where a model that cannot load is a start-up error)."""
+    ``parts``: the processor's :func:`_runner_parts`, made at start-up (where a model that cannot load is
+    reported). ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
     device = settings.resolved_device()
-    config, tiers = parts or _runner_parts(settings, device, rules, processor)
+    config, tiers = parts
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
     config = dataclasses.replace(config, backfill_threads=0)
     stopping = asyncio.Event()

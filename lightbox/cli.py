@@ -567,17 +567,16 @@ def process(
             overrides[key] = val
     settings = Settings(**overrides)
     names = [p.strip() for p in presets.split(",") if p.strip()]
+    processor = None
     with err.status("loading the pipeline…"):
-        try:
+        try:  # a model file that is missing, unreadable, or that the runtime cannot load fails here
             processor = build_processor(settings.model_copy(update={"output_dir": None}))
-        except (LightboxError, OSError) as exc:  # a model file that is missing or cannot be read
-            err.print(f"[red]cannot load the pipeline:[/] {exc}", soft_wrap=True)
-            raise typer.Exit(2) from None
-        try:  # the model compiles what the device lane's threads will run on (1 thread on a GPU)
+            # the model compiles what the device lane's threads will run on (1 thread on a GPU)
             callers = processor.pipeline.side_by_side if len(files) > 1 else 1
             processor.pipeline.device_callers(callers, lone_latency=False)
-        except LightboxError as exc:  # a model the runtime cannot load
-            processor.close()
+        except (LightboxError, OSError) as exc:
+            if processor is not None:
+                processor.close()
             err.print(f"[red]cannot load the pipeline:[/] {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
     err.print(f"{len(files)} files, device {processor.pipeline.device}, model {processor.model_version}")

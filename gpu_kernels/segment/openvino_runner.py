@@ -177,8 +177,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
         them (``callers.concurrent`` without ``lone_latency``: ``lightbox process`` of several
         files), else the one-image compilation. Nothing is compiled at construction: a run that
         never sends a single image to the one-image compilation never compiles it (~0.1 s)."""
-        if self._closed:
-            raise ProcessingFailed("segmenter used after close()", stage=STAGE)
+        self._check_open()
         callers = self.callers
         assert callers is not None
         if self.streams >= 2 and callers.concurrent and not callers.lone_latency:
@@ -227,9 +226,12 @@ class OpenVinoSegmenter(BucketedSegmenter):
             for req in self._side_by_side:
                 self._free.put(req)
 
-    def _infer(self, x: Array) -> Array:
+    def _check_open(self) -> None:
         if self._closed:
             raise ProcessingFailed("segmenter used after close()", stage=STAGE)
+
+    def _infer(self, x: Array) -> Array:
+        self._check_open()
         x = np.ascontiguousarray(x, dtype=np.float32)
         assert self.callers is not None
         with self.callers.call(len(x)) as side_by_side:
