@@ -47,13 +47,14 @@ def save_inputs(path: Path, n: int) -> None:
     proc = build_processor(Settings(segmenter="model", device="cpu", segment_runtime="auto"))
     book = load_presets(None)
     presets = [book[p] for p in PRESETS]
-    segment = next(s for s in proc.pipeline.stages if s.name == "segment")
+    segment, refine = (next(s for s in proc.pipeline.stages if s.name == n) for n in ("segment", "refine"))
     arrays: dict[str, np.ndarray] = {}
     for k in range(0, len(files), 4):
         ctx = proc.pipeline.start([Job(f.read_bytes(), presets, RetouchOptions(), SpanRecorder())
                                    for f in files[k:k + 4]])
         proc.pipeline.run_lane(ctx, "decode")
         run_lane(ctx, [segment], "device")
+        run_lane(ctx, [refine], refine.lane)
         for i in range(len(ctx.jobs)):
             arrays[f"img{k + i}"] = np.asarray(ctx.images[i])
             arrays[f"mask{k + i}"] = np.asarray(ctx.masks[i])

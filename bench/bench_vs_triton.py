@@ -15,7 +15,9 @@ only in where the model runs and who forms the batches:
 - ``lightbox``: one device thread drives :class:`agents.batching.MicroBatcher` (CPU defaults,
   ``max_batch``) the way the worker does (double buffering: arrivals are added only while no
   closed batch waits for the device) over an in-process :class:`OnnxSegmenter` with buckets up
-  to ``max_batch``.
+  to ``max_batch``; the device thread runs pre-processing and the model (``infer_batch``), and
+  the worker's output-lane threads (``RunnerConfig.output_threads``) each image's mask
+  refinement, as the worker's ``segment`` and ``refine`` stages do on a CPU.
 - ``triton``: pytriton's ``tritonserver`` (``gpu_kernels/segment/triton_serve.py``, ONNX Runtime
   inside the Python backend, dynamic batcher up to ``max_batch`` with ``--queue-delay-ms``);
   each request is sent by its own client thread (a pool of 64, one :class:`TritonSegmenter`
@@ -43,6 +45,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from agents.batching import Batch, BatchingConfig, MicroBatcher
+from agents.interfaces import RunnerConfig
 from gpu_kernels.segment import ensure_u2netp
 from gpu_kernels.segment.onnx_runner import OnnxSegmenter
 from gpu_kernels.segment.triton_runner import TritonSegmenter, TritonServer, find_triton_python
@@ -58,6 +62,7 @@ from lightbox.launch import free_port
 
 LOADS = (0.25, 0.5, 0.9, 1.2)
 CLIENT_THREADS = 64
+OUTPUT_THREADS = RunnerConfig().output_threads  # the worker's output lane: where a CPU model's refinement runs
 
 
 def photos() -> list[np.ndarray]:
@@ -77,14 +82,22 @@ def cpu_seconds_all() -> tuple[float, float]:
 
 
 def run_lightbox(seg: OnnxSegmenter, images: list[np.ndarray], arrivals: np.ndarray, max_batch: int,
-                 t0: float) -> tuple[list[float], list[int]]:
-    """Completion time per request and the batch sizes, in-process adaptive batching."""
+                 t0: float, refiners: ThreadPoolExecutor) -> tuple[list[float], list[int]]:
+    """Completion time per request and the batch sizes, in-process adaptive batching: the device
+    thread (this one) runs the model part of each batch (``infer_batch``), the output lane's
+    threads (``refiners``) each image's mask refinement, as the worker's stages do on a CPU."""
     batcher: MicroBatcher[int] = MicroBatcher(BatchingConfig.for_device("cpu", max_batch=max_batch))
     done: list[float] = [0.0] * len(arrivals)
     sizes: list[int] = []
     ready: deque[Batch[int]] = deque()
-    i = finished = 0
-    while finished < len(arrivals):
+    refining: list[Future[None]] = []
+
+    def refine(k: int, pending: Any) -> None:
+        pending.alpha(images[k % len(images)])
+        done[k] = time.monotonic() - t0
+
+    i = dispatched = 0
+    while dispatched < len(arrivals):
         now = time.monotonic() - t0
         if not ready:  # double buffering: take arrivals only while no closed batch waits
             while not ready and i < len(arrivals) and arrivals[i] <= now:  # a batch closed: stop adding
@@ -94,17 +107,17 @@ def run_lightbox(seg: OnnxSegmenter, images: list[np.ndarray], arrivals: np.ndar
         if ready:
             batch = ready.popleft()
             start = time.monotonic()
-            seg.segment_batch([images[k % len(images)] for k in batch.items])
-            end = time.monotonic()
-            batcher.record_service(len(batch), end - start)
+            pending = seg.infer_batch([images[k % len(images)] for k in batch.items])
+            batcher.record_service(len(batch), time.monotonic() - start)
             batcher.device_done(batch.items)
             sizes.append(len(batch))
-            for k in batch.items:
-                done[k] = end - t0
-            finished += len(batch)
+            refining += [refiners.submit(refine, k, p) for k, p in zip(batch.items, pending, strict=True)]
+            dispatched += len(batch)
             continue
         wake = [t for t in (batcher.next_deadline(), arrivals[i] if i < len(arrivals) else None) if t is not None]
         time.sleep(max(0.0, min(wake) - (time.monotonic() - t0)) if wake else 0.001)
+    for f in refining:
+        f.result()
     return done, sizes
 
 
@@ -239,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     with TritonServer(python, model, http_port=free_port(), grpc_port=free_port(), metrics_port=free_port(),
                       max_batch=args.max_batch, queue_delay_us=int(args.queue_delay_ms * 1000),
                       threads=args.threads, log_path=log) as server, \
-            OnnxSegmenter(model, max_batch=args.max_batch, threads=args.threads, warmup=True) as local:
+            OnnxSegmenter(model, max_batch=args.max_batch, threads=args.threads, warmup=True) as local, \
+            ThreadPoolExecutor(OUTPUT_THREADS, thread_name_prefix="lightbox-output") as refiners:
         with TritonSegmenter(server.url, "u2netp") as warm:
             warm.warm_up()
         clients = ClientPool(server.url, images)
@@ -248,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
         backlog = np.zeros(4 * args.max_batch)
         capacity: dict[str, float] = {}
         t0 = time.monotonic()
-        done, sizes = run_lightbox(local, images, backlog, args.max_batch, t0)
+        done, sizes = run_lightbox(local, images, backlog, args.max_batch, t0, refiners)
         capacity["lightbox"] = len(backlog) / max(done)
         t0 = time.monotonic()
         capacity["triton"] = len(backlog) / max(clients.run(backlog, t0))
@@ -264,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
             for side in order:
                 t0 = time.monotonic()
                 if side == "lightbox":
-                    (done, sizes), wall = timed(run_lightbox, local, images, arrivals, args.max_batch, t0)
+                    (done, sizes), wall = timed(run_lightbox, local, images, arrivals, args.max_batch, t0, refiners)
                     extra = {"mean_batch": float(np.mean(sizes)), "batches": len(sizes),
                              "batch_sizes": {int(b): int(k) for b, k in zip(*np.unique(sizes, return_counts=True),
                                                                              strict=True)}}

@@ -28,7 +28,8 @@ from lightbox.prometheus_local import LocalPrometheus
 __all__ = ["draw", "query_breakdown"]
 
 # pipeline order, for a legend that reads like the pipeline
-ORDER = ["fetch", "decode", "segment", "correct", "render", "shadow", "encode", "quality", "compliance", "produce"]
+ORDER = ["fetch", "decode", "segment", "refine", "correct", "render", "shadow", "encode", "quality", "compliance",
+         "produce"]
 
 
 def _order(stage: str) -> int:

@@ -5,7 +5,9 @@ names its lane:
 
     lane     stage                        spans
     decode   DecodeStage                  decode
-    device   SegmentStage                 segment
+    device   SegmentStage                 segment        (a CPU model: up to its probabilities)
+    output   RefineStage                  refine         (a CPU model's mask refinement; device lane
+                                                          when correct and render are there)
     device   CorrectStage                 correct        (output lane when all is on the CPU)
     device   RenderStage                  preset:<name>  (the same)
     device   ShadowStage                  shadow:<name>  (the same; presets with shadow = "contact")
@@ -47,7 +49,7 @@ from gpu_kernels.stages.decode import DecodeStage
 from gpu_kernels.stages.encode import EncodeStage
 from gpu_kernels.stages.quality import QualityStage, measure_quality
 from gpu_kernels.stages.render import RenderStage
-from gpu_kernels.stages.segment import SegmentStage
+from gpu_kernels.stages.segment import RefineStage, SegmentStage
 from gpu_kernels.stages.shadow import ShadowStage
 
 __all__ = [
@@ -73,7 +75,8 @@ def default_stages(decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
     canvas: Lane = "device" if "gpu" in (retoucher.device, encoder.device) else "output"
     return [
         DecodeStage(decoder),
-        SegmentStage(segmenter, classical),
+        SegmentStage(segmenter, classical, refine_later=True),
+        RefineStage(lane=canvas),  # a CPU model's mask refinement, off the device thread
         CorrectStage(retoucher, lane=canvas),
         RenderStage(retoucher, lane=canvas),
         ShadowStage(retoucher.device, lane=canvas),  # presets with shadow = "contact"

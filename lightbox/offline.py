@@ -15,10 +15,11 @@ batch; ``stages_ms_per_image``: that divided by the batch size, the image's shar
     {"path": ..., "sku": ..., "status": "dead_letter", "error_code": ..., "stage": ..., "message": ...}
 
 Variants land in ``out_dir`` as ``<sku>.<preset>.<ext>``. Files are read ahead on a thread, and
-the batches go through the processor's three lanes (decode, device, output) each on its own
-thread, as the worker runs them (:class:`LanePipeline`), the device lane on ``device_threads``
+the batches go through the processor's three lanes (decode, device, output) on their own
+threads, as the worker runs them (:class:`LanePipeline`), the device lane on ``device_threads``
 threads (``lightbox process`` gives it two with OpenVINO on a CPU: two images on the model's two
-streams, and one's mask refinement beside the other's model). Pure of Kafka: no broker, no Faust.
+streams) and the output lane on the worker's two (on a CPU the model's mask refinement runs there,
+beside the next batch's model). Pure of Kafka: no broker, no Faust.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agents.interfaces import RunnerConfig
 from agents.process import BatchProcessor, InRecord, OutRecord, Prepared
 from lightbox.report import per_event_stage_ms
 from lightbox.show import save_variants
@@ -190,19 +192,25 @@ def process_files(
     return summary
 
 
+OUTPUT_THREADS = RunnerConfig().output_threads  # the worker's output lane
+
+
 class LanePipeline:
     """A :class:`BatchProcessor`'s decode, device and output lanes, each on its own thread, as
     the worker runs them: while one batch is on the device lane the next one decodes and the one
     before is encoded, so one batch's single-threaded steps (decode, mask refinement, render,
     encode) run beside another's model, whose threads would otherwise leave cores idle in
     between. ``device_threads`` > 1 runs that many batches on the device lane at once (the model
-    must take calls from several threads: see ``RetouchPipeline.device_callers``). Batches come
-    out in the order they went in; at most ``depth + device_threads - 1`` are in flight."""
+    must take calls from several threads: see ``RetouchPipeline.device_callers``); the output
+    lane has the worker's ``output_threads`` (on a CPU it refines the model's masks, then
+    colours, renders and encodes). Batches come out in the order they went in; at most
+    ``depth + device_threads - 1`` are in flight."""
 
-    def __init__(self, processor: BatchProcessor, depth: int = 3, device_threads: int = 1) -> None:
+    def __init__(self, processor: BatchProcessor, depth: int = 3, device_threads: int = 1,
+                 output_threads: int = OUTPUT_THREADS) -> None:
         self.processor, self.depth = processor, depth + device_threads - 1
         self._lanes = [ThreadPoolExecutor(n, thread_name_prefix=f"offline-{name}")
-                       for name, n in (("decode", 1), ("device", device_threads), ("output", 1))]
+                       for name, n in (("decode", 1), ("device", device_threads), ("output", output_threads))]
         self._pending: deque[Future[list[OutRecord]]] = deque()
 
     def submit(self, batch: list[Prepared]) -> list[list[OutRecord]]:

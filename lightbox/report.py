@@ -12,7 +12,8 @@ import numpy as np
 
 __all__ = ["StageStats", "draw_stage_chart", "per_event_stage_ms", "stage_family", "stage_table"]
 
-ORDER = ("fetch", "decode", "segment", "correct", "render", "shadow", "encode", "quality", "compliance", "produce")
+ORDER = ("fetch", "decode", "segment", "refine", "correct", "render", "shadow", "encode", "quality", "compliance",
+         "produce")
 
 
 def stage_family(stage: str) -> str:

@@ -18,7 +18,7 @@ __all__ = ["event_table", "print_latency_table", "save_variants"]
 console = Console()
 
 
-TAIL_STAGES = ("decode", "segment", "correct", "render", "encode")  # fetch and produce: see `report`
+TAIL_STAGES = ("decode", "segment", "refine", "correct", "render", "encode")  # fetch and produce: see `report`
 
 
 def event_table(ev: dict[str, Any], *, header: bool) -> Table:

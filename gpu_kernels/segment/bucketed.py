@@ -19,6 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from gpu_kernels.array import Array
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
@@ -27,8 +28,8 @@ from gpu_kernels.segment.ops import ArrayOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, per_item
 
-__all__ = ["LONE_GAP_S", "MASK_WORK_PIXELS", "BucketedSegmenter", "Callers", "batch_buckets", "mask_work_size",
-           "plan_chunks"]
+__all__ = ["LONE_GAP_S", "MASK_WORK_PIXELS", "BucketedSegmenter", "Callers", "Unrefined", "batch_buckets",
+           "mask_work_size", "plan_chunks"]
 
 MASK_WORK_PIXELS = 2048 * 2048  # the largest preset (shopify 2048²): no output needs a finer alpha
 ENLARGE_FLOOR = 16  # alpha levels (~6 % opacity) below which an enlarged alpha is zeroed
@@ -101,6 +102,21 @@ class Callers:
                 self._ends[me] = time.monotonic()
 
 
+@dataclass(frozen=True, slots=True)
+class Unrefined:
+    """One image's foreground probability at the model's resolution, from
+    :meth:`BucketedSegmenter.infer_batch`: the mask refinement (:meth:`alpha`) is still to run.
+    The refinement is CPU work of its own (on a CPU, ~30 ms for a small photo and ~250 ms for a
+    large one): a pipeline runs it after the model, on another thread than the model's."""
+
+    prob: Array
+    segmenter: BucketedSegmenter
+
+    def alpha(self, image: Array) -> Array:
+        """The refined alpha ``(H, W)`` uint8 of ``image`` (the image this came from)."""
+        return self.segmenter.refine(self.prob, image)
+
+
 class BucketedSegmenter:
     """Base of the model segmenters (see the module docstring). Subclasses set ``device``,
     ``spec``, ``post``, ``_ops``, ``buckets`` and ``version``, and implement ``_infer``."""
@@ -130,7 +146,15 @@ class BucketedSegmenter:
     def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:
         """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image;
         an image of the wrong shape or dtype gets its ``ProcessingFailed`` in its place, and a
-        chunk the model fails on gets that error for each of its images (the next chunk runs)."""
+        chunk the model fails on gets that error for each of its images (the next chunk runs).
+        :meth:`infer_batch` then :meth:`Unrefined.alpha` for each image, in one call."""
+        return [m.alpha(image) if isinstance(m, Unrefined) else m
+                for m, image in zip(self.infer_batch(images), images, strict=True)]
+
+    def infer_batch(self, images: Sequence[Array]) -> list[Array | Unrefined | LightboxError]:
+        """:meth:`segment_batch` up to the model's probabilities: per image an :class:`Unrefined`
+        (its mask refinement still to run, on any thread), the finished alpha of an RGBA image
+        that carries its own cut-out, or the image's error."""
         ops, xp = self._ops, self._ops.xp
 
         def checked(item: tuple[int, Array]) -> Array | None:
@@ -138,7 +162,7 @@ class BucketedSegmenter:
             precut = precut_alpha(item[1], xp)
             return None if precut is None else clean_cutout(precut, self.post, ops)
 
-        masks: list[Array | LightboxError | None] = per_item(checked, enumerate(images))
+        masks: list[Array | Unrefined | LightboxError | None] = per_item(checked, enumerate(images))
         todo = [i for i, m in enumerate(masks) if m is None]
         for start, stop, bucket in plan_chunks(len(todo), self.buckets):
             idx = todo[start:stop]
@@ -153,10 +177,10 @@ class BucketedSegmenter:
                 continue
             probs = output_to_probability(raw[: len(idx)], self.spec, xp)
             for i, prob in zip(idx, probs, strict=True):
-                masks[i] = self._alpha(prob, images[i])
+                masks[i] = Unrefined(prob, self)
         return [m for m in masks if m is not None]
 
-    def _alpha(self, prob: Array, image: Array) -> Array:
+    def refine(self, prob: Array, image: Array) -> Array:
         """The refined alpha of ``image`` from the model's probability map, refined at the
         working size (see the module docstring) and returned at the image's size."""
         ops = self._ops

@@ -3,6 +3,13 @@
 Events that ask for ``background="keep"`` are not segmented (their mask is None); events that
 ask for ``segmentation="classical"``, and every event when no model is configured, go to the
 classical segmenter. One step (span ``segment``) per segmenter.
+
+With ``refine_later`` (the default stage list), a model on the CPU that offers ``infer_batch``
+(:class:`~gpu_kernels.segment.bucketed.BucketedSegmenter`) runs only up to its probabilities
+here: the item's mask is an :class:`~gpu_kernels.segment.bucketed.Unrefined` until
+:class:`RefineStage` (span ``refine``) turns it into the alpha, in the output lane's threads,
+so the device thread goes back to the model while other threads refine. On a GPU the refinement
+stays in the segment step, where the probabilities already are.
 """
 
 from __future__ import annotations
@@ -11,18 +18,20 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpu_kernels.backends import RetouchOptions, Segmenter
-from gpu_kernels.stages.base import BatchContext, Stage, Step
+from gpu_kernels.segment.bucketed import Unrefined
+from gpu_kernels.stages.base import BatchContext, Lane, Stage, Step
 
-__all__ = ["SegmentStage"]
+__all__ = ["RefineStage", "SegmentStage"]
 
 
 class SegmentStage(Stage):
     name = "segment"
 
-    def __init__(self, model: Segmenter | None, classical: Segmenter | None) -> None:
+    def __init__(self, model: Segmenter | None, classical: Segmenter | None, *, refine_later: bool = False) -> None:
         self.model, self.classical = model, classical
         first = model or classical
         self.device = first.device if first is not None else "cpu"
+        self.refine_later = refine_later
 
     def segmenter_for(self, options: RetouchOptions) -> Segmenter | None:
         if options.background == "keep":
@@ -39,9 +48,45 @@ class SegmentStage(Stage):
             if seg is not None:
                 groups.setdefault(id(seg), (seg, []))[1].append(i)
         for seg, idx in groups.values():
+            infer = getattr(seg, "infer_batch", None) if self.refine_later and seg.device == "cpu" else None
+            run = infer or seg.segment_batch
             yield Step(self.name, seg.device, idx,
-                       lambda ix, s=seg: s.segment_batch([ctx.images[i] for i in ix]),  # type: ignore[misc]
+                       lambda ix, r=run: r([ctx.images[i] for i in ix]),  # type: ignore[misc]
                        lambda i, m: self._keep(ctx, i, m))
+
+    @staticmethod
+    def _keep(ctx: BatchContext, i: int, mask: Any) -> None:
+        ctx.masks[i] = mask
+
+
+class RefineStage(Stage):
+    """The mask refinement of the items :class:`SegmentStage` left :class:`Unrefined` (none when
+    it refines in its own step): one step per segmenter, each item's alpha from its probability
+    and its image, in ``lane`` (the output lane on a CPU, beside correct and render)."""
+
+    name = "refine"
+
+    def __init__(self, lane: Lane = "output") -> None:
+        self.lane = lane
+
+    def steps(self, ctx: BatchContext) -> Iterable[Step]:
+        groups: dict[int, list[int]] = {}
+        for i in ctx.alive():
+            mask = ctx.masks.get(i)
+            if isinstance(mask, Unrefined):
+                groups.setdefault(id(mask.segmenter), []).append(i)
+        for idx in groups.values():
+            device = ctx.masks[idx[0]].segmenter.device  # type: ignore[union-attr]
+            yield Step(self.name, device, idx, lambda ix: self._refine(ctx, ix), lambda i, m: self._keep(ctx, i, m))
+
+    @staticmethod
+    def _refine(ctx: BatchContext, idx: list[int]) -> list[Any]:
+        out = []
+        for i in idx:
+            mask = ctx.masks[i]
+            assert isinstance(mask, Unrefined)
+            out.append(mask.alpha(ctx.images[i]))
+        return out
 
     @staticmethod
     def _keep(ctx: BatchContext, i: int, mask: Any) -> None:

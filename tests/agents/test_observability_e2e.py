@@ -289,7 +289,7 @@ def test_healthz_turns_unhealthy_while_a_stage_blocks(settings: Settings, catalo
     p = proc.pipeline
     block = BlockingStage()
     stages = default_stages(p.decoder, p.retoucher, p.encoder, p.segmenter, p.classical)
-    stages.insert(next(k for k, st in enumerate(stages) if st.name == "correct"), block)
+    stages.insert(next(k for k, st in enumerate(stages) if st.name == "segment") + 1, block)  # after the model
     proc.pipeline = RetouchPipeline(p.decoder, p.retoucher, p.encoder, p.segmenter, p.classical, stages=stages)
     metrics, health = Metrics(), Health(stall_after_s=1.0)
     server = MetricsServer(metrics, health, port=0, host="127.0.0.1").start()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
 from gpu_kernels.pipeline import Job, RetouchPipeline
@@ -76,3 +78,51 @@ def test_segmentation_is_chosen_per_event(catalog: list[Path]) -> None:
     no_model = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), None, classical)
     assert no_model.run_batch([Job(catalog[0].read_bytes(), presets, RetouchOptions(), SpanRecorder())])[0].ok
     assert classical.seen == 2  # no model configured: the fallback serves "auto"
+
+
+def test_a_cpu_model_s_mask_refinement_runs_in_the_output_lane_with_the_same_alpha(catalog: list[Path], u2netp) -> None:  # type: ignore[no-untyped-def]
+    from gpu_kernels.segment.bucketed import Unrefined
+    from gpu_kernels.segment.onnx_runner import OnnxSegmenter
+
+    seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2)
+    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg)
+    presets = load_presets().resolve(["thumb_webp"])
+    jobs = [Job(p.read_bytes(), presets, RetouchOptions(), SpanRecorder()) for p in catalog[:3]]
+    ctx = pipe.start(jobs)
+    pipe.run_lane(ctx, "decode")
+    pipe.run_lane(ctx, "device")
+    # the device thread ran the model only: each mask waits for its refinement
+    assert all(isinstance(ctx.masks[i], Unrefined) for i in range(3))
+    assert all(not any(s.stage == "refine" for s in j.spans.spans) for j in jobs)
+    pipe.run_lane(ctx, "output")
+    whole = seg.segment_batch([ctx.images[i] for i in range(3)])  # model and refinement in one call
+    for i in range(3):
+        assert ctx.masks[i].dtype == np.uint8 and np.array_equal(ctx.masks[i], whole[i])
+        stages = [s.stage for s in jobs[i].spans.spans]
+        assert stages.index("segment") < stages.index("refine") < stages.index("correct")
+    assert all(r.ok for r in ctx.finalize())
+    pipe.close()
+
+
+def test_a_refinement_that_raises_fails_its_item_only(catalog: list[Path], u2netp, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from gpu_kernels.segment.bucketed import BucketedSegmenter
+    from gpu_kernels.segment.onnx_runner import OnnxSegmenter
+
+    seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2)
+    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg)
+    presets = load_presets().resolve(["thumb_webp"])
+    jobs = [Job(p.read_bytes(), presets, RetouchOptions(), SpanRecorder()) for p in catalog[:3]]
+    widths = [make_decoder("cpu").decode_batch([j.data], max_side=400)[0].shape[1] for j in jobs]
+    real = BucketedSegmenter.refine
+
+    def refine(self, prob, image):  # type: ignore[no-untyped-def]
+        if image.shape[1] == widths[1]:
+            raise ValueError("a bug in the refinement")
+        return real(self, prob, image)
+
+    monkeypatch.setattr(BucketedSegmenter, "refine", refine)
+    results = pipe.run_batch(jobs)
+    assert [r.ok for r in results] == [True, False, True]
+    err = results[1].error
+    assert isinstance(err, ProcessingFailed) and err.stage == "refine" and "ValueError" in err.message
+    pipe.close()

@@ -86,7 +86,7 @@ def test_a_stage_added_with_one_line_gets_spans_and_per_item_errors(catalog: lis
     jobs = jobs_for(catalog[:3], thumb, thumb, thumb)
     widths = [make_decoder("cpu").decode_batch([j.data], max_side=400)[0].shape[1] for j in jobs]
     assert len(set(widths)) == 3, "the test needs three different widths"
-    pipe = cpu_pipeline((3, Probe(refuse_width=widths[1])))  # after correct, before render
+    pipe = cpu_pipeline((4, Probe(refuse_width=widths[1])))  # after correct, before render
     results = pipe.run_batch(jobs)
     assert [r.ok for r in results] == [True, False, True]
     err = results[1].error
@@ -108,7 +108,7 @@ def test_an_exception_in_one_stage_fails_only_its_items(catalog: list[Path]) -> 
     book = load_presets()
     a, b = book.resolve(["thumb_webp"]), book.resolve(["thumb_webp", "jd_main"])
     jobs = jobs_for(catalog[:4], a, b, a, b)
-    pipe = cpu_pipeline((4, Boom("jd_main")))
+    pipe = cpu_pipeline((5, Boom("jd_main")))
     results = pipe.run_batch(jobs)
     assert [r.ok for r in results] == [True, False, True, False]
     for k in (1, 3):
@@ -156,17 +156,18 @@ class FakeGpuEncoder:
 def test_encode_runs_in_the_device_lane_for_a_gpu_encoder_and_the_output_lane_for_the_cpu_one() -> None:
     cpu = cpu_pipeline()
     assert names(cpu.lane("decode")) == ["decode"]
-    # all CPU: the device thread only segments; correct, render, shadow and encode run in the output threads
+    # all CPU: the device thread only runs the model; refine, correct, render, shadow and encode
+    # run in the output threads
     assert names(cpu.lane("device")) == ["segment"]
-    assert names(cpu.lane("output"))[:4] == ["correct", "preset", "shadow", "encode"]
+    assert names(cpu.lane("output"))[:5] == ["refine", "correct", "preset", "shadow", "encode"]
     assert "quality" in names(cpu.lane("output"))
     gpu = cpu_pipeline(encoder=FakeGpuEncoder())
     assert isinstance(FakeGpuEncoder(), Encoder)
     # a GPU encoder: the canvas stays in the device lane, render and shadow before encode there
-    assert names(gpu.lane("device")) == ["segment", "correct", "preset", "shadow", "encode"]
+    assert names(gpu.lane("device")) == ["segment", "refine", "correct", "preset", "shadow", "encode"]
     assert "encode" not in names(gpu.lane("output")) and "quality" in names(gpu.lane("output"))
     assert names(cpu.stages) == names(gpu.stages)
-    canvas = ("correct", "preset", "shadow", "encode")
+    canvas = ("refine", "correct", "preset", "shadow", "encode")
     assert {s.name: s.lane for s in cpu.stages if s.name not in canvas} == {
         s.name: s.lane for s in gpu.stages if s.name not in canvas}
 
