@@ -56,12 +56,13 @@ def batch_buckets(max_batch: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def plan_chunks(n: int, buckets: Sequence[int]) -> list[tuple[int, int, int]]:
-    """``(start, stop, bucket)`` per chunk: chunks of at most the largest bucket, each padded up."""
+def plan_chunks(n: int, buckets: Sequence[int], *, pad: bool = True) -> list[tuple[int, int, int]]:
+    """``(start, stop, size)`` per chunk: chunks of at most the largest bucket, each padded up to
+    its bucket (``pad``) or run at its own size."""
     largest, plan, start = max(buckets), [], 0
     while start < n:
         stop = min(start + largest, n)
-        plan.append((start, stop, min(b for b in buckets if b >= stop - start)))
+        plan.append((start, stop, min(b for b in buckets if b >= stop - start) if pad else stop - start))
         start = stop
     return plan
 
@@ -130,6 +131,11 @@ class BucketedSegmenter:
     mask_work_pixels: int | None = MASK_WORK_PIXELS
     model_s: float = 0.0  # wall seconds spent inside ``_infer`` so far (the model alone)
     streams: int = 1  # images one call runs side by side (a CPU runtime with streams: see Callers)
+    # Pad a chunk up to its bucket: fixed shapes for CUDA graphs and TensorRT profiles. A CPU
+    # runtime runs a chunk at its own size: there the model's time is linear in the batch
+    # (u2netp, ONNX Runtime on 2 threads: 152, 302, 453, 624 ms for 1-4 images), so three images
+    # padded to four would pay for a fourth.
+    pad_chunks: bool = True
     callers: Callers | None = None  # set by such a runtime (``RetouchPipeline.device_callers`` tells it)
 
     def _infer(self, x: Array) -> Array:
@@ -164,7 +170,7 @@ class BucketedSegmenter:
 
         masks: list[Array | Unrefined | LightboxError | None] = per_item(checked, enumerate(images))
         todo = [i for i, m in enumerate(masks) if m is None]
-        for start, stop, bucket in plan_chunks(len(todo), self.buckets):
+        for start, stop, bucket in plan_chunks(len(todo), self.buckets, pad=self.pad_chunks):
             idx = todo[start:stop]
             try:
                 x = preprocess([images[i] for i in idx], self.spec, bucket, ops)

@@ -167,6 +167,7 @@ class OnnxSegmenter(BucketedSegmenter):
         if device not in ("cpu", "gpu"):
             raise ProcessingFailed(f"OnnxSegmenter: device must be 'cpu' or 'gpu', got {device!r}", stage=STAGE)
         self.device, self.device_id, self.spec = device, device_id, spec
+        self.pad_chunks = device == "gpu"  # a symbolic batch on a CPU: each chunk at its own size
         self.post = post or MaskPostprocess()
         self.io_binding = io_binding and device == "gpu"
         self.cuda_graphs = cuda_graphs and self.io_binding

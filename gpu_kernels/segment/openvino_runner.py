@@ -141,6 +141,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
         except ImportError as exc:
             raise ProcessingFailed("the OpenVINO runtime needs the 'openvino' package", stage=STAGE) from exc
         self.device, self.spec, self.precision = "cpu", spec, precision
+        self.pad_chunks = False  # each chunk at its own size (see BucketedSegmenter)
         self.post = post or MaskPostprocess()
         self._ops = CpuOps()
         self.model_path = Path(model_path)

@@ -166,6 +166,23 @@ def test_batched_buckets_match_single_image_runs(u2netp: ModelFiles) -> None:
         assert np.abs(a.astype(int) - b).max() <= 1
 
 
+def test_a_cpu_model_runs_a_chunk_at_its_own_size_with_the_same_masks(u2netp: ModelFiles) -> None:
+    """On a CPU three images run as a batch of three, not padded to four (the model's time is
+    linear in the batch there), with the masks of three batch-1 runs and of the padded batch."""
+    images = [c.image for c in composites(("gradient",))[:3]]
+    cpu = OnnxSegmenter(u2netp.batched, max_batch=4, threads=2)
+    padded = OnnxSegmenter(u2netp.batched, max_batch=4, threads=2)
+    padded.pad_chunks = True
+    single = OnnxSegmenter(u2netp.original, threads=2)
+    shapes: list[tuple[int, ...]] = []
+    infer = cpu._infer
+    cpu._infer = lambda x: shapes.append(tuple(x.shape)) or infer(x)  # type: ignore[method-assign,func-returns-value]
+    masks = cpu.segment_batch(images)
+    assert cpu.pad_chunks is False and shapes == [(3, 3, 320, 320)]
+    for a, b, c in zip(masks, single.segment_batch(images), padded.segment_batch(images), strict=True):
+        assert np.abs(a.astype(int) - b).max() <= 1 and np.abs(a.astype(int) - c).max() <= 1
+
+
 def test_gpu_code_path_on_numpy_matches_cpu_path(u2netp: ModelFiles, model_seg: OnnxSegmenter) -> None:
     cases = composites(("plain",))[:2]
     xp_seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2, ops=numpy_xp_ops())
@@ -245,6 +262,7 @@ def test_buckets_and_chunk_plan() -> None:
     assert plan_chunks(0, (1, 2, 4)) == []
     assert plan_chunks(11, (1, 2, 4, 8)) == [(0, 8, 8), (8, 11, 4)]
     assert plan_chunks(5, (1,)) == [(i, i + 1, 1) for i in range(5)]
+    assert plan_chunks(11, (1, 2, 4, 8), pad=False) == [(0, 8, 8), (8, 11, 3)]  # no padding
     with pytest.raises(ValueError):
         batch_buckets(0)
 
