@@ -60,8 +60,9 @@ async def _outputs(bootstrap: str, topics: list[str], n: int, deadline: float,
     return got
 
 
-def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str]) -> dict[str, Any]:
-    """One whole ``lightbox worker`` run over ``files`` (see the module docstring)."""
+def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str], tree: Path = ROOT) -> dict[str, Any]:
+    """One whole ``lightbox worker`` run over ``files`` (see the module docstring), of the source
+    tree ``tree`` (its folder first on the path; default this checkout)."""
     from bench.bench_overhead import PARTITIONS, _proc_cpu_s, create_topics
     from lightbox.launch import terminate
     from lightbox.report import per_event_stage_ms
@@ -73,7 +74,7 @@ def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str])
     asyncio.run(create_topics(bootstrap, topics))
     asyncio.run(_publish(bootstrap, topics["input"], files, presets))
     roots = sorted({str(f.resolve().parent) for f in files})
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "LIGHTBOX_KAFKA_BOOTSTRAP": bootstrap,
+    env = {**os.environ, "PYTHONPATH": str(tree), "LIGHTBOX_KAFKA_BOOTSTRAP": bootstrap,
            "LIGHTBOX_GROUP_ID": f"peers-{tag}", "LIGHTBOX_WORKER_ID": f"peers-{tag}",
            "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
            "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
@@ -83,7 +84,7 @@ def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str])
     out.mkdir(parents=True, exist_ok=True)
     with (out / "worker.log").open("wb") as log:
         t0 = time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker"], cwd=ROOT, env=env, stdout=log,
+        proc = subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker"], cwd=tree, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     try:
         got = asyncio.run(_outputs(bootstrap, [topics["output"], topics["dlq"]], len(files),
