@@ -352,7 +352,7 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, parts: tup
     """The backfill tier alone, until SIGTERM/SIGINT (0) or a fail-stop (70); see :mod:`agents.backfill_process`.
     ``parts``: the processor's :func:`_runner_parts`, made at start-up (where a model that cannot load is
     reported). ``obs``: its metrics and health (on its own port), the backfill lag refreshed every ``REFRESH_S``."""
-    device = settings.resolved_device()
+    device = processor.pipeline.device  # resolved once, at start-up
     config, tiers = parts
     # the whole process runs at the lower priority: the backfill uses the lanes' own threads
     config = dataclasses.replace(config, backfill_threads=0)

@@ -262,10 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return wrapped
 
     for seg in (processor.pipeline.segmenter, processor.pipeline.classical):
+        if seg is None:
+            continue
         # a CPU model's pipeline calls infer_batch, then refine per image (the refine stage)
         for method in (("infer_batch", "refine") if hasattr(seg, "infer_batch") else ("segment_batch",)):
-            if seg is not None:
-                setattr(seg, method, cpu_timed(getattr(seg, method)))
+            setattr(seg, method, cpu_timed(getattr(seg, method)))
 
     def lightbox(name: str, lighting: str, colour: RetouchConfig) -> Callable[[], object]:
         def run() -> object:

@@ -50,10 +50,9 @@ def run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = None) 
     path), or of one ``lightbox worker`` run through ``bootstrap`` (``steady_ms`` too)."""
     shutil.rmtree(out, ignore_errors=True)
     if bootstrap is not None:
-        from bench.bench_peers import PRESETS as presets
         from bench.peer_worker import run_worker
 
-        got = run_worker(files, out, bootstrap, presets.split(","), tree=tree)
+        got = run_worker(files, out, bootstrap, PRESETS.split(","), tree=tree)
         return {"seconds": got["seconds"], "steady_ms": got["steady_ms_per_image"]}
     cmd = [sys.executable, "-c", "from lightbox.cli import main; main()", "process", *map(str, files),
            "-o", str(out), "--presets", PRESETS, "--no-table"]

@@ -52,11 +52,7 @@ class SegmentStage(Stage):
             run = infer or seg.segment_batch
             yield Step(self.name, seg.device, idx,
                        lambda ix, r=run: r([ctx.images[i] for i in ix]),  # type: ignore[misc]
-                       lambda i, m: self._keep(ctx, i, m))
-
-    @staticmethod
-    def _keep(ctx: BatchContext, i: int, mask: Any) -> None:
-        ctx.masks[i] = mask
+                       lambda i, m: _keep_mask(ctx, i, m))
 
 
 class RefineStage(Stage):
@@ -70,24 +66,16 @@ class RefineStage(Stage):
         self.lane = lane
 
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
-        groups: dict[int, list[int]] = {}
+        groups: dict[int, tuple[str, list[int]]] = {}
         for i in ctx.alive():
             mask = ctx.masks.get(i)
             if isinstance(mask, Unrefined):
-                groups.setdefault(id(mask.segmenter), []).append(i)
-        for idx in groups.values():
-            device = ctx.masks[idx[0]].segmenter.device  # type: ignore[union-attr]
-            yield Step(self.name, device, idx, lambda ix: self._refine(ctx, ix), lambda i, m: self._keep(ctx, i, m))
+                groups.setdefault(id(mask.segmenter), (mask.segmenter.device, []))[1].append(i)
+        for device, idx in groups.values():
+            yield Step(self.name, device, idx,
+                       lambda ix: [ctx.masks[i].alpha(ctx.images[i]) for i in ix],  # type: ignore[union-attr]
+                       lambda i, m: _keep_mask(ctx, i, m))
 
-    @staticmethod
-    def _refine(ctx: BatchContext, idx: list[int]) -> list[Any]:
-        out = []
-        for i in idx:
-            mask = ctx.masks[i]
-            assert isinstance(mask, Unrefined)
-            out.append(mask.alpha(ctx.images[i]))
-        return out
 
-    @staticmethod
-    def _keep(ctx: BatchContext, i: int, mask: Any) -> None:
-        ctx.masks[i] = mask
+def _keep_mask(ctx: BatchContext, i: int, mask: Any) -> None:
+    ctx.masks[i] = mask
