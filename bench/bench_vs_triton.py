@@ -2,7 +2,8 @@
 (issue 15 item 4): open-loop Poisson arrivals at 25 / 50 / 90 / 120 % of capacity.
 
     PYTHONPATH=. .venv/bin/python bench/bench_vs_triton.py [--seconds 40] [--seed 15]
-        [--queue-delay-ms 10] [--max-batch 16] [--threads 2] [--capacity RPS] [--out bench/results]
+        [--queue-delay-ms 10] [--max-batch 16] [--threads 2] [--capacity RPS] [--loads 0.25,0.5,0.9,1.2]
+        [--out bench/results]
 
 Needs Triton's own environment (Debian's Python 3.11 with nvidia-pytriton, onnxruntime, numpy;
 ``LIGHTBOX_TRITON_PYTHON`` or /tmp/tritonenv/bin/python, see ``triton_runner.find_triton_python``).
@@ -239,8 +240,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=2, help="ONNX Runtime intra-op threads (both sides)")
     ap.add_argument("--capacity", type=float, default=None,
                     help="req/s the load levels are fractions of (default: lightbox's measured closed-loop capacity)")
+    ap.add_argument("--loads", default=",".join(map(str, LOADS)),
+                    help="the load levels, as fractions of the basis (comma-separated)")
     ap.add_argument("--out", type=Path, default=Path("bench/results"))
     args = ap.parse_args(argv)
+    loads = [float(v) for v in args.loads.split(",")]
     python, why = find_triton_python()
     if python is None:
         sys.exit(f"bench_vs_triton: {why}")
@@ -251,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     report: dict[str, Any] = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "note": "shared machine"},
         "config": {"seconds": args.seconds, "seed": args.seed, "max_batch": args.max_batch,
-                   "triton_queue_delay_ms": args.queue_delay_ms, "threads": args.threads,
+                   "triton_queue_delay_ms": args.queue_delay_ms, "threads": args.threads, "loads": loads,
                    "client_threads": CLIENT_THREADS, "images": "skimage astronaut, coffee, chelsea, rocket",
                    "triton_backend": "pytriton Python backend, ONNX Runtime CPU inside the bound function"},
         "runs": []}
@@ -277,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
         report["load_basis_rps"] = basis
         print(f"capacity (closed loop, backlog {len(backlog)}): {capacity}; loads are fractions of {basis:.2f} req/s",
               flush=True)
-        for n, load in enumerate(LOADS):
+        for n, load in enumerate(loads):
             rate = load * basis
             rng = np.random.default_rng(args.seed + n)
             arrivals = np.cumsum(rng.exponential(1 / rate, int(rate * args.seconds * 1.5) + 10))
@@ -335,7 +339,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     cfg = report["config"]
     fig.suptitle(f"u2netp on CPU ({cfg['threads']} ORT threads, shared 2-core machine): capacity "
                  f"{report['capacity_rps']['lightbox']:.2f} req/s in-process, {report['capacity_rps']['triton']:.2f} "
-                 f"via Triton; loads 25/50/90/120 % of {report['load_basis_rps']:.2f} req/s, "
+                 f"via Triton; loads {'/'.join(f'{v:.0%}' for v in cfg['loads'])} of {report['load_basis_rps']:.2f} "
+                 "req/s, "
                  f"{cfg['seconds']:.0f} s each")
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.intra_op_num_threads = args.threads
     opts.inter_op_num_threads = 1
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as lightbox's cpu_session_options
+    opts.enable_mem_pattern = False  # this and the line below as lightbox's cpu_session_options
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     session = ort.InferenceSession(args.model, opts, providers=["CPUExecutionProvider"])
     input_name = session.get_inputs()[0].name
     output_name = session.get_outputs()[args.output_index].name
