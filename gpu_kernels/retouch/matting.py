@@ -98,10 +98,10 @@ def box_means_at(xp: Any, planes: list[Array] | Region, radius: int, ys: Array, 
     key = (ys // tile) * ntx + xs // tile
     order = xp.argsort(key, kind="stable")
     keys = key[order]
-    tiles = xp.unique(keys)
-    starts = xp.searchsorted(keys, tiles, side="left").tolist()
-    stops = xp.searchsorted(keys, tiles, side="right").tolist()
-    for k, i0, i1 in zip(tiles.tolist(), starts, stops, strict=True):
+    # the sorted keys' runs are the tiles (no unique(): on NumPy it imports numpy.ma, ~8 ms, once)
+    cuts = (xp.flatnonzero(keys[1:] != keys[:-1]) + 1).tolist()
+    starts, stops = [0, *cuts], [*cuts, n]
+    for k, i0, i1 in zip(keys[starts].tolist(), starts, stops, strict=True):
         ty, tx = divmod(int(k), ntx)
         y0, x0 = max(0, ty * tile - radius), max(0, tx * tile - radius)
         y1, x1 = min(h, (ty + 1) * tile + radius), min(w, (tx + 1) * tile + radius)
