@@ -36,6 +36,16 @@ WARM_UP = (1, 2, 4, 8, 16)
 SETTINGS = ("patterns", "no-patterns")
 
 
+def _with_setting(opts: Any, setting: str) -> Any:
+    """``opts`` (lightbox's CPU session options) with memory patterns as ``setting`` says."""
+    opts.enable_mem_pattern = setting == "patterns"
+    return opts
+
+
+def _peak_gb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
+
+
 def child(setting: str, threads: int, sizes: list[int]) -> dict[str, Any]:
     """One setting's runs, in this process."""
     import numpy as np
@@ -44,8 +54,7 @@ def child(setting: str, threads: int, sizes: list[int]) -> dict[str, Any]:
     from gpu_kernels.segment.fetch_model import ensure_u2netp
     from gpu_kernels.segment.onnx_runner import cpu_session_options
 
-    opts = cpu_session_options(threads)
-    opts.enable_mem_pattern = setting == "patterns"
+    opts = _with_setting(cpu_session_options(threads), setting)
     session = ort.InferenceSession(str(ensure_u2netp().batched), opts, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     for b in WARM_UP:
@@ -62,9 +71,8 @@ def child(setting: str, threads: int, sizes: list[int]) -> dict[str, Any]:
         runs.append({"batch": size, "ms_per_image": round(seconds / size * 1000, 1),
                      "system_s": round(after.ru_stime - before.ru_stime, 2),
                      "faulted_mb": round((after.ru_minflt - before.ru_minflt) * page_mb)})
-    peak_gb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)
     return {"setting": setting, "runs": runs, "seconds": round(time.perf_counter() - start, 2),
-            "images": 2 * sum(sizes), "peak_rss_gb": peak_gb}
+            "images": 2 * sum(sizes), "peak_rss_gb": _peak_gb()}
 
 
 def closed_loop(setting: str, threads: int) -> dict[str, Any]:
@@ -77,15 +85,8 @@ def closed_loop(setting: str, threads: int) -> dict[str, Any]:
     from gpu_kernels.segment import onnx_runner
     from gpu_kernels.segment.fetch_model import ensure_u2netp
 
-    if setting == "patterns":  # the segmenter builds its session from cpu_session_options
-        plain = onnx_runner.cpu_session_options
-
-        def with_patterns(n: int | None = None) -> Any:
-            opts = plain(n)
-            opts.enable_mem_pattern = True
-            return opts
-
-        onnx_runner.cpu_session_options = with_patterns  # type: ignore[assignment]
+    plain = onnx_runner.cpu_session_options  # the segmenter builds its session from it
+    onnx_runner.cpu_session_options = lambda n=None: _with_setting(plain(n), setting)
     images = photos()
     runs = []
     with onnx_runner.OnnxSegmenter(ensure_u2netp().batched, max_batch=16, threads=threads, warmup=True) as seg, \
@@ -96,8 +97,15 @@ def closed_loop(setting: str, threads: int) -> dict[str, Any]:
             done, sizes = run_lightbox(seg, images, np.zeros(64), 16, t0, refiners)
             runs.append({"req_s": round(64 / max(done), 2), "largest_batch": max(sizes),
                          "system_s": round(resource.getrusage(resource.RUSAGE_SELF).ru_stime - sys_s, 1)})
-    return {"setting": setting, "runs": runs,
-            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    return {"setting": setting, "runs": runs, "peak_rss_gb": _peak_gb()}
+
+
+def _in_child(flag: str, setting: str, threads: int, *extra: str) -> dict[str, Any]:
+    """This script run with ``flag setting`` in a process of its own: its JSON line."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), flag, setting, "--threads", str(threads), *extra]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -119,10 +127,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     results = []
     for setting in SETTINGS:
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", setting, "--threads", str(args.threads),
-               "--sizes", args.sizes]
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
-        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result = _in_child("--child", setting, args.threads, "--sizes", args.sizes)
         results.append(result)
         runs = "  ".join(f"{r['batch']}: {r['ms_per_image']:.0f} ms/img {r['system_s']:.2f} s sys {r['faulted_mb']} MB"
                          for r in result["runs"])
@@ -132,10 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     loops: list[dict[str, Any]] = []
     for k in range(args.closed_loop):
         for setting in SETTINGS if k % 2 == 0 else SETTINGS[::-1]:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "--loop-child", setting,
-                   "--threads", str(args.threads)]
-            out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
-            loops.append(json.loads(out.stdout.strip().splitlines()[-1]))
+            loops.append(_in_child("--loop-child", setting, args.threads))
             print(f"closed loop, round {k + 1}, {setting:12s} " + "  ".join(
                 f"{r['req_s']:.2f} req/s (largest batch {r['largest_batch']}, {r['system_s']:.1f} s sys)"
                 for r in loops[-1]["runs"]) + f", peak {loops[-1]['peak_rss_gb']} GB", flush=True)

@@ -17,7 +17,7 @@ only in where the model runs and who forms the batches:
   ``max_batch``) the way the worker does (double buffering: arrivals are added only while no
   closed batch waits for the device) over an in-process :class:`OnnxSegmenter` with buckets up
   to ``max_batch``; the device thread runs pre-processing and the model (``infer_batch``), and
-  the worker's output-lane threads (``RunnerConfig.output_threads``) each image's mask
+  the worker's output-lane threads (``lightbox.offline.OUTPUT_THREADS``) each image's mask
   refinement, as the worker's ``segment`` and ``refine`` stages do on a CPU.
 - ``triton``: pytriton's ``tritonserver`` (``gpu_kernels/segment/triton_serve.py``, ONNX Runtime
   inside the Python backend, dynamic batcher up to ``max_batch`` with ``--queue-delay-ms``);
@@ -59,15 +59,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from agents.batching import Batch, BatchingConfig, MicroBatcher
-from agents.interfaces import RunnerConfig
 from gpu_kernels.segment import ensure_u2netp
 from gpu_kernels.segment.onnx_runner import OnnxSegmenter
 from gpu_kernels.segment.triton_runner import TritonSegmenter, TritonServer, find_triton_python
 from lightbox.launch import free_port
+from lightbox.offline import OUTPUT_THREADS  # the worker's output lane: where a CPU model's refinement runs
 
 LOADS = (0.25, 0.5, 0.9, 1.2)
 CLIENT_THREADS = 64
-OUTPUT_THREADS = RunnerConfig().output_threads  # the worker's output lane: where a CPU model's refinement runs
 
 
 def photos() -> list[np.ndarray]:
@@ -340,8 +339,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.suptitle(f"u2netp on CPU ({cfg['threads']} ORT threads, shared 2-core machine): capacity "
                  f"{report['capacity_rps']['lightbox']:.2f} req/s in-process, {report['capacity_rps']['triton']:.2f} "
                  f"via Triton; loads {'/'.join(f'{v:.0%}' for v in cfg['loads'])} of {report['load_basis_rps']:.2f} "
-                 "req/s, "
-                 f"{cfg['seconds']:.0f} s each")
+                 f"req/s, {cfg['seconds']:.0f} s each")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -24,12 +24,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lightbox.prometheus_local import LocalPrometheus
+from lightbox.report import ORDER  # pipeline order, for a legend that reads like the pipeline
 
 __all__ = ["draw", "query_breakdown"]
-
-# pipeline order, for a legend that reads like the pipeline
-ORDER = ["fetch", "decode", "segment", "refine", "correct", "render", "shadow", "encode", "quality", "compliance",
-         "produce"]
 
 
 def _order(stage: str) -> int:

@@ -592,7 +592,7 @@ def process(
             size = batch or (4 if processor.pipeline.device == "gpu" else 1)
             summary = process_files(files, processor, out, presets=names, batch_size=size, background=background,
                                     lighting="auto" if lighting else "off", on_result=advance,
-                                    device_threads=callers)
+                                    device_threads=callers, output_threads=settings.runner.output_threads)
     finally:
         processor.close()
     if table and summary.processed:

@@ -18,8 +18,9 @@ Variants land in ``out_dir`` as ``<sku>.<preset>.<ext>``. Files are read ahead o
 the batches go through the processor's three lanes (decode, device, output) on their own
 threads, as the worker runs them (:class:`LanePipeline`), the device lane on ``device_threads``
 threads (``lightbox process`` gives it two with OpenVINO on a CPU: two images on the model's two
-streams) and the output lane on the worker's two (on a CPU the model's mask refinement runs there,
-beside the next batch's model). Pure of Kafka: no broker, no Faust.
+streams) and the output lane on the worker's output threads (``LIGHTBOX_OUTPUT_THREADS``, 2 by
+default; on a CPU the model's mask refinement runs there, beside the next batch's model). Pure of
+Kafka: no broker, no Faust.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from agents.process import BatchProcessor, InRecord, OutRecord, Prepared
 from lightbox.report import per_event_stage_ms
 from lightbox.show import save_variants
 
-__all__ = ["OFFLINE_TOPIC", "LanePipeline", "OfflineResult", "OfflineSummary", "file_event", "process_files",
-           "unique_skus"]
+__all__ = ["OFFLINE_TOPIC", "OUTPUT_THREADS", "LanePipeline", "OfflineResult", "OfflineSummary", "file_event",
+           "process_files", "unique_skus"]
 
 OFFLINE_TOPIC = "offline"
+OUTPUT_THREADS = RunnerConfig().output_threads  # the worker's output lane, by default
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,9 +132,11 @@ def process_files(
     jsonl: Path | None = None,
     on_result: Callable[[OfflineResult], None] | None = None,
     device_threads: int = 1,
+    output_threads: int = OUTPUT_THREADS,
 ) -> OfflineSummary:
     """Run ``files`` through ``processor`` (see the module docstring); one result per file, in
-    completion order. ``jsonl`` defaults to ``out_dir/results.jsonl``."""
+    completion order. ``jsonl`` defaults to ``out_dir/results.jsonl``; ``output_threads``: the
+    output lane's (``lightbox process`` passes the worker's setting, ``LIGHTBOX_OUTPUT_THREADS``)."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -157,7 +161,7 @@ def process_files(
     # the model then takes calls from that many threads; offline, one image's latency counts for nothing
     processor.pipeline.device_callers(device_threads, lone_latency=False)
     with open(jsonl, "w", encoding="utf-8") as sink, ThreadPoolExecutor(1, thread_name_prefix="offline-read") as pool, \
-            LanePipeline(processor, device_threads=device_threads) as lanes:
+            LanePipeline(processor, device_threads=device_threads, output_threads=output_threads) as lanes:
         def emit(out: OutRecord | OfflineResult) -> None:
             if isinstance(out, OfflineResult):
                 res = out
@@ -190,9 +194,6 @@ def process_files(
                 emit(out)
     summary.seconds = time.perf_counter() - t0
     return summary
-
-
-OUTPUT_THREADS = RunnerConfig().output_threads  # the worker's output lane
 
 
 class LanePipeline:
