@@ -432,16 +432,18 @@ def _stat(pid: int | str) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def _children(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid`` (from /proc: no procps needed)."""
+def _children(pid: int, named: bytes = b"") -> list[int]:
+    """Live processes whose parent is ``pid`` and whose command line holds ``named`` (from /proc: no
+    procps needed)."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
                 fields = _stat(entry.name)
+                cmdline = (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-            if int(fields[1]) == pid and fields[0] != "Z":
+            if int(fields[1]) == pid and fields[0] != "Z" and named in cmdline:
                 out.append(int(entry.name))
     return out
 
@@ -556,7 +558,10 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
                                tmp_path / log).start()
         assert worker.proc is not None
         deadline = time.monotonic() + 60
-        while not (kids := _children(worker.proc.pid)) and worker.running() and time.monotonic() < deadline:
+        # a child caught between fork and exec still reads as its parent, and mid-exec its command line
+        # is empty: wait until it names itself
+        while (not (kids := _children(worker.proc.pid, named=b"backfill-worker")) and worker.running()
+               and time.monotonic() < deadline):
             time.sleep(0.2)
         assert len(kids) == 1, worker.log_tail()
         return worker, kids[0]
@@ -565,7 +570,6 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
     ids |= asyncio.run(publish(settings.topics.input, catalog[:3], "LIVE"))
     worker, child = start("worker-1.log")
     try:
-        assert b"backfill-worker" in Path(f"/proc/{child}/cmdline").read_bytes()
         assert worker.proc is not None
         processed, dead = asyncio.run(collect_outputs(settings.kafka.bootstrap, [settings.topics.output,
                                                                                  settings.topics.dlq],
