@@ -165,11 +165,11 @@ class SegmentSettings(_Section):
                                                   "(gpu_kernels.segment.model.KNOWN_SPECS)")
     model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
                                                              "overrides: input_size, mean, std, ...)")
-    runtime: Literal["auto", "fp32", "int8", "openvino", "openvino-bf16", "openvino-f32", "fp16",
+    runtime: Literal["auto", "fp32", "int8", "openvino", "openvino-bf16", "openvino-checked", "openvino-f32", "fp16",
                      "torch", "torch-fp32", "torch-bf16", "torch-fp16"] = Field(
         "auto", description="segment model runtime. CPU: auto picks the fastest of OpenVINO, INT8 and PyTorch "
                             "(when installed) that passes the fidelity gate against fp32 masks and is faster, else "
-                            "fp32 (ONNX Runtime); openvino-bf16/-f32, int8 and torch-* by name are not gated; "
+                            "fp32 (ONNX Runtime); openvino-bf16/-checked/-f32, int8 and torch-* by name are not gated; "
                             "torch takes bf16/fp16 only through the gate; GPU: auto is fp32 (ONNX Runtime with "
                             "CUDA, else torch), fp16 is a gated half-precision model")
     threads: int | None = Field(None, ge=1, description="model threads on CPU (default: the usable cores)")

@@ -15,7 +15,7 @@ import pytest
 
 from gpu_kernels.segment import ClassicalSegmenter, OnnxSegmenter
 from gpu_kernels.segment.fetch_model import ModelFiles, make_batch_static
-from gpu_kernels.segment.model import U2NETP, preprocess
+from gpu_kernels.segment.model import U2NETP, output_to_probability, preprocess
 from gpu_kernels.segment.onnx_runner import cpu_session_options
 from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.postprocess import MaskPostprocess
@@ -357,6 +357,62 @@ def test_openvino_runtime_falls_back_to_f32_when_bf16_fails_the_gate(u2netp: Mod
     _, again = make_model_segmenter(u2netp.batched, runtime="openvino", cache_dir=tmp_path, images=images,
                                     gate=(1.01, 1.01), threads=2)
     assert calls == [1] and again.gates == choice.gates
+
+
+def test_unsure_share_is_the_band_around_one_half_against_the_subject() -> None:
+    from gpu_kernels.segment.openvino_runner import unsure_share
+
+    crisp = np.zeros((1, 100, 100), np.float32)
+    crisp[0, 20:80, 20:80] = 1.0  # a subject of 3,600 pixels, nothing unsure
+    soft = crisp.copy()
+    soft[0, 20:80, 20:30] = 0.55  # 600 of its pixels unsure (still subject)
+    soft[0, 0:10, 0:10] = 0.42  # and 100 background pixels
+    none = np.full((1, 100, 100), 0.45, np.float32)  # all unsure, no subject: against 1 % of the map
+    got = unsure_share(np.concatenate([crisp, soft, none]))
+    assert got.shape == (3,)
+    assert got[0] == 0.0 and got[1] == pytest.approx(700 / 3600) and got[2] == pytest.approx(100.0)
+
+
+def test_checked_bf16_runs_exactly_the_unsure_images_again_at_f32(u2netp: ModelFiles) -> None:
+    """recheck: an image whose bf16 map's unsure share exceeds it gets the f32 output, the others
+    keep bf16's (where the CPU has no bf16, OpenVINO runs f32 for both and the split is moot)."""
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter, unsure_share
+
+    xs = [preprocess([im], U2NETP, 1, CpuOps()) for im in (*small_gate(), *gate_images()[:2])]
+    opts: dict[str, Any] = {"threads": 2, "streams": 1}
+    with OpenVinoSegmenter(u2netp.original, precision="bf16", **opts) as plain, \
+            OpenVinoSegmenter(u2netp.original, precision="f32", **opts) as exact:
+        fast = [plain._infer(x) for x in xs]
+        slow = [exact._infer(x) for x in xs]
+    shares = [float(unsure_share(output_to_probability(f, U2NETP, np))[0]) for f in fast]
+    cut = float(np.median(shares))  # some images above it, some not (unless all shares tie)
+    for recheck in (-1.0, cut, float("inf")):
+        with OpenVinoSegmenter(u2netp.original, precision="bf16", recheck=recheck, **opts) as checked:
+            got = [checked._infer(x) for x in xs]
+            again = [s > recheck for s in shares]
+            assert checked.rechecked == sum(again)
+        for g, f, e, redo in zip(got, fast, slow, again, strict=True):
+            np.testing.assert_allclose(g, e if redo else f, atol=1e-6)
+    with OpenVinoSegmenter(u2netp.original, precision="f32", recheck=0.0, **opts) as f32:
+        assert f32.recheck is None  # only bf16 is checked
+        f32._infer(xs[0])
+        assert f32.rechecked == 0
+
+
+def test_checked_bf16_is_a_runtime_where_the_cpu_has_bf16(u2netp: ModelFiles, tmp_path: Path) -> None:
+    from gpu_kernels.segment.openvino_runner import RECHECK_UNSURE, supports_bf16
+    from gpu_kernels.segment.runtime import available_runtimes
+
+    if not supports_bf16():
+        assert "openvino-checked" not in available_runtimes()
+        with pytest.raises(ProcessingFailed, match="not available"):
+            make_model_segmenter(u2netp.batched, runtime="openvino-checked", cache_dir=tmp_path)
+        return
+    assert "openvino-checked" in available_runtimes()
+    seg, choice = make_model_segmenter(u2netp.batched, runtime="openvino-checked", cache_dir=tmp_path)
+    with seg:
+        assert choice.runtime == "openvino-checked" and choice.reason == "asked for (not gated)"
+        assert getattr(seg, "precision") == "bf16" and getattr(seg, "recheck") == RECHECK_UNSURE  # noqa: B009
 
 
 @pytest.mark.slow
