@@ -29,9 +29,10 @@ bf16, checked (``recheck``): bf16 moves u2netp's masks on some photos and not on
 the photos it moves are those where the bf16 probability map is unsure over a large part of the
 subject. So with ``recheck`` set, each image of a bf16 call whose :func:`unsure_share` exceeds
 it is run again at f32 (a one-image f32 compilation of the same file, made when first needed) and
-takes that output; the others keep bf16's. On the gate set and on the peer photos (36 images)
-every image whose bf16 mask fell below IoU 0.94 against f32 had an unsure share of 0.13-0.46,
-and every other one at most 0.043 (docs/performance.md); :data:`RECHECK_UNSURE` sits between.
+takes that output; the others keep bf16's. Over the gate set, the INT8 calibration set and the
+peer benchmark's photos (56 images, at the model's resolution) every image whose bf16 mask fell
+below IoU 0.94 against f32 had an unsure share of 0.13-0.46, and every other one at most 0.043
+(docs/model-runtimes.md); :data:`RECHECK_UNSURE` sits between.
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ class OpenVinoSegmenter(BucketedSegmenter):
         if unsure.size == 0:
             return raw
         exact = self._exact_twin()
-        for i in unsure:  # rare, and one image at a time on the twin's latency compilation
+        for i in unsure:  # a minority (a quarter of the peer photos), one at a time on the twin's one-image compilation
             raw[i] = exact._run(x[i:i + 1], side_by_side=False)[0]
         with self._exact_lock:
             self.rechecked += int(unsure.size)
