@@ -365,6 +365,8 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
                 continue
             reference = reference or fp32()
             gate_set = gate_set if gate_set is not None else images()
+            log.info("judging segment runtime %s against fp32 on %d images (once per machine and model; "
+                     "the verdict is kept in %s)", name, len(gate_set), gates.path)
             result = run_gate(name, seg, reference, gate_set, mean_min=gate[0], worst_min=gate[1])
             seg.close()
             gates.put(key, result)
