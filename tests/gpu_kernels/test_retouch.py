@@ -415,6 +415,68 @@ def test_render_fast_paths_equal_unfused_bit_exactly(preset: Preset) -> None:
         assert np.array_equal(r.render(image, mask, preset), r.render_unfused(image, mask, preset))
 
 
+@pytest.mark.parametrize("preset", [
+    BOOK["taobao_main"],                                                      # shrink, white
+    BOOK["xiaohongshu_cover"],                                                # enlarge, white, tall canvas
+    Preset("wide", 900, 300, fill=0.9, sharpen=0.8),                          # enlarge, white
+    Preset("flat", 640, 480, fill=0.3, sharpen=0.0),                          # no unsharp mask
+    BOOK["transparent_png"],                                                  # transparent
+    Preset("tiny", 37, 53, format="png", background="transparent", fill=0.5),  # shrink, transparent
+])
+@pytest.mark.parametrize("tile", [(8, 32), (1, 1)], ids=["tiles", "pixels"])
+@pytest.mark.parametrize("edge", ["soft", "hard"])
+def test_render_skips_the_blank_canvas_and_still_equals_unfused_bit_exactly(
+    preset: Preset, tile: tuple[int, int], edge: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the pipeline renders from: the corrected image, its backdrop composited to pure
+    white. Canvas pixels whose neighbourhood reads only that white (or, transparent, only alpha
+    0) are filled, not computed; the subject has white highlights of its own (blank pixels
+    inside it) and a stray white-ringed island, and the result is still the unfused chain's,
+    bit for bit, with most of the white canvas exactly 255. One-pixel tiles leave no slack: the
+    spans are then exact, and only the halo of neighbours keeps the edges right."""
+    from gpu_kernels.retouch import render
+
+    monkeypatch.setattr(render, "TILE_ROWS", tile[0])
+    monkeypatch.setattr(render, "TILE_COLS", tile[1])
+    image, hard = product_shot()
+    mask = soft_mask(hard) if edge == "soft" else hard.copy()
+    mask[40:52, 30:44] = 255  # a small island far from the subject
+    a = mask.astype(np.float32)[..., None] / 255
+    white = np.round(image * a + 255 * (1 - a)).astype(np.uint8)
+    ys, xs = np.nonzero(hard)
+    white[ys[::7], xs[::7]] = 255  # highlights inside the subject
+    r = CpuRetoucher()
+    fused = r.render(white, mask, preset)
+    assert np.array_equal(fused, r.render_unfused(white, mask, preset))
+    if preset.background == "white":
+        assert (fused == 255).all(axis=2).mean() > 0.2
+
+
+def test_subject_columns_cover_every_pixel_that_is_not_blank() -> None:
+    """The blank map's spans against a pixel-by-pixel scan: every non-blank pixel lies inside
+    its run's span, and a span reaches at most one tile beyond its outermost non-blank pixels."""
+    from gpu_kernels.retouch.render import TILE_COLS, TILE_ROWS, _subject_columns
+
+    rng = np.random.default_rng(3)
+    for h, w, c, transparent in ((37, 101, 3, False), (64, 64, 4, True), (19, 70, 1, False), (40, 33, 4, False)):
+        src = np.full((h, w, c), 0 if transparent else 255, np.uint8)
+        for _ in range(5):
+            y, x = int(rng.integers(h)), int(rng.integers(w))
+            src[y, x, int(rng.integers(c))] = 128
+        spans = _subject_columns(src, transparent)
+        assert spans is not None
+        first, last = spans
+        busy = (src != (0 if transparent else 255)).any(axis=2)
+        for run in range(len(first)):
+            cols = np.nonzero(busy[run * TILE_ROWS:(run + 1) * TILE_ROWS].any(axis=0))[0]
+            if cols.size == 0:
+                assert (first[run], last[run]) == (w, -1)
+            else:
+                assert first[run] <= cols[0] and last[run] >= cols[-1]
+                assert cols[0] - first[run] < TILE_COLS and last[run] - cols[-1] < TILE_COLS
+    assert _subject_columns(np.zeros((8, 8, 3), np.uint8), True) is None  # opaque: nothing transparent
+
+
 # -- the CUDA source, compiled for the CPU --------------------------------------------------------
 
 PRELUDE = r"""
