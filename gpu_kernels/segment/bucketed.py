@@ -7,7 +7,9 @@ the image's own size (``MaskPostprocess``). The mask refinement runs on a copy o
 scaled down to at most ``mask_work_pixels`` (2048², the largest preset, by default: the model
 itself sees 320 px, so a finer working copy only costs time; on a 12 MP photo the refinement at
 full size took ~1 s of CPU), and the finished alpha is enlarged bilinearly to the photo's size,
-its faint outer ring (under ``ENLARGE_FLOOR``) zeroed. ``None`` refines at full size. RGBA
+its faint outer ring (under ``ENLARGE_FLOOR``) zeroed. ``None`` refines at full size. A
+pipeline that knows the presets an image is for refines it at no more pixels than those reach
+(:func:`output_work_pixels`: a 12 MP photo whose subject fills an 800² canvas needs ~1-2 MP). RGBA
 images that already carry transparency skip the model: their alpha is the mask (stray specks
 far from the subject zeroed, ``clean_cutout``).
 """
@@ -28,11 +30,13 @@ from gpu_kernels.segment.ops import ArrayOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, per_item
 
-__all__ = ["LONE_GAP_S", "MASK_WORK_PIXELS", "BucketedSegmenter", "Callers", "Unrefined", "batch_buckets",
-           "mask_work_size", "plan_chunks"]
+__all__ = ["LONE_GAP_S", "MASK_WORK_PIXELS", "OUTPUT_MARGIN", "BucketedSegmenter", "Callers", "Unrefined",
+           "batch_buckets", "mask_work_size", "output_work_pixels", "plan_chunks"]
 
 MASK_WORK_PIXELS = 2048 * 2048  # the largest preset (shopify 2048²): no output needs a finer alpha
 ENLARGE_FLOOR = 16  # alpha levels (~6 % opacity) below which an enlarged alpha is zeroed
+OUTPUT_MARGIN = 1.5  # how much finer than the finest canvas needs the working alpha stays
+WORK_FLOOR_PIXELS = 512 * 512  # never refine at fewer pixels than this (the model sees 320²)
 
 
 def mask_work_size(h: int, w: int, limit: int | None) -> tuple[int, int]:
@@ -42,6 +46,30 @@ def mask_work_size(h: int, w: int, limit: int | None) -> tuple[int, int]:
     s = math.sqrt(limit / (h * w))
     wh = max(1, int(h * s))
     return wh, max(1, min(int(w * s), limit // wh))
+
+
+def output_work_pixels(prob: Array, height: int, width: int, canvases: Sequence[tuple[int, int, float]],
+                       margin: float = OUTPUT_MARGIN) -> int | None:
+    """The most pixels an ``height`` x ``width`` image's mask refinement needs for its canvases
+    (``(width, height, fill)`` per preset), or None (no limit: no canvas, or no subject in the
+    probability map ``prob``). A canvas scales the subject's box to ``fill`` of its limiting
+    side (:func:`gpu_kernels.retouch.geometry.placement`): with the box taken from ``prob >= 0.5``,
+    the image needs at most ``margin`` times the finest canvas's scale along each side, never
+    less than :data:`WORK_FLOOR_PIXELS`; an image the canvases enlarge needs its own size."""
+    if not canvases:
+        return None
+    # two small vectors (to the host, from a device array)
+    rows, cols = (a.get() if hasattr(a, "get") else a for a in (prob.max(axis=1) >= 0.5, prob.max(axis=0) >= 0.5))
+    ry, rx = rows.nonzero()[0], cols.nonzero()[0]
+    if ry.size == 0:
+        return None
+    ph, pw = prob.shape[:2]
+    box_h = (int(ry[-1]) - int(ry[0]) + 1) / ph * height
+    box_w = (int(rx[-1]) - int(rx[0]) + 1) / pw * width
+    scale = max(fill * min(cw / box_w, ch / box_h) for cw, ch, fill in canvases) * margin
+    if scale >= 1:
+        return None
+    return max(WORK_FLOOR_PIXELS, math.ceil(float(scale) ** 2 * height * width))
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -113,9 +141,10 @@ class Unrefined:
     prob: Array
     segmenter: BucketedSegmenter
 
-    def alpha(self, image: Array) -> Array:
-        """The refined alpha ``(H, W)`` uint8 of ``image`` (the image this came from)."""
-        return self.segmenter.refine(self.prob, image)
+    def alpha(self, image: Array, max_pixels: int | None = None) -> Array:
+        """The refined alpha ``(H, W)`` uint8 of ``image`` (the image this came from), refined at
+        no more than ``max_pixels`` (and the segmenter's own limit)."""
+        return self.segmenter.refine(self.prob, image, max_pixels)
 
 
 class BucketedSegmenter:
@@ -186,12 +215,14 @@ class BucketedSegmenter:
                 masks[i] = Unrefined(prob, self)
         return [m for m in masks if m is not None]
 
-    def refine(self, prob: Array, image: Array) -> Array:
+    def refine(self, prob: Array, image: Array, max_pixels: int | None = None) -> Array:
         """The refined alpha of ``image`` from the model's probability map, refined at the
-        working size (see the module docstring) and returned at the image's size."""
+        working size (see the module docstring; ``max_pixels`` lowers it: see
+        :func:`output_work_pixels`) and returned at the image's size."""
         ops = self._ops
         h, w = image.shape[:2]
-        wh, ww = mask_work_size(h, w, self.mask_work_pixels)
+        limits = [n for n in (self.mask_work_pixels, max_pixels) if n is not None]
+        wh, ww = mask_work_size(h, w, min(limits) if limits else None)
         if (wh, ww) == (h, w):
             return alpha_from_probability(ops.resize_map(prob, h, w), self.post, ops, image)
         small = ops.resize_u8(image[..., :3], wh, ww)

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpu_kernels.backends import RetouchOptions, Segmenter
-from gpu_kernels.segment.bucketed import Unrefined
+from gpu_kernels.segment.bucketed import Unrefined, output_work_pixels
 from gpu_kernels.stages.base import BatchContext, Lane, Stage, Step
 
 __all__ = ["RefineStage", "SegmentStage"]
@@ -58,7 +58,9 @@ class SegmentStage(Stage):
 class RefineStage(Stage):
     """The mask refinement of the items :class:`SegmentStage` left :class:`Unrefined` (none when
     it refines in its own step): one step per segmenter, each item's alpha from its probability
-    and its image, in ``lane`` (the output lane on a CPU, beside correct and render)."""
+    and its image, in ``lane`` (the output lane on a CPU, beside correct and render), refined at
+    no more pixels than the item's presets reach (:func:`~gpu_kernels.segment.bucketed.output_work_pixels`:
+    a 12 MP photo for 800² and 1080x1440 canvases is refined at ~1-2 MP, then enlarged)."""
 
     name = "refine"
 
@@ -73,8 +75,17 @@ class RefineStage(Stage):
                 groups.setdefault(id(mask.segmenter), (mask.segmenter.device, []))[1].append(i)
         for device, idx in groups.values():
             yield Step(self.name, device, idx,
-                       lambda ix: [ctx.masks[i].alpha(ctx.images[i]) for i in ix],  # type: ignore[union-attr]
+                       lambda ix: [_refined(ctx, i) for i in ix],
                        lambda i, m: _keep_mask(ctx, i, m))
+
+
+def _refined(ctx: BatchContext, i: int) -> Any:
+    """Item ``i``'s alpha, refined at no more pixels than its presets' canvases reach."""
+    mask, image = ctx.masks[i], ctx.images[i]
+    assert isinstance(mask, Unrefined)
+    h, w = image.shape[:2]
+    limit = output_work_pixels(mask.prob, h, w, [(p.width, p.height, p.fill) for p in ctx.jobs[i].presets])
+    return mask.alpha(image, limit)
 
 
 def _keep_mask(ctx: BatchContext, i: int, mask: Any) -> None:

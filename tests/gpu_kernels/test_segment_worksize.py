@@ -64,3 +64,59 @@ def test_small_photo_is_refined_at_its_own_size(u2netp: Any, monkeypatch: pytest
                         lambda prob, cfg, ops, image=None: seen.append(prob.shape[:2]) or real(prob, cfg, ops, image))
     OnnxSegmenter(u2netp.original).segment_batch([img])
     assert seen == [img.shape[:2]]
+
+
+def test_output_work_pixels_is_the_finest_canvas_scale_with_a_margin() -> None:
+    """A subject filling the middle half of a 3000x4000 photo, on an 800² canvas at fill 0.8:
+    640 canvas pixels along its limiting side for 2000 source pixels, so the refinement needs
+    (1.5 * 0.32)² of the photo's pixels; a finer canvas raises that; a canvas that enlarges the
+    subject, no canvas, or no subject in the map leaves the limit off; never below the floor."""
+    prob = np.zeros((320, 320), np.float32)
+    prob[80:240, 80:240] = 0.9
+    out = bucketed.output_work_pixels(prob, 3000, 4000, [(800, 800, 0.8)])
+    scale = 1.5 * 0.8 * min(800 / 2000, 800 / 1500)
+    assert out is not None and abs(out - scale**2 * 12e6) <= 1
+    finer = bucketed.output_work_pixels(prob, 3000, 4000, [(800, 800, 0.8), (1080, 1440, 0.8)])
+    assert finer is not None and finer > out
+    assert bucketed.output_work_pixels(prob, 3000, 4000, [(4000, 4000, 0.9)]) is None
+    assert bucketed.output_work_pixels(prob, 3000, 4000, []) is None
+    assert bucketed.output_work_pixels(np.zeros((320, 320), np.float32), 3000, 4000, [(800, 800, 0.8)]) is None
+    assert bucketed.output_work_pixels(prob, 3000, 4000, [(64, 64, 0.8)]) == bucketed.WORK_FLOOR_PIXELS
+
+
+def test_the_pipeline_refines_at_the_resolution_its_presets_reach(u2netp: Any,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the pipeline's refine stage: a 3-4 MP photo asked only for a 400² thumbnail is
+    refined at the few pixels that canvas reaches (far under ``mask_work_pixels``), its alpha
+    still at the photo's size and close to the full refinement's; asked also for Shopify's 2048²
+    canvas, at the working size the segmenter allows."""
+    from agents.wiring import build_processor
+    from gpu_kernels.backends import RetouchOptions
+    from gpu_kernels.pipeline import Job
+    from gpu_kernels.spans import SpanRecorder
+    from gpu_kernels.stages.base import run_lane
+    from streams.settings import Settings
+
+    img = _photo("astronaut", 4.0)  # 2048 x 2048
+    data = cv2.imencode(".png", cv2.cvtColor(img, cv2.COLOR_RGB2BGR))[1].tobytes()
+    seen: list[tuple[int, int]] = []
+    real = bucketed.alpha_from_probability
+    monkeypatch.setattr(bucketed, "alpha_from_probability",
+                        lambda prob, cfg, ops, image=None: seen.append(prob.shape[:2]) or real(prob, cfg, ops, image))
+    proc = build_processor(Settings(segmenter="model", device="cpu", segment_runtime="fp32"))
+    try:
+        book = proc.presets
+        alphas = []
+        for names in (["thumb_webp"], ["thumb_webp", "shopify"]):
+            ctx = proc.pipeline.start([Job(data, [book[n] for n in names], RetouchOptions(), SpanRecorder())])
+            for stage in proc.pipeline.stages:
+                if stage.name in ("decode", "segment", "refine"):
+                    run_lane(ctx, [stage], stage.lane)
+            alphas.append(np.asarray(ctx.masks[0]))
+    finally:
+        proc.close()
+    thumb, fine = seen
+    assert thumb[0] * thumb[1] < 0.25 * img.shape[0] * img.shape[1]
+    assert fine[0] * fine[1] > 0.9 * min(MASK_WORK_PIXELS, img.shape[0] * img.shape[1])
+    assert alphas[0].shape == alphas[1].shape == img.shape[:2]
+    assert mask_iou(alphas[0], alphas[1]) >= 0.97
