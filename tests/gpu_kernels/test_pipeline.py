@@ -81,7 +81,7 @@ def test_segmentation_is_chosen_per_event(catalog: list[Path]) -> None:
 
 
 def test_a_cpu_model_s_mask_refinement_runs_in_the_output_lane_with_the_same_alpha(catalog: list[Path], u2netp) -> None:  # type: ignore[no-untyped-def]
-    from gpu_kernels.segment.bucketed import Unrefined
+    from gpu_kernels.segment.bucketed import Unrefined, output_work_pixels
     from gpu_kernels.segment.onnx_runner import OnnxSegmenter
 
     seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2)
@@ -95,7 +95,14 @@ def test_a_cpu_model_s_mask_refinement_runs_in_the_output_lane_with_the_same_alp
     assert all(isinstance(ctx.masks[i], Unrefined) for i in range(3))
     assert all(not any(s.stage == "refine" for s in j.spans.spans) for j in jobs)
     pipe.run_lane(ctx, "output")
-    whole = seg.segment_batch([ctx.images[i] for i in range(3)])  # model and refinement in one call
+    # model and refinement in one go, refined at what the 400² canvas reaches, as the stage does
+    canvases = [(p.width, p.height, p.fill) for p in presets]
+    whole = []
+    for i in range(3):
+        img = ctx.images[i]
+        unrefined = seg.infer_batch([img])[0]
+        assert isinstance(unrefined, Unrefined)
+        whole.append(unrefined.alpha(img, output_work_pixels(unrefined.prob, *img.shape[:2], canvases)))
     for i in range(3):
         assert ctx.masks[i].dtype == np.uint8 and np.array_equal(ctx.masks[i], whole[i])
         stages = [s.stage for s in jobs[i].spans.spans]
@@ -115,10 +122,10 @@ def test_a_refinement_that_raises_fails_its_item_only(catalog: list[Path], u2net
     widths = [make_decoder("cpu").decode_batch([j.data], max_side=400)[0].shape[1] for j in jobs]
     real = BucketedSegmenter.refine
 
-    def refine(self, prob, image):  # type: ignore[no-untyped-def]
+    def refine(self, prob, image, max_pixels=None):  # type: ignore[no-untyped-def]
         if image.shape[1] == widths[1]:
             raise ValueError("a bug in the refinement")
-        return real(self, prob, image)
+        return real(self, prob, image, max_pixels)
 
     monkeypatch.setattr(BucketedSegmenter, "refine", refine)
     results = pipe.run_batch(jobs)
