@@ -16,8 +16,10 @@ the bench starts, as the peer benchmark does (``bench/peer_worker.py``: from the
 to its last output's broker append time); it also reports the steady milliseconds per image (the
 time between the first and the last output, per image).
 
-Reported per class: each tree's median seconds, and the mean and standard error of each round's
-difference (current - baseline). The machine's speed drifts by the hour by more than most
+Reported per class: each tree's median seconds (and, for ``process``, the CPU seconds of the
+whole process, user + system: time stolen by other virtual machines or processes disturbs them far
+less than wall time), and the mean and standard error of each round's difference (current -
+baseline). The machine's speed drifts by the hour by more than most
 changes are worth; two runs side by side in the same minute drift together, so their difference
 resolves a change of a few per cent that medians of separate runs do not. A benchmark, not a
 test: it asserts nothing.
@@ -29,6 +31,7 @@ import argparse
 import contextlib
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -56,12 +59,15 @@ def run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = None) 
         return {"seconds": got["seconds"], "steady_ms": got["steady_ms_per_image"]}
     cmd = [sys.executable, "-c", "from lightbox.cli import main; main()", "process", *map(str, files),
            "-o", str(out), "--presets", PRESETS, "--no-table"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode:
         raise SystemExit(f"lightbox process of {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return {"seconds": seconds}
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"seconds": seconds, "cpu_s": cpu}
 
 
 def main() -> None:
@@ -105,14 +111,15 @@ def main() -> None:
                     runs[c][name].append(run(trees[name], sets[c], work / name, bootstrap))
                 last = {n: v[-1] for n, v in runs[c].items()}
                 print(f"round {r + 1:2d} {c:5s} " + "  ".join(
-                    f"{n} {last[n]['seconds']:.2f} s" + (f" ({last[n]['steady_ms']:.0f} ms/img)" if args.worker else "")
+                    f"{n} {last[n]['seconds']:.2f} s" + (f" ({last[n]['steady_ms']:.0f} ms/img)" if args.worker
+                                                          else f" (CPU {last[n]['cpu_s']:.2f} s)")
                     for n in trees), flush=True)
     print(f"\n{tool}: current against {args.baseline} ({commit}): median, and current - baseline per round")
     report: dict[str, Any] = {"tool": tool, "baseline": args.baseline, "baseline_commit": commit,
                               "rounds": args.rounds, "classes": {}}
     for c, per_tree in runs.items():
         report["classes"][c] = {"images": len(sets[c])}
-        for key, unit in (("seconds", "s"), ("steady_ms", "ms/img")):
+        for key, unit in (("seconds", "s"), ("cpu_s", "s"), ("steady_ms", "ms/img")):
             if key not in per_tree["current"][0]:
                 continue
             s = {n: [x[key] for x in v] for n, v in per_tree.items()}
