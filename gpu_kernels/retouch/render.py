@@ -232,17 +232,26 @@ def _axis_plan(inv_k: float, origin: float, n_out: int, n_src: int, coeffs: np.n
     return plan
 
 
-def _horizontal_planar(rows: np.ndarray, plan: _AxisPlan, chunk: int | None = None) -> np.ndarray:
+def _horizontal_planar(rows: np.ndarray, plan: _AxisPlan, chunk: int | None = None,
+                       part: tuple[int, int] | None = None) -> np.ndarray:
     """:func:`_horizontal` for the live columns of ``plan``: ``(r, w, c)`` uint8 (the source
     columns ``[plan.s0, plan.s1)``) → ``(r, 4, n)`` float32 planar ``[c0, c1, c2, a]`` per row,
     the same products summed in tap order (16-byte gathers of interleaved pixels, then one
     transpose per chunk of rows). The running sum starts from the first product instead of
     ``0 + product``: that differs only in the sign of a zero, which no later step turns into a
-    different uint8."""
-    r, w = rows.shape[:2]
-    n = plan.hi - plan.lo
-    chunk = chunk or _rows_per_band(max(w, n), 16)
+    different uint8. ``part``: only the live columns ``[a, b)`` (counted from ``plan.lo``), and
+    only the source columns their taps read are converted."""
     w4, idx = plan.weight4, plan.rel_idx
+    if part is not None:
+        a, b = part
+        w4, idx = tuple(wk[a:b] for wk in w4), tuple(k[a:b] for k in idx)
+        # zero-weight taps may point outside: np.take's clip keeps them in, their product is 0
+        c0 = max(0, min(int(k.min()) for k in idx))
+        c1 = min(rows.shape[1], max(int(k.max()) for k in idx) + 1)
+        rows, idx = rows[:, c0:c1], tuple(k - c0 for k in idx)
+    r, w = rows.shape[:2]
+    n = idx[0].shape[0]
+    chunk = chunk or _rows_per_band(max(w, n), 16)
     out = np.empty((r, 4, n), np.float32)
     f_buf = np.empty((chunk, w, 4), np.float32)
     f_buf[..., 3] = 1
@@ -369,17 +378,29 @@ def render_fused_cpu(
     r0 = py.s0
     src = pixels[r0:py.s1, px.s0:px.s1]
     spans = _subject_columns(src, transparent)
-    hp = _horizontal_planar(src, px)
-    nl = x1 - x0
     taps_y, rel_iy = py.taps, py.rel_all
-    acc_buf = np.empty((band_rows + 2) * 4 * nl, np.float32)
-    term_buf = np.empty_like(acc_buf)
-    pad_buf = np.full((3, band_rows + 2, out_w + 2), F32(fill), np.float32)
+    # every band's columns first: the horizontal pass then runs only over the source rows and
+    # the canvas columns that some band resamples
+    bands = []
     for b0 in range(0, out_h, band_rows):
         b1 = min(out_h, b0 + band_rows)
         rows = np.minimum(np.maximum(np.arange(b0 - 1, b1 + 1), 0), out_h - 1)  # replicated halo rows
         n0, n1 = (0, 0) if int(rows[-1]) < y0 or int(rows[0]) >= y1 else \
             _needed_columns(py.reach[rows], px.reach, spans, out_w)
+        bands.append((b0, b1, rows, n0, n1))
+    busy = [bd for bd in bands if bd[4] > bd[3]]
+    if not busy:
+        out[...] = fill
+        return out
+    u0 = max(x0, min(max(bd[3] - 1, 0) for bd in busy))
+    u1 = min(x1, max(min(bd[4] + 1, out_w) for bd in busy))
+    read = np.concatenate([rel_iy[bd[2]].ravel() for bd in busy])
+    s_lo, s_hi = int(read.min()), int(read.max()) + 1
+    hp = _horizontal_planar(src[s_lo:s_hi], px, part=(u0 - x0, u1 - x0))
+    acc_buf = np.empty((band_rows + 2) * 4 * (u1 - u0), np.float32)
+    term_buf = np.empty_like(acc_buf)
+    pad_buf = np.full((3, band_rows + 2, out_w + 2), F32(fill), np.float32)
+    for b0, b1, rows, n0, n1 in bands:
         if n1 <= n0:  # the band and its halo read no subject: the fill
             out[b0:b1] = fill
             continue
@@ -390,9 +411,9 @@ def render_fused_cpu(
         nb, m = rows.shape[0], l1 - l0
         acc = acc_buf[:nb * 4 * m].reshape(nb, 4, m)
         term = term_buf[:nb * 4 * m].reshape(nb, 4, m)
-        cols = hp[:, :, l0 - x0:l1 - x0]
+        cols = hp[:, :, l0 - u0:l1 - u0]
         for j, u in enumerate(taps_y):  # indexing, not np.take: take is ~50x slower from a strided view
-            np.multiply(cols[rel_iy[rows, u]], wy[rows, u][:, None, None], out=acc if j == 0 else term)
+            np.multiply(cols[rel_iy[rows, u] - s_lo], wy[rows, u][:, None, None], out=acc if j == 0 else term)
             if j:
                 acc += term
         padded = pad_buf[:, :nb]
