@@ -62,7 +62,7 @@ class GeometryConfig:
         return np.array([a + 2, a + 3, a, 5 * a, 8 * a, 4 * a], np.float32)
 
 
-def subject_box(xp: Any, alpha: Array | None, height: int, width: int, threshold: int) -> Array:
+def subject_box(xp: Any, alpha: Array | None, height: int, width: int, threshold: float) -> Array:
     """``(4,)`` int64 ``[x0, y0, x1, y1]`` (half-open) of alpha >= threshold, on alpha's device."""
     full = xp.asarray([0, 0, width, height], dtype=xp.int64)
     if alpha is None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -42,14 +42,17 @@ __all__ = ["render_fused_cpu", "render_reference"]
 F32 = np.float32
 
 
+def _span(flags: Array) -> tuple[int, int]:
+    """``[first, last + 1)`` of the true entries of a 1-D bool array; ``(0, 0)`` when none."""
+    if not bool(flags.any()):
+        return 0, 0
+    return int(flags.argmax()), int(flags.shape[0] - flags[::-1].argmax())
+
+
 def _live(weights: Array) -> tuple[int, int]:
     """The range of output positions with any non-zero tap (contiguous: the image is an
     interval); outside it every sum is exactly 0, so skipping it changes no bit."""
-    any_w = (weights != 0).any(axis=1)
-    if not bool(any_w.any()):
-        return 0, 0
-    first = int(any_w.argmax())
-    return first, int(any_w.shape[0] - any_w[::-1].argmax())
+    return _span((weights != 0).any(axis=1))
 
 
 def _horizontal(xp: Any, rows: Array, ix: Array, wx: Array) -> Array:
@@ -232,23 +235,21 @@ def _axis_plan(inv_k: float, origin: float, n_out: int, n_src: int, coeffs: np.n
     return plan
 
 
-def _horizontal_planar(rows: np.ndarray, plan: _AxisPlan, chunk: int | None = None,
-                       part: tuple[int, int] | None = None) -> np.ndarray:
-    """:func:`_horizontal` for the live columns of ``plan``: ``(r, w, c)`` uint8 (the source
-    columns ``[plan.s0, plan.s1)``) → ``(r, 4, n)`` float32 planar ``[c0, c1, c2, a]`` per row,
-    the same products summed in tap order (16-byte gathers of interleaved pixels, then one
-    transpose per chunk of rows). The running sum starts from the first product instead of
+def _horizontal_planar(rows: np.ndarray, plan: _AxisPlan, part: tuple[int, int],
+                       chunk: int | None = None) -> np.ndarray:
+    """:func:`_horizontal` for the live columns ``part`` = ``[a, b)`` of ``plan`` (counted from
+    ``plan.lo``): ``(r, w, c)`` uint8 (the source columns ``[plan.s0, plan.s1)``; only those the
+    taps of ``part`` read are converted) → ``(r, 4, b - a)`` float32 planar ``[c0, c1, c2, a]``
+    per row, the same products summed in tap order (16-byte gathers of interleaved pixels, then
+    one transpose per chunk of rows). The running sum starts from the first product instead of
     ``0 + product``: that differs only in the sign of a zero, which no later step turns into a
-    different uint8. ``part``: only the live columns ``[a, b)`` (counted from ``plan.lo``), and
-    only the source columns their taps read are converted."""
-    w4, idx = plan.weight4, plan.rel_idx
-    if part is not None:
-        a, b = part
-        w4, idx = tuple(wk[a:b] for wk in w4), tuple(k[a:b] for k in idx)
-        # zero-weight taps may point outside: np.take's clip keeps them in, their product is 0
-        c0 = max(0, min(int(k.min()) for k in idx))
-        c1 = min(rows.shape[1], max(int(k.max()) for k in idx) + 1)
-        rows, idx = rows[:, c0:c1], tuple(k - c0 for k in idx)
+    different uint8."""
+    a, b = part
+    w4, idx = tuple(wk[a:b] for wk in plan.weight4), tuple(k[a:b] for k in plan.rel_idx)
+    # zero-weight taps may point outside: np.take's clip keeps them in, their product is 0
+    c0 = max(0, min(int(k.min()) for k in idx))
+    c1 = min(rows.shape[1], max(int(k.max()) for k in idx) + 1)
+    rows, idx = rows[:, c0:c1], tuple(k - c0 for k in idx)
     r, w = rows.shape[:2]
     n = idx[0].shape[0]
     chunk = chunk or _rows_per_band(max(w, n), 16)
@@ -339,12 +340,25 @@ def _needed_columns(reach_y: np.ndarray, reach_x: np.ndarray, spans: tuple[np.nd
     cmax = int(last[ra // TILE_ROWS: rb // TILE_ROWS + 1].max())
     if cmax < cmin:
         return 0, 0
-    touch = (reach_x[:, 1] >= cmin) & (reach_x[:, 0] <= cmax)
-    if not bool(touch.any()):
-        return 0, 0
-    a = int(touch.argmax())
-    b = out_w - int(touch[::-1].argmax())
-    return max(a - 1, 0), min(b + 1, out_w)
+    a, b = _span((reach_x[:, 1] >= cmin) & (reach_x[:, 0] <= cmax))
+    return (max(a - 1, 0), min(b + 1, out_w)) if b > a else (0, 0)
+
+
+class _Band(NamedTuple):
+    """One band of canvas rows ``[b0, b1)`` (``rows``: with a replicated halo row either side):
+    the columns ``[n0, n1)`` that can differ from the fill are sharpened from the resampled
+    values of ``[c0, c1)``, of which the live ones ``[l0, l1)`` are resampled and the others
+    are the fill. ``n1 <= n0``: the whole band is the fill."""
+
+    b0: int
+    b1: int
+    rows: np.ndarray
+    n0: int
+    n1: int
+    c0: int
+    c1: int
+    l0: int
+    l1: int
 
 
 def render_fused_cpu(
@@ -387,27 +401,23 @@ def render_fused_cpu(
         rows = np.minimum(np.maximum(np.arange(b0 - 1, b1 + 1), 0), out_h - 1)  # replicated halo rows
         n0, n1 = (0, 0) if int(rows[-1]) < y0 or int(rows[0]) >= y1 else \
             _needed_columns(py.reach[rows], px.reach, spans, out_w)
-        bands.append((b0, b1, rows, n0, n1))
-    busy = [bd for bd in bands if bd[4] > bd[3]]
+        c0, c1 = max(n0 - 1, 0), min(n1 + 1, out_w)
+        bands.append(_Band(b0, b1, rows, n0, n1, c0, c1, max(c0, x0), min(c1, x1)))
+    busy = [band for band in bands if band.n1 > band.n0]
     if not busy:
         out[...] = fill
         return out
-    u0 = max(x0, min(max(bd[3] - 1, 0) for bd in busy))
-    u1 = min(x1, max(min(bd[4] + 1, out_w) for bd in busy))
-    read = np.concatenate([rel_iy[bd[2]].ravel() for bd in busy])
-    s_lo, s_hi = int(read.min()), int(read.max()) + 1
-    hp = _horizontal_planar(src[s_lo:s_hi], px, part=(u0 - x0, u1 - x0))
+    u0, u1 = min(band.l0 for band in busy), max(band.l1 for band in busy)
+    s_lo = min(int(rel_iy[band.rows].min()) for band in busy)
+    s_hi = max(int(rel_iy[band.rows].max()) for band in busy) + 1
+    hp = _horizontal_planar(src[s_lo:s_hi], px, (u0 - x0, u1 - x0))
     acc_buf = np.empty((band_rows + 2) * 4 * (u1 - u0), np.float32)
     term_buf = np.empty_like(acc_buf)
     pad_buf = np.full((3, band_rows + 2, out_w + 2), F32(fill), np.float32)
-    for b0, b1, rows, n0, n1 in bands:
+    for b0, b1, rows, n0, n1, c0, c1, l0, l1 in bands:
         if n1 <= n0:  # the band and its halo read no subject: the fill
             out[b0:b1] = fill
             continue
-        # the columns to sharpen, [n0, n1), read the resampled values of [c0, c1); of those, the
-        # live ones [l0, l1) are resampled and the others are the fill (canvas pad index = column + 1)
-        c0, c1 = max(n0 - 1, 0), min(n1 + 1, out_w)
-        l0, l1 = max(c0, x0), min(c1, x1)
         nb, m = rows.shape[0], l1 - l0
         acc = acc_buf[:nb * 4 * m].reshape(nb, 4, m)
         term = term_buf[:nb * 4 * m].reshape(nb, 4, m)

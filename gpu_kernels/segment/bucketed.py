@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpu_kernels.array import Array
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import ModelSpec, output_to_probability, preprocess
@@ -30,8 +32,8 @@ from gpu_kernels.segment.ops import ArrayOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
 from schemas.errors import LightboxError, per_item
 
-__all__ = ["LONE_GAP_S", "MASK_WORK_PIXELS", "OUTPUT_MARGIN", "BucketedSegmenter", "Callers", "Unrefined",
-           "batch_buckets", "mask_work_size", "output_work_pixels", "plan_chunks"]
+__all__ = ["LONE_GAP_S", "MASK_WORK_PIXELS", "OUTPUT_MARGIN", "WORK_FLOOR_PIXELS", "BucketedSegmenter", "Callers",
+           "Unrefined", "batch_buckets", "mask_work_size", "output_work_pixels", "plan_chunks"]
 
 MASK_WORK_PIXELS = 2048 * 2048  # the largest preset (shopify 2048²): no output needs a finer alpha
 ENLARGE_FLOOR = 16  # alpha levels (~6 % opacity) below which an enlarged alpha is zeroed
@@ -52,20 +54,18 @@ def output_work_pixels(prob: Array, height: int, width: int, canvases: Sequence[
                        margin: float = OUTPUT_MARGIN) -> int | None:
     """The most pixels an ``height`` x ``width`` image's mask refinement needs for its canvases
     (``(width, height, fill)`` per preset), or None (no limit: no canvas, or no subject in the
-    probability map ``prob``). A canvas scales the subject's box to ``fill`` of its limiting
-    side (:func:`gpu_kernels.retouch.geometry.placement`): with the box taken from ``prob >= 0.5``,
-    the image needs at most ``margin`` times the finest canvas's scale along each side, never
-    less than :data:`WORK_FLOOR_PIXELS`; an image the canvases enlarge needs its own size."""
-    if not canvases:
-        return None
-    # two small vectors (to the host, from a device array)
-    rows, cols = (a.get() if hasattr(a, "get") else a for a in (prob.max(axis=1) >= 0.5, prob.max(axis=0) >= 0.5))
-    ry, rx = rows.nonzero()[0], cols.nonzero()[0]
-    if ry.size == 0:
+    probability map ``prob``, a host array). A canvas scales the subject's box to ``fill`` of
+    its limiting side (the scale :func:`gpu_kernels.retouch.geometry.placement` gives): with the
+    box taken from ``prob >= 0.5``, the image needs at most ``margin`` times the finest canvas's
+    scale along each side, never less than :data:`WORK_FLOOR_PIXELS`; an image the canvases
+    enlarge needs its own size."""
+    from gpu_kernels.retouch.geometry import subject_box
+
+    if not canvases or not bool((prob >= 0.5).any()):
         return None
     ph, pw = prob.shape[:2]
-    box_h = (int(ry[-1]) - int(ry[0]) + 1) / ph * height
-    box_w = (int(rx[-1]) - int(rx[0]) + 1) / pw * width
+    x0, y0, x1, y1 = (int(v) for v in subject_box(np, prob, ph, pw, 0.5))
+    box_h, box_w = (y1 - y0) / ph * height, (x1 - x0) / pw * width
     scale = max(fill * min(cw / box_w, ch / box_h) for cw, ch, fill in canvases) * margin
     if scale >= 1:
         return None
