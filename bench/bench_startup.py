@@ -1,0 +1,204 @@
+"""Where a one-photo ``lightbox process`` spends its time, beside the naive script's whole run.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_startup.py [--rounds 5] [--out bench/results]
+
+The photo is the peer benchmark's first small one (``bench/peer_photos.py``; class ``start`` of
+``bench/bench_peers.py``), into the same three presets. Every round runs, the order alternating:
+
+- ``lightbox process PHOTO``, started as ``bench/bench_peers.py`` starts it: wall and CPU
+  seconds of the whole process;
+- the naive script (``bench/peer_naive.py``) on the same photo: the same two figures;
+- a child that makes ``lightbox process``'s steps one after another with a clock between them:
+  importing the CLI (typer, rich, pydantic-settings: the settings), reading the settings,
+  importing the pipeline's modules (NumPy, OpenCV, OpenVINO, lightbox's own), building the
+  pipeline (the model's checksum, the cached runtime verdict, the backends), compiling the
+  model for one caller (from OpenVINO's cache), the photo through every stage (with the stages'
+  own milliseconds from its result line) and closing; Python's own start is a ``python -c pass``;
+- the same ``lightbox process`` under ``python -X importtime``: each imported module's own time,
+  summed by package. That clock slows every import down, so read its shares, not its sum.
+
+Reported: the median of each figure over the rounds. Writes ``OUT/startup.json``. A benchmark,
+not a test: it asserts nothing. Run it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PRESETS = "taobao_main,xiaohongshu_cover,thumb_webp"  # bench_peers' (not imported: the child's imports come first)
+STEPS = ("cli imports", "settings", "pipeline imports", "build", "model compile", "photo", "close")
+# packages by who brings them in; the rest is Python's own library or "other"
+GROUPS = {
+    "numpy": ("numpy",),
+    "opencv": ("cv2",),
+    "openvino": ("openvino",),
+    "pydantic (settings)": ("pydantic", "pydantic_core", "pydantic_settings", "annotated_types",
+                            "typing_inspection", "dotenv"),
+    "typer + rich (CLI)": ("typer", "click", "rich", "shellingham", "annotated_doc"),
+    "lightbox's own": ("agents", "blobio", "gpu_kernels", "lightbox", "schemas", "streams"),
+    "fastavro + obstore (events, stores)": ("fastavro", "obstore"),
+}
+
+
+def child(photo: Path, out: Path) -> dict[str, Any]:
+    """``lightbox process``'s steps for ``photo``, each timed (seconds), and the photo's stage
+    milliseconds. Run in a fresh interpreter (``--child``): the imports are the first ones."""
+    marks = [time.perf_counter()]
+    import lightbox.cli  # typer, rich, pydantic-settings, streams.settings
+    marks.append(time.perf_counter())
+    from streams.settings import Settings
+
+    settings = Settings().model_copy(update={"output_dir": None})
+    marks.append(time.perf_counter())
+    import agents.wiring  # noqa: F401
+    import lightbox.offline  # noqa: F401
+    from gpu_kernels.segment.openvino_runner import openvino_available
+
+    openvino_available()  # imports OpenVINO as the runtime does (without its model converter)
+    marks.append(time.perf_counter())
+    from agents.wiring import build_processor
+    from lightbox.offline import process_files
+
+    processor = build_processor(settings)
+    marks.append(time.perf_counter())
+    processor.pipeline.device_callers(1, lone_latency=False)
+    marks.append(time.perf_counter())
+    summary = process_files([photo], processor, out, presets=PRESETS.split(","), batch_size=1)
+    marks.append(time.perf_counter())
+    processor.close()
+    marks.append(time.perf_counter())
+    (result,) = summary.results
+    return {"steps": {name: b - a for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
+            "stages_ms": result.line.get("stages_ms", {}), "ok": result.ok}
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Wall and CPU seconds (user + system) of ``cmd`` run to its end."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]}… exited {done.returncode}: {done.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done
+
+
+def import_times(stderr: str) -> dict[str, float]:
+    """``python -X importtime`` output -> seconds of each group's own import time (see ``GROUPS``;
+    ``python`` for the standard library, ``other`` for the rest)."""
+    top_of = {pkg: group for group, pkgs in GROUPS.items() for pkg in pkgs}
+    out: dict[str, float] = {}
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        self_us, _, name = (part.strip() for part in line[len("import time:"):].split("|", 2))
+        if not self_us.isdigit():  # the header line
+            continue
+        top = name.split(".")[0]
+        group = top_of.get(top) or ("python" if top.lstrip("_") in sys.stdlib_module_names else "other")
+        out[group] = out.get(group, 0.0) + int(self_us) / 1e6
+    return out
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted({k for r in runs for k in r})
+    return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--child", nargs=2, metavar=("PHOTO", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(Path(args.child[0]), Path(args.child[1]))))
+        return 0
+
+    from bench.bench_peers import PRESETS as PEERS
+    from bench.bench_peers import compile_packages
+    from bench.peer_photos import assemble
+    from gpu_kernels.segment import ensure_u2netp
+
+    assert PEERS == PRESETS, "the peer benchmark's presets changed"
+    compile_packages()
+    model = ensure_u2netp().original
+    photo = assemble(ROOT / "bench" / "results" / "peer-photos")["small"][0]
+    work = Path(tempfile.mkdtemp(prefix="lightbox-startup-"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    lightbox = [sys.executable, "-c", "from lightbox.cli import main; main()", "process", str(photo),
+                "-o", str(work / "lb"), "--presets", PRESETS, "--no-table"]
+    naive = [sys.executable, str(ROOT / "bench" / "peer_naive.py"), str(model), str(work / "naive"), str(photo)]
+    steps = [sys.executable, str(Path(__file__).resolve()), "--child", str(photo), str(work / "steps")]
+    whole: dict[str, list[dict[str, float]]] = {"lightbox": [], "naive": []}
+    step_runs: list[dict[str, float]] = []
+    stage_runs: list[dict[str, float]] = []
+    import_runs: list[dict[str, float]] = []
+    python_runs: list[float] = []
+    try:
+        for tool in ("lightbox", "naive"):  # untimed: caches warm (the runtime verdict, OpenVINO's blob)
+            timed(lightbox if tool == "lightbox" else naive, env)
+        for r in range(args.rounds):
+            order = ("lightbox", "naive") if r % 2 == 0 else ("naive", "lightbox")
+            for tool in order:
+                shutil.rmtree(work / "lb", ignore_errors=True)
+                wall, cpu, _ = timed(lightbox if tool == "lightbox" else naive, env)
+                whole[tool].append({"wall_s": wall, "cpu_s": cpu})
+            python_runs.append(timed([sys.executable, "-c", "pass"], env)[0])
+            got = json.loads(timed(steps, env)[2].stdout)
+            step_runs.append(got["steps"])
+            stage_runs.append(got["stages_ms"])
+            shutil.rmtree(work / "lb", ignore_errors=True)
+            import_runs.append(import_times(timed([sys.executable, "-X", "importtime", *lightbox[1:]], env)[2].stderr))
+            print(f"round {r}: lightbox {whole['lightbox'][-1]['wall_s']:.2f} s, "
+                  f"naive {whole['naive'][-1]['wall_s']:.2f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = {"photo": photo.name, "rounds": args.rounds,
+              "whole": {tool: median_of(runs) for tool, runs in whole.items()},
+              "python_start_s": statistics.median(python_runs), "steps_s": median_of(step_runs),
+              "stages_ms": median_of(stage_runs), "imports_s": median_of(import_runs)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "startup.json").write_text(json.dumps(report, indent=2))
+    print_report(report)
+    print(f"wrote {args.out / 'startup.json'}")
+    return 0
+
+
+def print_report(report: dict[str, Any]) -> None:
+    w = report["whole"]
+    print(f"\none photo ({report['photo']}), whole processes, median of {report['rounds']} rounds:")
+    for tool in ("lightbox", "naive"):
+        print(f"  {tool:9} {w[tool]['wall_s']:.2f} s wall, {w[tool]['cpu_s']:.2f} s CPU")
+    print("lightbox process, step by step (a child replaying its steps; wall seconds):")
+    print(f"  {'python start':18} {report['python_start_s']:.3f}")
+    for name in STEPS:
+        extra = ""
+        if name == "photo":
+            stages = report["stages_ms"]
+            extra = "  (" + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 1) + " ms)"
+        print(f"  {name:18} {report['steps_s'][name]:.3f}{extra}")
+    imports = report["imports_s"]
+    total = sum(imports.values()) or 1.0
+    print("import time by package (python -X importtime, own time summed; shares of its total):")
+    for group, s in sorted(imports.items(), key=lambda kv: -kv[1]):
+        print(f"  {group:36} {100 * s / total:4.0f} %")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
