@@ -284,6 +284,7 @@ def _rows_per_band(width: int, least: int) -> int:
 
 
 TILE_ROWS, TILE_COLS = 8, 32  # the blank map's tiles (source pixels)
+MAP_MIN_PIXELS = 128 * 128  # canvas and source both at most this: no blank map (fixed cost ~0.1 ms)
 
 
 def _reduce_runs(a: np.ndarray, size: int, axis: int, op: np.ufunc) -> np.ndarray:
@@ -391,7 +392,9 @@ def render_fused_cpu(
         return out
     r0 = py.s0
     src = pixels[r0:py.s1, px.s0:px.s1]
-    spans = _subject_columns(src, transparent)
+    # a small canvas from a small source: mapping the blank pixels would cost more than they save
+    small = out_w * out_h <= MAP_MIN_PIXELS and src.shape[0] * src.shape[1] <= MAP_MIN_PIXELS
+    spans = None if small else _subject_columns(src, transparent)
     taps_y, rel_iy = py.taps, py.rel_all
     # every band's columns first: the horizontal pass then runs only over the source rows and
     # the canvas columns that some band resamples

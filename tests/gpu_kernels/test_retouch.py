@@ -452,6 +452,29 @@ def test_render_skips_the_blank_canvas_and_still_equals_unfused_bit_exactly(
         assert (fused == 255).all(axis=2).mean() > 0.2
 
 
+def test_a_small_canvas_from_a_small_source_maps_no_blank_pixels_and_equals_unfused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Canvas and source both at most MAP_MIN_PIXELS: the render skips the blank map (at 64x64
+    it cost more than the whole render, bench/bench_floor.py) and is still the unfused chain's,
+    bit for bit, white or transparent; one side larger and the map is made."""
+    from gpu_kernels.retouch import render
+
+    image, hard = product_shot()
+    small = cv2.resize(image, (120, 90), interpolation=cv2.INTER_AREA)
+    mask = cv2.resize(hard, (120, 90), interpolation=cv2.INTER_NEAREST)
+    made = []
+    real = render._subject_columns
+    monkeypatch.setattr(render, "_subject_columns", lambda src, t: made.append(src.shape) or real(src, t))
+    r = CpuRetoucher()
+    for background in ("white", "transparent"):
+        preset = Preset("t", 96, 96, format="png", fill=0.9, sharpen=0.5, background=background)
+        assert np.array_equal(r.render(small, mask, preset), r.render_unfused(small, mask, preset))
+    assert made == []
+    r.render(small, mask, Preset("t", 200, 200, fill=0.9, sharpen=0.5))
+    assert len(made) == 1
+
+
 def test_subject_columns_cover_every_pixel_that_is_not_blank() -> None:
     """The blank map's spans against a pixel-by-pixel scan: every non-blank pixel lies inside
     its run's span, and a span reaches at most one tile beyond its outermost non-blank pixels."""
