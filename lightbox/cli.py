@@ -12,6 +12,7 @@ import gc
 import importlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -102,6 +103,38 @@ def _others(kind: str, key: str) -> str:
     return f" (recorded instances: {', '.join(names)}; pass --name)" if names else ""
 
 
+def _down(kind: str, module: str, key: str, noun: str, program: str) -> None:
+    """`down` of a local server (Kafka, s3proxy, the emulators): stop the process that instance
+    ``key``'s `up` started (pid and start time checked: that very process only), remove its
+    temporary data and its record."""
+    mod = importlib.import_module(module)
+    state = mod.read_state(key)
+    if state is None:
+        console.print(f"no local {noun} recorded for instance {key!r}{_others(kind, key)}")
+        return
+    stopped = state.stop()
+    mod.clear_state(key)
+    if stopped:
+        console.print(f"stopped {program} (pid {state.pid}, instance {key!r})")
+    else:
+        console.print(f"the {noun} of instance {key!r} (pid {state.pid}) was no longer running; nothing "
+                      "signalled, its state cleared")
+
+
+def _status(kind: str, module: str, key: str, address: Callable[[Any], str],
+            holds: Callable[[Any], str] | None = None) -> None:
+    """`status` of a local server: where instance ``key`` runs (``address(state)``, and
+    ``holds(state)``: the buckets or containers it serves), or exit 1 when it does not."""
+    state = importlib.import_module(module).read_state(key)
+    if state is not None and state.alive():
+        held = f"{holds(state)}, " if holds is not None else ""
+        console.print(f"running at [bold]{address(state)}[/] (pid {state.pid}, instance {key!r}, {held}"
+                      f"data {state.data_dir})")
+        return
+    console.print(f"not running (instance {key!r}){_others(kind, key)}")
+    raise typer.Exit(1)
+
+
 @kafka_app.command("up")
 def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default: a free one)")] = None,
              data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, "
@@ -142,35 +175,13 @@ DataDirOption = Annotated[Path | None, typer.Option(help="the data folder the in
 def kafka_down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
     """Stop the broker that this instance's `lightbox kafka up` started (clean shutdown) and remove
     its temporary data. Only that very process is stopped (pid and start time checked)."""
-    from lightbox.kafka_local import clear_state, read_state
-
-    key = _instance(name, data_dir)
-    state = read_state(key)
-    if state is None:
-        console.print(f"no local broker recorded for instance {key!r}{_others('kafka', key)}")
-        return
-    stopped = state.stop()
-    clear_state(key)
-    if stopped:
-        console.print(f"stopped Kafka (pid {state.pid}, instance {key!r})")
-    else:
-        console.print(f"the broker of instance {key!r} (pid {state.pid}) was no longer running; nothing "
-                      "signalled, its state cleared")
+    _down("kafka", "lightbox.kafka_local", _instance(name, data_dir), "broker", "Kafka")
 
 
 @kafka_app.command("status")
 def kafka_status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
     """Say whether the local broker is running, and where. Exit code 1 when it is not."""
-    from lightbox.kafka_local import read_state
-
-    key = _instance(name, data_dir)
-    state = read_state(key)
-    if state is not None and state.alive():
-        console.print(f"running at [bold]{state.bootstrap}[/] (pid {state.pid}, instance {key!r}, "
-                      f"data {state.data_dir})")
-        return
-    console.print(f"not running (instance {key!r}){_others('kafka', key)}")
-    raise typer.Exit(1)
+    _status("kafka", "lightbox.kafka_local", _instance(name, data_dir), lambda state: state.bootstrap)
 
 
 # ---------------------------------------------------------------------------------- s3
@@ -207,40 +218,21 @@ def s3_up(port: Annotated[int | None, typer.Option(help="port (default: a free o
 def s3_down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
     """Stop the server that this instance's `lightbox s3 up` started and remove its temporary data.
     Only that very process is stopped (pid and start time checked)."""
-    from lightbox.s3_local import clear_state, read_state
-
-    key = _instance(name, data_dir)
-    state = read_state(key)
-    if state is None:
-        console.print(f"no local S3 recorded for instance {key!r}{_others('s3', key)}")
-        return
-    stopped = state.stop()
-    clear_state(key)
-    if stopped:
-        console.print(f"stopped s3proxy (pid {state.pid}, instance {key!r})")
-    else:
-        console.print(f"the server of instance {key!r} (pid {state.pid}) was no longer running; nothing "
-                      "signalled, its state cleared")
+    _down("s3", "lightbox.s3_local", _instance(name, data_dir), "S3 server", "s3proxy")
 
 
 @s3_app.command("status")
 def s3_status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
     """Say whether the local S3 is running, and where. Exit code 1 when it is not."""
-    from lightbox.s3_local import read_state
-
-    key = _instance(name, data_dir)
-    state = read_state(key)
-    if state is not None and state.alive():
-        console.print(f"running at [bold]{state.endpoint}[/] (pid {state.pid}, instance {key!r}, buckets "
-                      f"{', '.join(state.buckets)}, data {state.data_dir})")
-        return
-    console.print(f"not running (instance {key!r}){_others('s3', key)}")
-    raise typer.Exit(1)
+    _status("s3", "lightbox.s3_local", _instance(name, data_dir), lambda state: state.endpoint,
+            lambda state: f"buckets {', '.join(state.buckets)}")
 
 
 # ---------------------------------------------------------------------------------- azure, gcs (emulators)
-def _emulator_app(name: str, what: str, module: str, cls: str, how: str, kind: str) -> typer.Typer:
-    """``up``/``down``/``status`` for a local object-store emulator (lightbox/azurite_local.py, gcs_local.py)."""
+def _emulator_app(command: str, what: str, module: str, cls: str, how: str, kind: str,
+                  state_kind: str) -> typer.Typer:
+    """``up``/``down``/``status`` for a local object-store emulator (lightbox/azurite_local.py, gcs_local.py):
+    ``kind`` names what it serves (bucket, container), ``state_kind`` its instances' records."""
     sub = typer.Typer(help=f"A local {what} for az:// or gs:// in development, demos and tests; no Docker.",
                       no_args_is_help=True)
 
@@ -253,10 +245,8 @@ def _emulator_app(name: str, what: str, module: str, cls: str, how: str, kind: s
            name: InstanceName = None) -> None:
         """Install the emulator once, start it on 127.0.0.1 in the background and print the variables a
         client (a worker, `replay prefix`) needs."""
-        from lightbox.launch import instance_key
-
         mod = importlib.import_module(module)
-        state = mod.read_state(instance_key(name, data_dir))
+        state = mod.read_state(_instance(name, data_dir))
         if state is not None and state.alive():
             console.print(f"already running: [bold]{state.url}[/] (pid {state.pid})")
             return
@@ -266,7 +256,7 @@ def _emulator_app(name: str, what: str, module: str, cls: str, how: str, kind: s
                 names = {f"{kind}s": tuple(bucket or ["lightbox"])}
                 server = getattr(mod, cls).start(port=port, data_dir=data_dir, name=name, **names)
         except RuntimeError as exc:
-            err.print(f"[red]{name} up failed:[/] {exc}")
+            err.print(f"[red]{command} up failed:[/] {exc}")
             raise typer.Exit(1) from None
         server.save_state()
         console.print(f"{what} up at [bold]{server.url}[/] in {time.monotonic() - t0:.1f} s (pid {server.pid}, "
@@ -277,37 +267,21 @@ def _emulator_app(name: str, what: str, module: str, cls: str, how: str, kind: s
     @sub.command("down")
     def down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
         """Stop the emulator this instance's `up` started (that process only) and remove its temporary data."""
-        from lightbox.launch import instance_key
-
-        mod = importlib.import_module(module)
-        key = instance_key(name, data_dir)
-        state = mod.read_state(key)
-        if state is None:
-            console.print(f"no local {what} recorded")
-            return
-        state.stop()
-        mod.clear_state(key)
-        console.print(f"stopped {what} (pid {state.pid})")
+        _down(state_kind, module, _instance(name, data_dir), "emulator", what)
 
     @sub.command("status")
     def status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
         """Say whether this instance's emulator is running, and where. Exit code 1 when it is not."""
-        from lightbox.launch import instance_key
-
-        state = importlib.import_module(module).read_state(instance_key(name, data_dir))
-        if state is not None and state.alive():
-            console.print(f"running at [bold]{state.url}[/] (pid {state.pid}, data {state.data_dir})")
-            return
-        console.print("not running")
-        raise typer.Exit(1)
+        _status(state_kind, module, _instance(name, data_dir), lambda state: state.url,
+                lambda state: f"{kind}s {', '.join(getattr(state, kind + 's'))}")
 
     return sub
 
 
 app.add_typer(_emulator_app("azure", "Azurite (Azure Blob Storage emulator)", "lightbox.azurite_local",
-                            "LocalAzurite", "installs it with npm", "container"), name="azure")
+                            "LocalAzurite", "installs it with npm", "container", "azurite"), name="azure")
 app.add_typer(_emulator_app("gcs", "fake-gcs-server (Google Cloud Storage emulator)", "lightbox.gcs_local",
-                            "LocalGcs", "builds it with go install", "bucket"), name="gcs")
+                            "LocalGcs", "builds it with go install", "bucket", "gcs"), name="gcs")
 
 
 # ---------------------------------------------------------------------------------- doctor

@@ -94,22 +94,29 @@ def test_a_data_folder_in_use_is_refused_with_its_holder(cli: Cli, tmp_path: Pat
     assert cli("kafka", "down", *(["--name", "x"] if won != "x" else ["--data-dir", str(data)])).returncode == 0
 
 
-@pytest.mark.parametrize("kind", ["kafka", "s3"])
-def test_down_never_signals_a_process_that_reused_the_pid(cli: Cli, tmp_path: Path, kind: str) -> None:
-    """A recorded pid now belongs to another process (another start time): `down` leaves it alone."""
+@pytest.mark.parametrize(("command", "kind", "extra"), [
+    ("kafka", "kafka", {"controller_port": 2}), ("s3", "s3", {"access_key": "k", "secret_key": "s"}),
+    ("azure", "azurite", {"account": "a", "key": "k"}), ("gcs", "gcs", {})])
+def test_down_never_signals_a_process_that_reused_the_pid(cli: Cli, tmp_path: Path, command: str, kind: str,
+                                                          extra: dict[str, object]) -> None:
+    """A recorded pid now belongs to another process (another start time): `down` leaves it alone,
+    for the broker, s3proxy and both emulators alike, and `status` says the instance is not running."""
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         started = process_start_time(other.pid)
         assert started is not None
         state = {"pid": other.pid, "port": 1, "data_dir": str(tmp_path / "gone"), "owns_data_dir": False,
-                 "started": started - 1, "name": "a"}
-        state.update({"controller_port": 2} if kind == "kafka" else {"access_key": "k", "secret_key": "s"})
+                 "started": started - 1, "name": "a", **extra}
         (tmp_path / "state").mkdir()
         (tmp_path / "state" / f"{kind}-a.json").write_text(json.dumps(state))
-        down = cli(kind, "down", "--name", "a")
+        status = cli(command, "status", "--name", "a")
+        assert status.returncode == 1 and "not running (instance 'a')" in status.stdout, status.stdout
+        down = cli(command, "down", "--name", "a")
         assert down.returncode == 0 and "no longer running; nothing signalled" in down.stdout, down.stdout
         assert other.poll() is None  # still running
         assert not (tmp_path / "state" / f"{kind}-a.json").exists()
+        again = cli(command, "down", "--name", "a")
+        assert again.returncode == 0 and "recorded for instance 'a'" in again.stdout, again.stdout
     finally:
         other.kill()
         other.wait()
