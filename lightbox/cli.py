@@ -13,6 +13,7 @@ import importlib
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,9 +29,6 @@ app = typer.Typer(help="lightbox: marketplace-ready product images from raw supp
 kafka_app = typer.Typer(help="A local Apache Kafka (KRaft) for development and tests; no Docker.",
                         no_args_is_help=True)
 app.add_typer(kafka_app, name="kafka")
-s3_app = typer.Typer(help="A local S3-compatible server (s3proxy) for development and tests; no Docker.",
-                      no_args_is_help=True)
-app.add_typer(s3_app, name="s3")
 
 
 def _version(value: bool) -> None:
@@ -184,104 +182,85 @@ def kafka_status(name: InstanceName = None, data_dir: DataDirOption = None) -> N
     _status("kafka", "lightbox.kafka_local", _instance(name, data_dir), lambda state: state.bootstrap)
 
 
-# ---------------------------------------------------------------------------------- s3
-@s3_app.command("up")
-def s3_up(port: Annotated[int | None, typer.Option(help="port (default: a free one)")] = None,
-          data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, removed "
-                                                              "by `down`)")] = None,
-          bucket: Annotated[list[str] | None, typer.Option(help="bucket to create (repeat for more)")] = None,
-          name: InstanceName = None) -> None:
-    """Fetch s3proxy's jars with Maven (once) and start it on 127.0.0.1 in the background with fresh
-    credentials. Prints the variables a client needs (endpoint, AWS keys)."""
-    from lightbox.s3_local import LocalS3, S3LaunchError, read_state
+# ---------------------------------------------------------------------------------- s3, azure, gcs
+@dataclass(frozen=True)
+class _ObjectStore:
+    """A local object-store server the CLI starts and stops (lightbox/s3_local.py, azurite_local.py,
+    gcs_local.py): its command group, how messages name it, its module and class, what its first
+    start does, what it serves (bucket, container) and the kind its instances are recorded under."""
 
-    key = _instance(name, data_dir)
-    state = read_state(key)
-    if state is not None and state.alive():
-        console.print(f"already running: [bold]{state.endpoint}[/] (pid {state.pid}, instance {key!r})")
-        return
-    t0 = time.monotonic()
-    try:
-        with console.status("starting s3proxy (first run fetches its jars with Maven)…"):
-            s3 = LocalS3.start(port=port, data_dir=data_dir, buckets=tuple(bucket or ["lightbox"]), name=key)
-    except S3LaunchError as exc:
-        err.print(f"[red]s3 up failed:[/] {exc}")
-        raise typer.Exit(1) from None
-    s3.save_state()
-    console.print(f"S3 up at [bold]{s3.endpoint}[/] in {time.monotonic() - t0:.1f} s (pid {s3.pid}, buckets "
-                  f"{', '.join(s3.buckets)}, log {s3.log_file})")
-    for key, val in s3.env().items():
-        console.print(f"export {key}={val}", soft_wrap=True)
+    command: str
+    what: str
+    help: str
+    module: str
+    cls: str
+    first_run: str
+    serves: str
+    state_kind: str
 
 
-@s3_app.command("down")
-def s3_down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
-    """Stop the server that this instance's `lightbox s3 up` started and remove its temporary data.
-    Only that very process is stopped (pid and start time checked)."""
-    _down("s3", "lightbox.s3_local", _instance(name, data_dir), "S3 server", "s3proxy")
-
-
-@s3_app.command("status")
-def s3_status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
-    """Say whether the local S3 is running, and where. Exit code 1 when it is not."""
-    _status("s3", "lightbox.s3_local", _instance(name, data_dir), lambda state: state.endpoint,
-            lambda state: f"buckets {', '.join(state.buckets)}")
-
-
-# ---------------------------------------------------------------------------------- azure, gcs (emulators)
-def _emulator_app(command: str, what: str, module: str, cls: str, how: str, kind: str,
-                  state_kind: str) -> typer.Typer:
-    """``up``/``down``/``status`` for a local object-store emulator (lightbox/azurite_local.py, gcs_local.py):
-    ``kind`` names what it serves (bucket, container), ``state_kind`` its instances' records."""
-    sub = typer.Typer(help=f"A local {what} for az:// or gs:// in development, demos and tests; no Docker.",
-                      no_args_is_help=True)
+def _object_store_app(server: _ObjectStore) -> typer.Typer:
+    """``up``/``down``/``status`` for a local object-store server. (The options' help is the same for
+    every server: the module's postponed annotations are evaluated where ``server`` is not in scope.)"""
+    sub = typer.Typer(help=server.help, no_args_is_help=True)
+    serves = server.serves + "s"
 
     @sub.command("up")
     def up(port: Annotated[int | None, typer.Option(help="port (default: a free one)")] = None,
            data_dir: Annotated[Path | None, typer.Option(help="data folder (default: a new temporary one, removed "
                                                                "by `down`)")] = None,
-           bucket: Annotated[list[str] | None, typer.Option(help="bucket (GCS) or container (Azure) to create "
-                                                                 "(repeat for more)")] = None,
+           bucket: Annotated[list[str] | None, typer.Option(help="bucket (S3, GCS) or container (Azure) to "
+                                                                 "create (repeat for more)")] = None,
            name: InstanceName = None) -> None:
-        """Install the emulator once, start it on 127.0.0.1 in the background and print the variables a
+        """Install the server once, start it on 127.0.0.1 in the background and print the variables a
         client (a worker, `replay prefix`) needs."""
-        mod = importlib.import_module(module)
-        state = mod.read_state(_instance(name, data_dir))
+        mod = importlib.import_module(server.module)
+        key = _instance(name, data_dir)
+        state = mod.read_state(key)
         if state is not None and state.alive():
-            console.print(f"already running: [bold]{state.url}[/] (pid {state.pid})")
+            console.print(f"already running: [bold]{state.url}[/] (pid {state.pid}, instance {key!r})")
             return
         t0 = time.monotonic()
         try:
-            with console.status(f"starting {what} (first run {how})…"):
-                names = {f"{kind}s": tuple(bucket or ["lightbox"])}
-                server = getattr(mod, cls).start(port=port, data_dir=data_dir, name=name, **names)
-        except RuntimeError as exc:
-            err.print(f"[red]{command} up failed:[/] {exc}")
+            with console.status(f"starting {server.what} (first run {server.first_run})…"):
+                started = getattr(mod, server.cls).start(port=port, data_dir=data_dir, name=key,
+                                                         **{serves: tuple(bucket or ["lightbox"])})
+        except RuntimeError as exc:  # each server's launch error
+            err.print(f"[red]{server.command} up failed:[/] {exc}")
             raise typer.Exit(1) from None
-        server.save_state()
-        console.print(f"{what} up at [bold]{server.url}[/] in {time.monotonic() - t0:.1f} s (pid {server.pid}, "
-                      f"{kind}s {', '.join(getattr(server, kind + 's'))}, log {server.log_file})")
-        for key, val in server.env().items():
-            console.print(f"export {key}={val}", soft_wrap=True)
+        started.save_state()
+        console.print(f"{server.what} up at [bold]{started.url}[/] in {time.monotonic() - t0:.1f} s (pid "
+                      f"{started.pid}, instance {key!r}, {serves} {', '.join(getattr(started, serves))}, "
+                      f"log {started.log_file})")
+        for var, val in started.env().items():
+            console.print(f"export {var}={val}", soft_wrap=True)
 
     @sub.command("down")
     def down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
-        """Stop the emulator this instance's `up` started (that process only) and remove its temporary data."""
-        _down(state_kind, module, _instance(name, data_dir), "emulator", what)
+        """Stop the server that this instance's `up` started and remove its temporary data. Only that
+        very process is stopped (pid and start time checked)."""
+        _down(server.state_kind, server.module, _instance(name, data_dir), "server", server.what)
 
     @sub.command("status")
     def status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
-        """Say whether this instance's emulator is running, and where. Exit code 1 when it is not."""
-        _status(state_kind, module, _instance(name, data_dir), lambda state: state.url,
-                lambda state: f"{kind}s {', '.join(getattr(state, kind + 's'))}")
+        """Say whether this instance's server is running, and where. Exit code 1 when it is not."""
+        _status(server.state_kind, server.module, _instance(name, data_dir), lambda state: state.url,
+                lambda state: f"{serves} {', '.join(getattr(state, serves))}")
 
     return sub
 
 
-app.add_typer(_emulator_app("azure", "Azurite (Azure Blob Storage emulator)", "lightbox.azurite_local",
-                            "LocalAzurite", "installs it with npm", "container", "azurite"), name="azure")
-app.add_typer(_emulator_app("gcs", "fake-gcs-server (Google Cloud Storage emulator)", "lightbox.gcs_local",
-                            "LocalGcs", "builds it with go install", "bucket", "gcs"), name="gcs")
+for _store in (
+    _ObjectStore("s3", "s3proxy", "A local S3-compatible server (s3proxy) for development and tests; no Docker.",
+                 "lightbox.s3_local", "LocalS3", "fetches its jars with Maven", "bucket", "s3"),
+    _ObjectStore("azure", "Azurite", "A local Azure Blob Storage emulator (Azurite) for az:// in development, "
+                 "demos and tests; no Docker.", "lightbox.azurite_local", "LocalAzurite", "installs it with npm",
+                 "container", "azurite"),
+    _ObjectStore("gcs", "fake-gcs-server", "A local Google Cloud Storage emulator (fake-gcs-server) for gs:// in "
+                 "development, demos and tests; no Docker.", "lightbox.gcs_local", "LocalGcs",
+                 "builds it with go install", "bucket", "gcs"),
+):
+    app.add_typer(_object_store_app(_store), name=_store.command)
 
 
 # ---------------------------------------------------------------------------------- doctor
