@@ -102,6 +102,18 @@ def compile_packages(root: Path = ROOT) -> None:
         compileall.compile_dir(str(root / pkg), quiet=1)
 
 
+def run_timed(cmd: list[str], *, env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> tuple[subprocess.CompletedProcess[str], float, float]:
+    """``cmd`` run to its end (output captured): the finished process, its wall seconds and its CPU
+    seconds (user + system of the process and its children, from ``RUSAGE_CHILDREN``)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd)
+    seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return proc, seconds, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def command(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Path | None) -> list[str]:
     if tool == "lightbox":
         return [sys.executable, "-c", "from lightbox.cli import main; main()", "process", *map(str, files),
@@ -134,12 +146,7 @@ def run_once(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Pat
         assert bootstrap is not None
         return {"tool": tool, "images": len(files), **run_worker(files, out, bootstrap, PRESETS.split(","))}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(command(tool, files, out, model, rembg_py), capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    proc, seconds, cpu = run_timed(command(tool, files, out, model, rembg_py), env=env)
     if proc.returncode:
         raise SystemExit(f"{tool} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return {"tool": tool, "seconds": round(seconds, 3), "cpu_s": round(cpu, 3), "images": len(files),

@@ -31,20 +31,17 @@ import argparse
 import contextlib
 import json
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_peers import PRESETS, compile_packages  # noqa: E402
+from bench.bench_peers import PRESETS, compile_packages, run_timed  # noqa: E402
 from bench.peer_photos import assemble  # noqa: E402
 
 
@@ -59,14 +56,9 @@ def run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = None) 
         return {"seconds": got["seconds"], "steady_ms": got["steady_ms_per_image"]}
     cmd = [sys.executable, "-c", "from lightbox.cli import main; main()", "process", *map(str, files),
            "-o", str(out), "--presets", PRESETS, "--no-table"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)}, capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc, seconds, cpu = run_timed(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
     if proc.returncode:
         raise SystemExit(f"lightbox process of {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"seconds": seconds, "cpu_s": cpu}
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -39,7 +38,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PRESETS = "taobao_main,xiaohongshu_cover,thumb_webp"  # bench_peers' (not imported: the child's imports come first)
 STEPS = ("cli imports", "settings", "pipeline imports", "build", "model compile", "photo", "close")
 # packages by who brings them in; the rest is Python's own library or "other"
 GROUPS = {
@@ -54,9 +52,10 @@ GROUPS = {
 }
 
 
-def child(photo: Path, out: Path) -> dict[str, Any]:
-    """``lightbox process``'s steps for ``photo``, each timed (seconds), and the photo's stage
-    milliseconds. Run in a fresh interpreter (``--child``): the imports are the first ones."""
+def child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
+    """``lightbox process``'s steps for ``photo`` into ``presets`` (comma-separated), each timed
+    (seconds), and the photo's stage milliseconds. Run in a fresh interpreter (``--child``): the
+    imports are the first ones (so the presets come on the command line, not from bench_peers)."""
     marks = [time.perf_counter()]
     import lightbox.cli  # typer, rich, pydantic-settings, streams.settings
     marks.append(time.perf_counter())
@@ -77,7 +76,7 @@ def child(photo: Path, out: Path) -> dict[str, Any]:
     marks.append(time.perf_counter())
     processor.pipeline.device_callers(1, lone_latency=False)
     marks.append(time.perf_counter())
-    summary = process_files([photo], processor, out, presets=PRESETS.split(","), batch_size=1)
+    summary = process_files([photo], processor, out, presets=presets.split(","), batch_size=1)
     marks.append(time.perf_counter())
     processor.close()
     marks.append(time.perf_counter())
@@ -86,16 +85,14 @@ def child(photo: Path, out: Path) -> dict[str, Any]:
             "stages_ms": result.line.get("stages_ms", {}), "ok": result.ok}
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, subprocess.CompletedProcess[str]]:
-    """Wall and CPU seconds (user + system) of ``cmd`` run to its end."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-    wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+def timed(cmd: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Wall and CPU seconds of ``cmd`` run to its end (``bench_peers.run_timed``); a failure raises."""
+    from bench.bench_peers import run_timed
+
+    done, wall, cpu = run_timed(cmd, env=env, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(f"{cmd[:4]}… exited {done.returncode}: {done.stderr[-2000:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), done
+    return wall, cpu, done
 
 
 def import_times(stderr: str) -> dict[str, float]:
@@ -124,27 +121,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
-    ap.add_argument("--child", nargs=2, metavar=("PHOTO", "OUT"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, metavar=("PHOTO", "OUT", "PRESETS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print(json.dumps(child(Path(args.child[0]), Path(args.child[1]))))
+        print(json.dumps(child(Path(args.child[0]), Path(args.child[1]), args.child[2])))
         return 0
 
-    from bench.bench_peers import PRESETS as PEERS
-    from bench.bench_peers import compile_packages
+    from bench.bench_peers import PRESETS, command, compile_packages
     from bench.peer_photos import assemble
     from gpu_kernels.segment import ensure_u2netp
 
-    assert PEERS == PRESETS, "the peer benchmark's presets changed"
     compile_packages()
     model = ensure_u2netp().original
     photo = assemble(ROOT / "bench" / "results" / "peer-photos")["small"][0]
     work = Path(tempfile.mkdtemp(prefix="lightbox-startup-"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    lightbox = [sys.executable, "-c", "from lightbox.cli import main; main()", "process", str(photo),
-                "-o", str(work / "lb"), "--presets", PRESETS, "--no-table"]
-    naive = [sys.executable, str(ROOT / "bench" / "peer_naive.py"), str(model), str(work / "naive"), str(photo)]
-    steps = [sys.executable, str(Path(__file__).resolve()), "--child", str(photo), str(work / "steps")]
+    lightbox = command("lightbox", [photo], work / "lb", model, None)
+    naive = command("naive", [photo], work / "naive", model, None)
+    steps = [sys.executable, str(Path(__file__).resolve()), "--child", str(photo), str(work / "steps"), PRESETS]
     whole: dict[str, list[dict[str, float]]] = {"lightbox": [], "naive": []}
     step_runs: list[dict[str, float]] = []
     stage_runs: list[dict[str, float]] = []
