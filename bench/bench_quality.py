@@ -359,12 +359,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", default=["wb", "mask"])
     parser.add_argument("--png", type=Path, default=None)
-    parser.add_argument("--sheet", type=Path, default=None, help="set: before/after contact sheet (PNG); review: the sheets DIR/STEM-N.png (review runs alone)")
+    parser.add_argument("--sheet", type=Path, default=None,
+                        help="set: before/after contact sheet (PNG); review: the sheets DIR/STEM-N.png "
+                             "(review runs alone)")
     parser.add_argument("--before", type=Path, default=None,
-                        help="wb, set: a checkout of the commit before issue 14 (git worktree add --detach DIR 96ff878); "
-                             "review: a checkout whose code to run instead of this one")
-    parser.add_argument("--model", type=Path, default=None, help="review, set (its 'after' run): another U2-Net ONNX file, e.g. "
-                        "~/.cache/lightbox/models/u2net/u2net.onnx (python -m gpu_kernels.segment.fetch_model --model u2net)")
+                        help="wb, set: a checkout of the commit before issue 14 (git worktree add --detach DIR "
+                             "96ff878); review: a checkout whose code to run instead of this one")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="review, set (its 'after' run): another U2-Net ONNX file, e.g. "
+                             "~/.cache/lightbox/models/u2net/u2net.onnx "
+                             "(python -m gpu_kernels.segment.fetch_model --model u2net)")
     parser.add_argument("--rembg-venv", type=Path, default=Path.home() / ".cache" / "lightbox" / "rembg-venv",
                         help="review: rembg's virtualenv (made from PyPI on first use)")
     parser.add_argument("--no-rembg", action="store_true", help="review: leave rembg out")
