@@ -66,8 +66,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_batching as bb  # its /proc CPU meters
 
+from bench.harness import busy_s, proc_cpu_s
 from lightbox.demo import WorkerProcess
 from schemas.events import EventCodecs
 from streams.app import ensure_topics
@@ -287,16 +287,16 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
             pid = worker.proc.pid if worker.proc else 0
             others = {"backfill_process": children(pid), "broker": [BROKER_PID] if BROKER_PID else [],
                       "bench": [os.getpid()]}
-            busy0, worker0, sched0 = bb._busy_s(), bb._proc_cpu_s(pid), sched_s(pid)
-            others0 = {k: sum(bb._proc_cpu_s(p) for p in pids) for k, pids in others.items()}
+            busy0, worker0, sched0 = busy_s(), proc_cpu_s(pid), sched_s(pid)
+            others0 = {k: sum(proc_cpu_s(p) for p in pids) for k, pids in others.items()}
             sent = await poisson(prod, images, rate, args.seconds, random.Random(args.seed), t0)
             window = time.monotonic() - t0
-            busy = (bb._busy_s() - busy0) / window  # cores busy on average, the whole machine
+            busy = (busy_s() - busy0) / window  # cores busy on average, the whole machine
             result["cpu"] = {"machine_busy": busy, "machine_idle": (os.cpu_count() or 1) - busy,
-                             "worker": (bb._proc_cpu_s(pid) - worker0) / window,
+                             "worker": (proc_cpu_s(pid) - worker0) / window,
                              # the worker's threads, runnable but waiting for a core (cores' worth)
                              "worker_runqueue": runqueue_wait(sched0, sched_s(pid)) / window,
-                             **{k: (sum(bb._proc_cpu_s(p) for p in pids) - others0[k]) / window
+                             **{k: (sum(proc_cpu_s(p) for p in pids) - others0[k]) / window
                                 for k, pids in others.items()}}
             bf_after = sum(1 for _, sid, _ in out.rows if sid in bf_set)
             await wait_for(out, [sid for _, sid in sent], 120)
