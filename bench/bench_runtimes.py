@@ -37,8 +37,9 @@ BATCHES = (1, 4)
 
 def build(names: list[str], model: Path, threads: int, max_batch: int, compile_torch: bool) -> dict[str, Any]:
     from gpu_kernels.segment import OnnxSegmenter
-    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter, openvino_available, supports_bf16
-    from gpu_kernels.segment.torch_runner import torch_cpu_supports
+    from gpu_kernels.segment.machine import openvino_available, torch_cpu_supports
+    from gpu_kernels.segment.machine import openvino_bf16 as supports_bf16
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
 
     segs: dict[str, Any] = {}
     for name in names:
@@ -92,9 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from gpu_kernels.segment import ensure_u2netp
-    from gpu_kernels.segment.onnx_runner import usable_cores
+    from gpu_kernels.segment.machine import torch_available, usable_cores
     from gpu_kernels.segment.runtime import gate_images, make_model_segmenter, run_gate
-    from gpu_kernels.segment.torch_runner import torch_available
 
     threads = args.threads or usable_cores()
     model = ensure_u2netp().batched

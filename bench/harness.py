@@ -55,6 +55,7 @@ __all__ = [
     "create_topics",
     "git_state",
     "percentiles",
+    "photo_set",
     "poisson_schedule",
     "proc_cpu_s",
     "publish",
@@ -183,6 +184,36 @@ def poisson_schedule(rate: float, seconds: float, n_images: int, seed: int) -> l
     n = max(1, round(rate * seconds))
     times = np.sort(rng.uniform(0.0, seconds, size=n))
     return [(float(t), int(i)) for t, i in zip(times, rng.integers(0, n_images, size=n), strict=True)]
+
+
+def photo_set(folder: Path, n: int = 20) -> list[Path]:
+    """``n`` supplier-like files, deterministic: the sample catalog (0.1 to 2 MP photographs as
+    JPEG, progressive JPEG, PNG, WebP) and six odd ones: a small JPEG, a CMYK JPEG, an 11 MP
+    JPEG, a greyscale PNG, a progressive JPEG and an upscaled one."""
+    import skimage.data as data
+    from PIL import Image
+
+    from lightbox.samples import make_catalog
+
+    folder.mkdir(parents=True, exist_ok=True)
+    photos = {name: getattr(data, name)() for name in ("coffee", "chelsea", "astronaut", "camera", "rocket")}
+    files = make_catalog(folder, max(0, n - 6))
+    coffee = Image.fromarray(photos["coffee"])
+    extras: list[tuple[str, Any, str, dict[str, Any]]] = [
+        ("small-coffee.jpg", coffee.resize((400, 300)), "JPEG", {"quality": 90}),
+        ("cmyk-chelsea.jpg", Image.fromarray(photos["chelsea"]).convert("CMYK"), "JPEG", {"quality": 90}),
+        ("big-astronaut.jpg", Image.fromarray(photos["astronaut"]).resize((3840, 2880), Image.Resampling.LANCZOS),
+         "JPEG", {"quality": 92}),
+        ("grey-camera.png", Image.fromarray(photos["camera"]), "PNG", {}),
+        ("prog-rocket.jpg", Image.fromarray(photos["rocket"]).resize((1600, 1068)), "JPEG",
+         {"quality": 85, "progressive": True}),
+        ("upscaled-coffee.jpg", coffee.resize((2400, 1600), Image.Resampling.BICUBIC), "JPEG", {"quality": 90}),
+    ]
+    for name, img, fmt, opts in extras[: n - len(files)]:
+        path = folder / name
+        img.save(path, format=fmt, **opts)
+        files.append(path)
+    return files
 
 
 # ------------------------------------------------------------------------------- outputs

@@ -9,6 +9,7 @@ import typer
 
 from lightbox.cli.common import console, err
 from lightbox.show import print_latency_table
+from schemas import segment_runtimes
 from streams.settings import Settings
 
 
@@ -21,8 +22,9 @@ def process(
                                                    "on a GPU, 1 on a CPU (there OpenVINO runs two batches side "
                                                    "by side, and small batches keep the lanes overlapping)")] = None,
     segmenter: Annotated[str | None, typer.Option(help="model, classical or none")] = None,
-    runtime: Annotated[str | None, typer.Option(help="segment model runtime on CPU: auto, fp32, int8 or "
-                                                     "openvino (default: $LIGHTBOX_SEGMENT_RUNTIME or auto)")] = None,
+    runtime: Annotated[str | None, typer.Option(help=f"segment model runtime: {', '.join(segment_runtimes.NAMES)} "
+                                                     "(default: $LIGHTBOX_SEGMENT_RUNTIME or auto; `lightbox doctor` "
+                                                     "lists those this machine has)")] = None,
     background: Annotated[str, typer.Option(help="white, transparent or keep")] = "white",
     lighting: Annotated[bool, typer.Option("--lighting/--no-lighting", help="lighting correction")] = True,
     table: Annotated[bool, typer.Option("--table/--no-table", help="print the per-stage latency table")] = True,
@@ -33,6 +35,7 @@ def process(
     (<sku>.<preset>.<ext>) with a progress bar, write OUT/results.jsonl (one line per input,
     dead-letter reasons included) and print the per-stage latency table. Exit code 1 when
     any input became a dead letter."""
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agents.wiring import build_processor
@@ -64,7 +67,7 @@ def process(
         except (LightboxError, OSError) as exc:
             if processor is not None:
                 processor.close()
-            err.print(f"[red]cannot load the pipeline:[/] {exc}", soft_wrap=True)
+            err.print(f"[red]cannot load the pipeline:[/] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(2) from None
     err.print(f"{len(files)} files, device {processor.pipeline.device}, model {processor.model_version}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

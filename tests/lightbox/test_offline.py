@@ -12,7 +12,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from agents.wiring import build_processor
-from gpu_kernels.segment.openvino_runner import openvino_available
+from gpu_kernels.segment.machine import openvino_available
 from lightbox.cli import app
 from lightbox.offline import OUTPUT_THREADS, LanePipeline, process_files, unique_skus
 from lightbox.samples import BAD_INPUTS
