@@ -211,7 +211,7 @@ class _GateCache:
 
 
 @dataclass(frozen=True)
-class _Build:
+class BuildContext:
     """What every runtime of one start is built with."""
 
     model_path: Path
@@ -224,7 +224,7 @@ class _Build:
     options: dict[str, Any]  # the GPU runners' extra options (OnnxSegmenter's; PyTorch takes its own)
 
 
-def build(row: table.SegmentRuntime, b: _Build) -> Segmenter:
+def build(row: table.SegmentRuntime, b: BuildContext) -> Segmenter:
     """The segmenter of runtime ``row`` on ``b.device``: its engine's runner at its precision."""
     gpu = b.device == "gpu"
     if row.engine == "onnxruntime":
@@ -258,7 +258,7 @@ def build(row: table.SegmentRuntime, b: _Build) -> Segmenter:
                           threads=b.threads, max_batch=b.max_batch)
 
 
-def _reference(b: _Build) -> Segmenter:
+def _reference(b: BuildContext) -> Segmenter:
     """ONNX Runtime fp32, what every candidate is judged against: on the GPU when ONNX Runtime has
     CUDA there (TensorRT off: the reference is plain fp32), else on the CPU."""
     from gpu_kernels.segment.onnx_runner import OnnxSegmenter
@@ -293,11 +293,11 @@ def _engine_installed(engine: str) -> bool:
             "torch": machine.torch_available}[engine]()
 
 
-def _key(sha: str, name: str, b: _Build) -> str:
+def _key(sha: str, name: str, b: BuildContext) -> str:
     return _GateCache.key(sha, name, b.threads) if b.device == "cpu" else _GateCache.key(sha, f"{name}-gpu", 0)
 
 
-def _factories(names: Sequence[str], b: _Build) -> dict[str, Callable[[], Segmenter]]:
+def _factories(names: Sequence[str], b: BuildContext) -> dict[str, Callable[[], Segmenter]]:
     """The builders of the candidates ``names`` that are available here, in order."""
     out: dict[str, Callable[[], Segmenter]] = {}
     for name in names:
@@ -307,7 +307,7 @@ def _factories(names: Sequence[str], b: _Build) -> dict[str, Callable[[], Segmen
     return out
 
 
-def _choose(fam: table.RuntimeFamily, b: _Build, gates: _GateCache,
+def _choose(fam: table.RuntimeFamily, b: BuildContext, gates: _GateCache,
             images: Callable[[], Sequence[np.ndarray]]) -> tuple[Segmenter, RuntimeChoice]:
     """The one gate-and-choose flow: judge each available candidate (its cached verdict, else the
     gate against fp32), pick by the family's rule, else its first available fallback."""
@@ -361,7 +361,7 @@ def _pick(fam: table.RuntimeFamily, results: Sequence[GateResult]) -> GateResult
     return min(passed, key=lambda r: r.ms_per_image, default=None)
 
 
-def _fallback(fam: table.RuntimeFamily, b: _Build, gates: _GateCache, images: Callable[[], Sequence[np.ndarray]],
+def _fallback(fam: table.RuntimeFamily, b: BuildContext, gates: _GateCache, images: Callable[[], Sequence[np.ndarray]],
               results: list[GateResult], asked: str) -> tuple[Segmenter, RuntimeChoice]:
     why = "no faster runtime passed the gate" if fam.candidates else f"the {b.device.upper()} default"
     for name in fam.fallback:
@@ -398,7 +398,7 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
         raise ProcessingFailed(f"unknown segment runtime {runtime!r}; known: {', '.join(table.NAMES)}",
                                stage="segment")
     root = cache_dir or model_cache_dir()
-    b = _Build(Path(model_path), spec, dev, (threads or machine.usable_cores()) if dev == "cpu" else 0, max_batch,
+    b = BuildContext(Path(model_path), spec, dev, (threads or machine.usable_cores()) if dev == "cpu" else 0, max_batch,
                cuda_graphs, root / "variants", gpu_options)
     fam = table.family(runtime, dev)
     if fam is not None and not machine.ort_available():  # the gate's reference, and fp32, are ONNX Runtime's
@@ -434,7 +434,7 @@ def cached_auto_choice(model_path: Path, spec: ModelSpec = U2NETP, *, threads: i
     worker start with ``auto`` measures them)."""
     fam = table.family("auto", "cpu")
     assert fam is not None
-    b = _Build(Path(model_path), spec, "cpu", threads or machine.usable_cores(), None, False, Path("."), {})
+    b = BuildContext(Path(model_path), spec, "cpu", threads or machine.usable_cores(), None, False, Path("."), {})
     gates = _GateCache((cache_dir or model_cache_dir()) / "gate.json", gate)
     sha = sha256_file(Path(model_path))
     results, missing = [], []
