@@ -47,10 +47,11 @@ from typing import Any, Protocol
 
 from lightbox.ratelimit import TokenBucket
 from schemas.events import EventCodecs
+from streams import clients
 
 __all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint", "Defaults", "FolderSource",
            "ManifestSource", "PrefixSource", "ReplayError", "ReplayItem", "ReplayProgress", "ReplayResult",
-           "ReplaySource", "TopicSource", "default_checkpoint", "job_id", "raw_consumer", "run_replay"]
+           "ReplaySource", "TopicSource", "default_checkpoint", "job_id", "run_replay"]
 
 REPLAY_JOB_HEADER = "lightbox-replay-job"
 REPLAY_SEQ_HEADER = "lightbox-replay-seq"
@@ -394,14 +395,14 @@ class TopicSource:
     async def plan(self, state: Path | None = None) -> Plan:
         from aiokafka import TopicPartition
 
-        async with raw_consumer(self.bootstrap, self.security) as consumer:
-            known = await _partitions(consumer, self.topic)
-            if not known:
-                raise ReplayError(f"topic {self.topic!r} does not exist on {self.bootstrap}")
-            wanted = self.partitions or sorted(known)
-            unknown = [p for p in wanted if p not in known]
-            if unknown:
-                raise ReplayError(f"topic {self.topic!r} has no partition(s) {unknown} (it has {sorted(known)})")
+        known = await _partitions(self.bootstrap, self.security, self.topic)
+        if not known:
+            raise ReplayError(f"topic {self.topic!r} does not exist on {self.bootstrap}")
+        wanted = self.partitions or sorted(known)
+        unknown = [p for p in wanted if p not in known]
+        if unknown:
+            raise ReplayError(f"topic {self.topic!r} has no partition(s) {unknown} (it has {sorted(known)})")
+        async with clients.consumer(self.bootstrap, security=self.security) as consumer:
             tps = [TopicPartition(self.topic, p) for p in wanted]
             first = await consumer.beginning_offsets(tps)
             last = await consumer.end_offsets(tps)
@@ -426,7 +427,7 @@ class TopicSource:
         todo = {p: r for p, r in todo.items() if r[0] < r[1]}
         if not todo:
             return
-        async with raw_consumer(self.bootstrap, self.security) as consumer:
+        async with clients.consumer(self.bootstrap, security=self.security) as consumer:
             tps = {p: TopicPartition(self.topic, p) for p in todo}
             consumer.assign(list(tps.values()))
             for p, (s, _) in todo.items():
@@ -449,29 +450,12 @@ class TopicSource:
                         del todo[p]
 
 
-@contextlib.asynccontextmanager
-async def raw_consumer(bootstrap: str, security: Mapping[str, Any] | None) -> AsyncIterator[Any]:
-    """A started consumer with no group (assign and seek it yourself); nothing is committed."""
-    from aiokafka import AIOKafkaConsumer
+async def _partitions(bootstrap: str, security: Mapping[str, Any] | None, topic: str) -> set[int] | None:
+    """The topic's partitions, from a fresh metadata request (None: no such topic)."""
+    from streams.clients import topic_partitions
 
-    from streams.security import client_kwargs, preflight
-
-    await preflight(bootstrap, kw := client_kwargs(security))
-    consumer = AIOKafkaConsumer(**kw, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=64 << 20,
-                                fetch_max_bytes=128 << 20)
-    await consumer.start()
-    try:
-        yield consumer
-    finally:
-        await consumer.stop()
-
-
-async def _partitions(consumer: Any, topic: str) -> set[int] | None:
-    """The topic's partitions, from a fresh metadata request (an unassigned consumer has none cached)."""
-    cluster = await consumer._client.fetch_all_metadata()
-    found: set[int] | None = cluster.partitions_for_topic(topic)
-    return found
+    found = (await topic_partitions(bootstrap, [topic], security)).get(topic)
+    return set(found) if found else None
 
 
 # ------------------------------------------------------------------------------------ progress
@@ -586,10 +570,10 @@ async def _already_published(bootstrap: str, security: Mapping[str, Any] | None,
     from aiokafka import TopicPartition
 
     found: set[tuple[int, int]] = set()
-    async with raw_consumer(bootstrap, security) as consumer:
-        known = await _partitions(consumer, topic)
-        if not known:
-            raise ReplayError(f"target topic {topic!r} does not exist on {bootstrap} (`lightbox worker` creates it)")
+    known = await _partitions(bootstrap, security, topic)
+    if not known:
+        raise ReplayError(f"target topic {topic!r} does not exist on {bootstrap} (`lightbox worker` creates it)")
+    async with clients.consumer(bootstrap, security=security) as consumer:
         tps = {p: TopicPartition(topic, p) for p in sorted(known)}
         end_offsets = await consumer.end_offsets(list(tps.values()))
         ends = {p: end_offsets[tp] for p, tp in tps.items()}
@@ -636,9 +620,7 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
         return ReplayResult(job, total, ckpt.published, 0, 0, ckpt.complete, path, dry_run=dry_run,
                             note=ckpt.plan.get("note"))
 
-    from aiokafka import AIOKafkaProducer
-
-    from streams.security import client_kwargs, preflight
+    from streams.clients import new_producer
 
     skip, ends = await _already_published(bootstrap, security, topic, job, ckpt.scan_from)
     # what this run publishes lands past today's end: scan from there after an interruption
@@ -670,9 +652,7 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
         report()
 
     save()  # the plan (a time range's offsets) is fixed from now on
-    await preflight(bootstrap, kw := client_kwargs(security))
-    producer = AIOKafkaProducer(**kw, bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                linger_ms=5, max_request_size=48 << 20)
+    producer = await new_producer(bootstrap, security)
     await producer.start()
     skipped, exhausted = 0, True
     try:

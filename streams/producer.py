@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from schemas.events import EventCodecs
-from streams.security import client_kwargs, preflight
+from streams.security import client_kwargs
 
 __all__ = ["IMAGE_SUFFIXES", "ImageProducer", "ManifestError", "ManifestRow", "iter_image_files", "new_traceparent",
            "read_manifest", "sku_from_uri"]
@@ -136,18 +136,14 @@ class ImageProducer:
         ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
         self.topic = topic
         self._bootstrap, self._security = bootstrap, client_kwargs(security)
+        self._max_request_size = max_request_size
         self.codecs = codecs or EventCodecs.create()
-        from aiokafka import AIOKafkaProducer  # here: the file helpers above serve `process` without Kafka
-
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                          linger_ms=5, max_request_size=max_request_size, **self._security)
+        self._producer: Any = None
 
     async def __aenter__(self) -> ImageProducer:
-        try:
-            await preflight(self._bootstrap, self._security)
-        except BaseException:
-            await self._producer.stop()  # never started; closes it quietly
-            raise
+        from streams.clients import new_producer  # here: the file helpers above serve `process` without Kafka
+
+        self._producer = await new_producer(self._bootstrap, self._security, max_request_size=self._max_request_size)
         await self._producer.start()
         return self
 

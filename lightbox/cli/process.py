@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from lightbox.cli.common import console, err
 from lightbox.show import print_latency_table
 from schemas import segment_runtimes
+from schemas.errors import LightboxError
 from streams.settings import Settings
 
 
@@ -35,7 +37,6 @@ def process(
     (<sku>.<preset>.<ext>) with a progress bar, write OUT/results.jsonl (one line per input,
     dead-letter reasons included) and print the per-stage latency table. Exit code 1 when
     any input became a dead letter."""
-    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agents.wiring import build_processor
@@ -106,25 +107,13 @@ def contact_sheet(
     """Before | mask | cutout sheet to check the segmentation by eye.
 
     Before | mask | cutout on white, one row per image: a sheet to look at the segmentation."""
-    from gpu_kernels.codec import make_decoder
-    from gpu_kernels.segment import make_segmenter
-    from lightbox.contact_sheet import write_contact_sheet
-    from streams.producer import iter_image_files
+    from lightbox.contact_sheet import contact_sheet_of_files
 
-    files = list(iter_image_files(paths))[:limit]
-    decoder = make_decoder("cpu")
-    decoded = decoder.decode_batch([f.read_bytes() for f in files], max_side=1024)
-    good = [(f, im) for f, im in zip(files, decoded, strict=True) if not isinstance(im, Exception)]
-    for f, im in zip(files, decoded, strict=True):
-        if isinstance(im, Exception):
-            err.print(f"[yellow]skipped {f.name}: {im}[/]")
-    if not good:
-        err.print("[red]no decodable images[/]")
-        raise typer.Exit(1)
-    seg = make_segmenter("model" if segmenter == "model" else "classical", "cpu")
     try:
-        path = write_contact_sheet([im for _, im in good], out, segmenter=seg, labels=[f.name for f, _ in good])
-    finally:
-        seg.close()
-        decoder.close()
-    console.print(f"wrote {path} ({len(good)} rows)")
+        path, rows, skipped = contact_sheet_of_files(paths, out, segmenter=segmenter, limit=limit)
+    except LightboxError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    for f, why in skipped:
+        err.print(f"[yellow]skipped {f.name}: {escape(why)}[/]")
+    console.print(f"wrote {path} ({rows} rows)")

@@ -62,3 +62,32 @@ def test_missing_candidate_list_falls_back_to_judging(u2netp: Any, tmp_path: Pat
     monkeypatch.setattr(rt, "_factories", _no_candidates)
     with pytest.raises(AssertionError, match="candidate runtimes were loaded"):
         make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
+
+
+def test_without_onnx_runtime_every_choice_says_which_extra_to_install(u2netp: Any, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_kernels.segment import machine
+    from schemas.errors import ProcessingFailed
+
+    monkeypatch.setattr(machine, "ort_available", lambda: False)
+    for runtime in ("auto", "fp32", "openvino"):
+        with pytest.raises(ProcessingFailed, match=r"lightbox\[cpu\]") as info:
+            make_model_segmenter(u2netp.batched, runtime=runtime, cache_dir=tmp_path)
+        assert "\n" not in str(info.value)
+
+
+def test_the_table_is_what_settings_accept_and_what_each_device_offers() -> None:
+    from pydantic import ValidationError
+
+    from schemas import segment_runtimes as table
+    from streams.settings import Settings
+
+    for name in table.NAMES:
+        assert Settings(segment_runtime=name).segment.runtime == name
+    with pytest.raises(ValidationError, match="one of: auto"):
+        Settings(segment_runtime="tensorrt")
+    assert "fp16" in table.names_for("gpu") and "fp16" not in table.names_for("cpu")
+    assert "openvino" in table.names_for("cpu") and "openvino" not in table.names_for("gpu")
+    for fam in table.FAMILIES:  # every name a family refers to is a row of the table or another family
+        assert all(table.runtime(n) is not None or table.family(n, fam.device) is not None
+                   for n in (*fam.candidates, *fam.fallback))
