@@ -90,7 +90,7 @@ class BackfillConsumer:
         try:
             await consumer.commit(todo)
         except Exception as exc:  # a rebalance under way: the next owner redoes those (same outputs)
-            log.warning("backfill lane: commit failed (%s); uncommitted inputs will be processed again",
+            log.warning("backfill tier: commit failed (%s); uncommitted inputs will be processed again",
                         type(exc).__name__)
             return
         self._committed.update(todo)
@@ -182,7 +182,7 @@ class BackfillConsumer:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("backfill lane: the consumer loop failed")
+            log.exception("backfill tier: the consumer loop failed")
             raise
 
     async def close(self) -> None:

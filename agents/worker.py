@@ -297,7 +297,7 @@ def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides:
     backfill_process.one_opencv_thread()
     live_work = backfill_process.LiveSignal.create()
     child = backfill_process.spawn(overrides, loglevel, live_work, port)
-    say(f"backfill lane: process {child.pid} ({settings.topics.backfill}), {settings.describe_backfill_process()}")
+    say(f"backfill tier: process {child.pid} ({settings.topics.backfill}), {settings.describe_backfill_process()}")
 
     @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
     async def watch_backfill() -> None:

@@ -11,7 +11,7 @@ on fresh topics and a fresh worker (``lightbox worker``, device cpu), with Poiss
 * ``alone`` — live traffic only;
 * ``baseline`` — a backlog of ``--backlog-factor`` (10) × as many images as the live window
   publishes waits on the backfill topic first, and the worker runs the previous backfill policy
-  (``BASELINE_ENV``: the backfill lane shares the live prepare/output threads at the same CPU
+  (``BASELINE_ENV``: the backfill tier shares the live prepare/output threads at the same CPU
   priority, takes up to ``backfill_in_flight`` inputs whenever no live work is queued);
 * ``candidate`` — the same backlog, the worker's default backfill settings (or ``--candidate-env``).
 

@@ -210,15 +210,15 @@ def _backfill() -> Check:
     settings = Settings()
     device = settings.resolved_device()
     if not settings.backfill.enabled:
-        return Check("backfill lane", "ok", "off (LIGHTBOX_BACKFILL_ENABLED=false)")
+        return Check("backfill tier", "ok", "off (LIGHTBOX_BACKFILL_ENABLED=false)")
     if not settings.resolved_backfill_process(device):
         where = "the device queue puts live first" if device == "gpu" else "threads at a lower CPU priority"
-        return Check("backfill lane", "ok", f"in the worker's process ({device}: {where})")
+        return Check("backfill tier", "ok", f"in the worker's process ({device}: {where})")
     detail = f"a process of its own beside each worker, {settings.describe_backfill_process()}"
     if settings.backfill.sched_idle and not hasattr(os, "SCHED_IDLE"):
-        return Check("backfill lane", "warn", detail + "; no idle scheduling class on this system",
+        return Check("backfill tier", "warn", detail + "; no idle scheduling class on this system",
                      "live work is then kept first by the CPU priority alone")
-    return Check("backfill lane", "ok", detail)
+    return Check("backfill tier", "ok", detail)
 
 
 def _broker(bootstrap: str, timeout_s: float = 2.0) -> Check:

@@ -254,7 +254,7 @@ def test_lower_thread_priority_lowers_only_the_calling_thread() -> None:
 def test_backfill_prepare_and_output_run_in_their_own_threads_and_never_hold_up_live() -> None:
     """With ``backfill_threads``, a backfill output that is stuck (a slow encode, a slow store) does
     not hold up a live input behind it, even with one live output thread; and backfill prepare and
-    output calls run in the backfill lane's own threads. (With shared threads the live input would
+    output calls run in the backfill tier's own threads. (With shared threads the live input would
     wait for the stuck output: one output thread.)"""
     import asyncio
     import threading

@@ -127,7 +127,7 @@ def test_tail_and_report_read_processed_events(kafka_bootstrap: str, settings, t
      "a process of its own beside each worker, CPU priority +10, metrics on :9501"),
     ({"LIGHTBOX_BACKFILL_ENABLED": "false"}, "off (LIGHTBOX_BACKFILL_ENABLED=false)"),
 ])
-def test_doctor_says_where_the_backfill_lane_runs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+def test_doctor_says_where_the_backfill_tier_runs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
                                                   says: str) -> None:
     from lightbox.doctor import _backfill
 
@@ -135,7 +135,7 @@ def test_doctor_says_where_the_backfill_lane_runs(monkeypatch: pytest.MonkeyPatc
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     check = _backfill()
-    assert check.name == "backfill lane" and check.status == "ok" and check.detail.startswith(says), check
+    assert check.name == "backfill tier" and check.status == "ok" and check.detail.startswith(says), check
 
 
 def test_contact_sheet_skips_what_does_not_decode_and_says_so(catalog: list[Path], tmp_path: Path) -> None:
