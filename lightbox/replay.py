@@ -49,6 +49,7 @@ from typing import Any, Protocol
 from lightbox.ratelimit import TokenBucket
 from schemas.events import EventCodecs
 from streams import clients
+from streams.settings import DEFAULT_PRESETS
 
 __all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_POSITION_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint",
            "Defaults", "FolderSource", "ManifestSource", "PrefixSource", "ReplayError", "ReplayItem", "ReplayProgress",
@@ -82,7 +83,7 @@ class ReplayItem:
 class Defaults:
     """Presets and options for items that do not name their own."""
 
-    presets: tuple[str, ...] = ("taobao_main", "jd_main", "amazon_main")
+    presets: tuple[str, ...] = DEFAULT_PRESETS
     merchant_id: str = "catalog"
     background: str = "WHITE"
     lighting: str = "AUTO"

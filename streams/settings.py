@@ -26,10 +26,11 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from schemas import segment_runtimes
 
-__all__ = ["FLAT", "PIPELINE_VERSION", "BackfillSettings", "BatchingSettings", "FetchSettings", "KafkaSettings",
-           "LimitSettings", "ObserveSettings", "RunnerSettings", "SegmentSettings", "Settings", "StoreSettings",
-           "TopicSettings", "TritonSettings", "WorkerSettings"]
+__all__ = ["DEFAULT_PRESETS", "FLAT", "PIPELINE_VERSION", "BackfillSettings", "BatchingSettings", "FetchSettings",
+           "KafkaSettings", "LimitSettings", "ObserveSettings", "RunnerSettings", "SegmentSettings", "Settings",
+           "StoreSettings", "TopicSettings", "TritonSettings", "WorkerSettings"]
 
+DEFAULT_PRESETS: tuple[str, ...] = ("taobao_main", "jd_main", "amazon_main")  # an event's presets when none are named
 PIPELINE_VERSION = "0.2.0"  # bump whenever output bytes change: replays then get new event ids
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from lightbox.cli.common import console, err
+from lightbox.cli.common import PRESETS, console, err, names
 from lightbox.show import print_latency_table
 from schemas import segment_runtimes
 from schemas.errors import LightboxError
@@ -18,7 +18,7 @@ from streams.settings import Settings
 def process(
     paths: Annotated[list[Path], typer.Argument(help="image files and/or folders (searched recursively)")],
     out: Annotated[Path, typer.Option("--out", "-o", help="folder for the variants and results.jsonl")],
-    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,jd_main,amazon_main",
+    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = PRESETS,
     device: Annotated[str | None, typer.Option(help="auto, cpu or gpu (default: $LIGHTBOX_DEVICE or auto)")] = None,
     batch: Annotated[int | None, typer.Option(help="images per batch (same size class and presets); default 4 "
                                                    "on a GPU, 1 on a CPU (there OpenVINO runs two batches side "
@@ -34,7 +34,7 @@ def process(
     """The same pipeline offline, without Kafka: files in, variants out.
 
     The same pipeline offline, without Kafka: process image files and folders into OUT
-    (<sku>.<preset>.<ext>) with a progress bar, write OUT/results.jsonl (one line per input,
+    (`<sku>.<preset>.<ext>`) with a progress bar, write OUT/results.jsonl (one line per input,
     dead-letter reasons included) and print the per-stage latency table. Exit code 1 when
     any input became a dead letter."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -57,7 +57,7 @@ def process(
         if val is not None:
             overrides[key] = val
     settings = Settings(**overrides)
-    names = [p.strip() for p in presets.split(",") if p.strip()]
+    wanted = names(presets)
     processor = None
     with err.status("loading the pipeline…"):
         try:  # a model file that is missing, unreadable, or that the runtime cannot load fails here
@@ -81,7 +81,7 @@ def process(
                 bar.update(task, advance=1, failed=bar.tasks[0].fields["failed"] + (not res.ok))
 
             size = batch or (4 if processor.pipeline.device == "gpu" else 1)
-            summary = process_files(files, processor, out, presets=names, batch_size=size, background=background,
+            summary = process_files(files, processor, out, presets=wanted, batch_size=size, background=background,
                                     lighting="auto" if lighting else "off", on_result=advance,
                                     device_threads=callers, output_threads=settings.runner.output_threads)
     finally:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from lightbox.cli.common import Bootstrap, console, err, resolve_bootstrap
+from lightbox.cli.common import PRESETS, Bootstrap, console, err, names, resolve_bootstrap
 from streams.settings import Settings
 
 
@@ -18,7 +18,7 @@ def produce(
     manifest: Annotated[list[Path] | None, typer.Option(help="a CSV or JSONL manifest: sku, uri, optional presets, "
                                                                "image_id, merchant_id, background, lighting, "
                                                                "segmentation, priority, sha256 (repeatable)")] = None,
-    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,jd_main,amazon_main",
+    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = PRESETS,
     bootstrap: Bootstrap = None,
     topic: Annotated[str | None, typer.Option(help="input topic (default: $LIGHTBOX_INPUT_TOPIC)")] = None,
     uri: Annotated[bool, typer.Option("--uri/--inline", help="send local files as file:// URIs instead of "
@@ -41,7 +41,7 @@ def produce(
         sku_from_uri,
     )
 
-    names = [p.strip() for p in presets.split(",") if p.strip()]
+    wanted = names(presets)
     rows: list[tuple[ManifestRow, Path]] = []  # (row, the folder its relative paths start from)
     try:
         local = [p for p in paths or [] if "://" not in p]
@@ -63,7 +63,7 @@ def produce(
             with Progress(console=err) as bar:
                 task = bar.add_task("publishing", total=len(rows))
                 for row, base in rows:
-                    ev = prod.event_for_row(row, base=base, presets=names, inline=not uri, merchant_id=merchant,
+                    ev = prod.event_for_row(row, base=base, presets=wanted, inline=not uri, merchant_id=merchant,
                                             background=background)
                     futs.append(await prod.publish(ev))
                     bar.advance(task)

@@ -160,3 +160,10 @@ def test_process_help_lists_every_segment_runtime_of_the_table() -> None:
     result = runner.invoke(app, ["process", "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0
     assert all(name in result.output for name in NAMES)
+
+
+def test_help_paragraphs_wrap_at_the_terminal_width_not_at_the_source_lines() -> None:
+    result = runner.invoke(app, ["process", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "Exit code 1 when any input became a dead letter." in result.output
+    assert "`<sku>.<preset>.<ext>`" in result.output or "<sku>.<preset>.<ext>" in result.output
