@@ -25,7 +25,7 @@ from schemas.events import EventCodecs
 from streams.security import client_kwargs
 
 __all__ = ["IMAGE_SUFFIXES", "ImageProducer", "ManifestError", "ManifestRow", "iter_image_files", "new_traceparent",
-           "read_manifest", "sku_from_uri"]
+           "read_manifest", "rows_to_publish", "sku_from_uri"]
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
 
@@ -126,6 +126,18 @@ def sku_from_uri(uri: str) -> str:
 def new_traceparent() -> str:
     """A fresh W3C traceparent (version 00, sampled)."""
     return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
+
+
+def rows_to_publish(paths: Sequence[str], manifests: Sequence[Path] = ()) -> list[tuple[ManifestRow, Path]]:
+    """What ``lightbox produce`` publishes: one row per image file under the local ``paths`` (SKU =
+    the file name without suffix), per URI among them, and per row of each manifest; each with
+    the folder its relative paths start from. Raises ``FileNotFoundError`` or :class:`ManifestError`."""
+    local = [p for p in paths if "://" not in p]
+    rows = [(ManifestRow(sku=f.stem, source=str(f.resolve())), f.parent) for f in iter_image_files(local)]
+    rows += [(ManifestRow(sku=sku_from_uri(u), source=u), Path.cwd()) for u in paths if "://" in u]
+    for m in manifests:
+        rows += [(row, m.parent) for row in read_manifest(m)]
+    return rows
 
 
 class ImageProducer:

@@ -39,9 +39,7 @@ def process(
     any input became a dead letter."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agents.wiring import build_processor
-    from lightbox.offline import OfflineResult, process_files
-    from schemas.errors import LightboxError
+    from lightbox.offline import OfflineResult, default_batch, load_processor, process_files
     from streams.producer import iter_image_files
 
     try:
@@ -58,16 +56,10 @@ def process(
             overrides[key] = val
     settings = Settings(**overrides)
     wanted = names(presets)
-    processor = None
     with err.status("loading the pipeline…"):
         try:  # a model file that is missing, unreadable, or that the runtime cannot load fails here
-            processor = build_processor(settings.model_copy(update={"output_dir": None}))
-            # the model compiles what the device lane's threads will run on (1 thread on a GPU)
-            callers = processor.pipeline.side_by_side if len(files) > 1 else 1
-            processor.pipeline.device_callers(callers, lone_latency=False)
+            processor, callers = load_processor(settings, len(files))
         except (LightboxError, OSError) as exc:
-            if processor is not None:
-                processor.close()
             err.print(f"[red]cannot load the pipeline:[/] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(2) from None
     err.print(f"{len(files)} files, device {processor.pipeline.device}, model {processor.model_version}")
@@ -80,7 +72,7 @@ def process(
             def advance(res: OfflineResult) -> None:
                 bar.update(task, advance=1, failed=bar.tasks[0].fields["failed"] + (not res.ok))
 
-            size = batch or (4 if processor.pipeline.device == "gpu" else 1)
+            size = batch or default_batch(processor.pipeline.device)
             summary = process_files(files, processor, out, presets=wanted, batch_size=size, background=background,
                                     lighting="auto" if lighting else "off", on_result=advance,
                                     device_threads=callers, output_threads=settings.runner.output_threads)

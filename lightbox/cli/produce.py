@@ -32,23 +32,11 @@ def produce(
     manifest row, with a progress bar; waits until the brokers acknowledged every event."""
     from rich.progress import Progress
 
-    from streams.producer import (
-        ImageProducer,
-        ManifestError,
-        ManifestRow,
-        iter_image_files,
-        read_manifest,
-        sku_from_uri,
-    )
+    from streams.producer import ImageProducer, ManifestError, rows_to_publish
 
     wanted = names(presets)
-    rows: list[tuple[ManifestRow, Path]] = []  # (row, the folder its relative paths start from)
     try:
-        local = [p for p in paths or [] if "://" not in p]
-        rows += [(ManifestRow(sku=f.stem, source=str(f.resolve())), f.parent) for f in iter_image_files(local)]
-        rows += [(ManifestRow(sku=sku_from_uri(u), source=u), Path.cwd()) for u in paths or [] if "://" in u]
-        for m in manifest or []:
-            rows += [(row, m.parent) for row in read_manifest(m)]
+        rows = rows_to_publish(paths or [], manifest or [])
     except (FileNotFoundError, ManifestError) as exc:
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
