@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from lightbox.cli.common import Bootstrap, console, err, resolve_bootstrap, time_ms
 from lightbox.show import event_table, print_latency_table, save_variants, variant_reader
@@ -112,20 +113,6 @@ def audit(
     if as_json:
         console.print_json(json.dumps(report.as_dict()))
     else:
-        same = ("" if not report.duplicates
-                else " (byte-identical)" if report.duplicates_identical else " (NOT identical)")
-        console.print(f"inputs {report.inputs}  processed {report.processed}  dead letters {report.dead_letters}  "
-                      f"missing {len(report.missing)}  duplicates {report.duplicates}{same}", soft_wrap=True)
-        if report.error_codes:
-            console.print("dead letters by code: " + ", ".join(f"{k} {v}" for k, v in report.error_codes.items()))
-        for title, items in (("missing", report.missing), ("differing duplicates", report.conflicts),
-                             ("dead letters whose original differs from the input", report.original_mismatches)):
-            if items:
-                shown = ", ".join(items[:20]) + (f" … ({len(items)} in all)" if len(items) > 20 else "")
-                console.print(f"[red]{title}:[/] {shown}")
-        if report.bad_digests:
-            console.print(f"[red]{report.bad_digests} processed events whose bytes do not match their sha256[/]")
-        if report.outside_range or report.unreadable_outputs:
-            console.print(f"({report.outside_range} outputs of inputs outside the range, "
-                          f"{report.unreadable_outputs} unreadable outputs)")
+        for line, problem in report.lines():
+            console.print(f"[red]{escape(line)}[/]" if problem else escape(line), soft_wrap=True)
     raise typer.Exit(0 if report.ok else 1)
