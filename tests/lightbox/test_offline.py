@@ -91,7 +91,7 @@ def test_cli_process_says_why_a_model_cannot_load_without_a_traceback(catalog: l
     bad.write_bytes(b"not a model")
     monkeypatch.setenv("LIGHTBOX_SEGMENT_RUNTIME", "openvino-f32")
     monkeypatch.setenv("LIGHTBOX_MODEL_DIR", str(tmp_path / "models"))
-    for model, why in ((bad, "OpenVINO cannot load model"), (tmp_path / "missing.onnx", "No such file")):
+    for model, why in ((bad, "OpenVINO cannot load model"), (tmp_path / "missing.onnx", "does not exist")):
         monkeypatch.setenv("LIGHTBOX_MODEL_PATH", str(model))
         out = tmp_path / f"out-{model.stem}"
         result = runner.invoke(app, ["process", str(catalog[0]), "--out", str(out)])
