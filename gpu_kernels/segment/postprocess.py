@@ -86,7 +86,10 @@ class MaskPostprocess:
     ``backdrop_min`` of the frame and with a mean probability below ``backdrop_region_prob``,
     is backdrop and dropped when its part thicker than
     ``backdrop_thick`` of the diagonal (a morphological opening) is that large: a soft rim or
-    fur along the outline, backdrop-coloured but thin, stays. Items (``item_prob`` < 1): an island
+    fur along the outline, backdrop-coloured but thin, stays; and only when the parts the model
+    is sure of that it touches fall apart without it (backdrop *between* items); it then grows into the
+    unsure pixels next to it within twice that ΔE (the darker rim of backdrop it leaves round the
+    items). Items (``item_prob`` < 1): an island
     the island rule drops is kept when the model's mean probability on it is at least
     ``item_prob``, its mean ΔE from the local backdrop at least ``item_delta_e`` and its area at
     least ``item_min`` of the frame (the far coins of a tray of coins).
@@ -236,7 +239,31 @@ def drop_backdrop_regions(hard: Array, prob: Array, likeness: tuple[Array, int] 
     drop[0] = False
     if not bool(drop.any()):
         return hard
+    # backdrop *between* items: the region must touch parts the model is sure of that are
+    # separate without it (a patch between coins); one whose sure neighbours hold together
+    # without it is kept (the grey body of a camera held between a face and a hand against a
+    # grey sky, a saucer's shadowed side)
+    sure = hard_s & (prob_s >= xp.float32(cfg.backdrop_unsure))
+    for k in xp.nonzero(drop)[0].tolist():
+        region = labels == k
+        rim = ~ops.erode(~region, 2) & ~region & sure
+        rest, _ = ops.label(hard_s & ~region, 8)
+        touched = rest[rim]
+        touched = touched[touched > 0]
+        if int(touched.size) == 0 or int(touched.min()) == int(touched.max()):
+            drop[k] = False
+    if not bool(drop.any()):
+        return hard
     gone = drop[labels]
+    # grown by hysteresis into the unsure pixels next to it within twice the distance (the
+    # darker rim of backdrop a dropped patch leaves around the items it touched)
+    weak = gone | (hard_s & (delta < xp.float32(2 * cfg.backdrop_delta_e))
+                   & (prob_s < xp.float32(cfg.backdrop_unsure)))
+    wl, wn = ops.label(weak, 8)
+    seeded = xp.zeros(wn + 1, dtype=bool)
+    seeded[wl[gone]] = True
+    seeded[0] = False
+    gone = seeded[wl]
     if st > 1:
         gone = ops.resize_map(gone.astype(xp.float32), h, w) >= xp.float32(0.5)
     return hard & ~gone
