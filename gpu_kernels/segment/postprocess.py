@@ -87,7 +87,8 @@ class MaskPostprocess:
     is backdrop and dropped when its part thicker than
     ``backdrop_thick`` of the diagonal (a morphological opening) is that large: a soft rim or
     fur along the outline, backdrop-coloured but thin, stays; and only when the parts the model
-    is sure of that it touches fall apart without it (backdrop *between* items); it then grows into the
+    is sure of that it touches fall apart without it, the frame's edge counting as one (backdrop
+    *between* items, or running out of the frame from one); it then grows into the
     unsure pixels next to it within twice that ΔE (the darker rim of backdrop it leaves round the
     items). Items (``item_prob`` < 1): an island
     the island rule drops is kept when the model's mean probability on it is at least
@@ -250,7 +251,12 @@ def drop_backdrop_regions(hard: Array, prob: Array, likeness: tuple[Array, int] 
         rest, _ = ops.label(hard_s & ~region, 8)
         touched = rest[rim]
         touched = touched[touched > 0]
-        if int(touched.size) == 0 or int(touched.min()) == int(touched.max()):
+        parts = 0 if int(touched.size) == 0 else 1 + int(int(touched.min()) != int(touched.max()))
+        # the frame's edge counts as a part: a slab of backdrop that runs out of the frame from
+        # one item goes too (and a crop that cuts away one of two items decides as the whole)
+        if bool(region[0].any() or region[-1].any() or region[:, 0].any() or region[:, -1].any()):
+            parts += 1
+        if parts < 2:
             drop[k] = False
     if not bool(drop.any()):
         return hard
