@@ -28,6 +28,7 @@ steps; the image-dependent steps need the image (``image=None`` skips them).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,8 @@ from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import srgb_to_lab
 from gpu_kernels.retouch.matting import matte_band
 from gpu_kernels.segment.ops import ArrayOps
+
+Likeness = tuple[Array, int] | None | Callable[[], tuple[Array, int] | None]
 
 __all__ = [
     "MaskPostprocess",
@@ -187,7 +190,7 @@ def backdrop_likeness(prob: Array, image: Array, cfg: MaskPostprocess, ops: Arra
     strided by ``st`` (about 0.25 MP); None when the model calls (almost) nothing background."""
     xp = ops.xp
     h, w = prob.shape[:2]
-    st = max(1, math.ceil(math.sqrt(h * w / 250_000)))
+    st = _stride(h, w)
     p = prob[::st, ::st]
     rgb = image[::st, ::st, :3] if image.ndim == 3 else xp.repeat(image[::st, ::st, None], 3, axis=2)
     hs, ws = p.shape[:2]
@@ -213,20 +216,34 @@ def backdrop_likeness(prob: Array, image: Array, cfg: MaskPostprocess, ops: Arra
     return delta, st
 
 
-def drop_backdrop_regions(hard: Array, prob: Array, likeness: tuple[Array, int] | None, cfg: MaskPostprocess,
+def _stride(h: int, w: int) -> int:
+    """The grid stride of the backdrop rules (about 0.25 MP)."""
+    return max(1, math.ceil(math.sqrt(h * w / 250_000)))
+
+
+def drop_backdrop_regions(hard: Array, prob: Array, likeness: Likeness, cfg: MaskPostprocess,
                           ops: ArrayOps) -> Array:
     """``hard`` without the regions that look like the backdrop around them where the model was
-    unsure (see :class:`MaskPostprocess`): the backdrop between the items of a multi-item shot."""
+    unsure (see :class:`MaskPostprocess`): the backdrop between the items of a multi-item shot.
+    ``likeness``: :func:`backdrop_likeness`'s result, or a function giving it (called only when
+    the model was unsure over a thick enough part of the mask: most photos never pay for it)."""
     xp = ops.xp
-    if likeness is None or cfg.backdrop_delta_e <= 0:
+    if cfg.backdrop_delta_e <= 0:
         return hard
-    delta, st = likeness
     h, w = hard.shape[:2]
+    st = _stride(h, w)
     hard_s, prob_s = hard[::st, ::st], prob[::st, ::st]
-    cand = hard_s & (delta < xp.float32(cfg.backdrop_delta_e)) & (prob_s < xp.float32(cfg.backdrop_unsure))
-    # only its thick parts (an opening by a disk of ``backdrop_thick`` of the diagonal): a soft
+    unsure = hard_s & (prob_s < xp.float32(cfg.backdrop_unsure))
+    # only thick parts count (an opening by a disk of ``backdrop_thick`` of the diagonal): a soft
     # rim or fur along the outline, backdrop-coloured but thin, stays
-    r = max(1, round(cfg.backdrop_thick * math.hypot(*cand.shape[:2])))
+    r = max(1, round(cfg.backdrop_thick * math.hypot(*unsure.shape[:2])))
+    if float(xp.sum(~ops.erode(~ops.erode(unsure, r), r))) * st * st < cfg.backdrop_min * h * w:
+        return hard
+    found = likeness() if callable(likeness) else likeness
+    if found is None:
+        return hard
+    delta, st = found
+    cand = unsure & (delta < xp.float32(cfg.backdrop_delta_e))
     thick = ~ops.erode(~ops.erode(cand, r), r)
     if not bool(thick.any()):
         return hard
@@ -275,28 +292,34 @@ def drop_backdrop_regions(hard: Array, prob: Array, likeness: tuple[Array, int] 
     return hard & ~gone
 
 
-def keep_items(hard: Array, kept: Array, prob: Array, likeness: tuple[Array, int] | None, cfg: MaskPostprocess,
+def keep_items(hard: Array, kept: Array, prob: Array, likeness: Likeness, cfg: MaskPostprocess,
                ops: ArrayOps) -> Array:
     """``kept`` (``hard`` after the island rule) with the islands of ``hard`` it dropped back in
-    when they are items: the model sure of them, unlike the backdrop, not tiny."""
+    when they are items: the model sure of them, unlike the backdrop, not tiny. ``likeness`` as
+    in :func:`drop_backdrop_regions` (called only when an island was dropped)."""
     xp = ops.xp
-    if likeness is None or cfg.item_prob >= 1.0:
+    if cfg.item_prob >= 1.0:
         return kept
     dropped = hard & ~kept
     if not bool(dropped.any()):
         return kept
-    delta, st = likeness
     h, w = hard.shape[:2]
     labels, n = ops.label(dropped, 8)
     flat = labels.ravel()
     areas = xp.bincount(flat, minlength=n + 1).astype(xp.float64)
     psum = xp.bincount(flat, weights=prob.ravel().astype(xp.float64), minlength=n + 1)
+    back = (psum / xp.maximum(areas, 1.0) >= cfg.item_prob) & (areas >= cfg.item_min * h * w)
+    back[0] = False
+    if not bool(back.any()):  # the usual case: only specks were dropped, no colour needed
+        return kept
+    found = likeness() if callable(likeness) else likeness
+    if found is None:
+        return kept
+    delta, st = found
     lab_s = labels[::st, ::st].ravel()
     cnt_s = xp.bincount(lab_s, minlength=n + 1).astype(xp.float64)
     dsum = xp.bincount(lab_s, weights=xp.minimum(delta, xp.float32(100)).ravel().astype(xp.float64), minlength=n + 1)
-    back = (psum / xp.maximum(areas, 1.0) >= cfg.item_prob) & (cnt_s > 0) & (
-        dsum / xp.maximum(cnt_s, 1.0) >= cfg.item_delta_e) & (areas >= cfg.item_min * h * w)
-    back[0] = False
+    back &= (cnt_s > 0) & (dsum / xp.maximum(cnt_s, 1.0) >= cfg.item_delta_e)
     if not bool(back.any()):
         return kept
     return kept | back[labels]
@@ -536,14 +559,19 @@ def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps, ima
     hard = prob >= cfg.threshold
     if image is not None and cfg.leak_prob > cfg.threshold:
         hard = drop_leaks(hard, prob, image, cfg, ops)
-    likeness = None
-    if image is not None and (cfg.backdrop_delta_e > 0 or cfg.item_prob < 1.0) and bool(hard.any()):
-        likeness = backdrop_likeness(prob, image, cfg, ops)
+    found: list[tuple[Array, int] | None] = []
+
+    def likeness() -> tuple[Array, int] | None:  # computed once, when a rule first needs it
+        if not found:
+            found.append(None if image is None else backdrop_likeness(prob, image, cfg, ops))
+        return found[0]
+
+    if image is not None and cfg.backdrop_delta_e > 0 and bool(hard.any()):
         hard = drop_backdrop_regions(hard, prob, likeness, cfg, ops)
     if cfg.min_component > 0:
         kept = drop_islands(hard, cfg, ops) if cfg.far_component > 0 else ops.keep_large_components(
             hard, cfg.min_component)
-        hard = keep_items(hard, kept, prob, likeness, cfg, ops)
+        hard = keep_items(hard, kept, prob, likeness, cfg, ops) if image is not None else kept
     if image is not None and cfg.clutter_delta_e > 0:
         hard = drop_edge_clutter(hard, image, cfg, ops)
     if cfg.speck_hole > 0 or (cfg.max_hole > 0 and image is not None):
