@@ -24,7 +24,7 @@ from gpu_kernels.array import Array
 from gpu_kernels.presets import Preset
 from schemas.errors import ProcessingFailed
 
-__all__ = ["CpuEncoder", "EncodeSettings", "NvJpegEncoder", "flatten_alpha"]
+__all__ = ["CpuEncoder", "EncodeSettings", "NvJpegEncoder", "flatten_alpha", "gpu_encode_backends"]
 
 STAGE = "encode"
 Subsampling = Literal["444", "422", "420"]
@@ -128,6 +128,16 @@ class CpuEncoder:
         """Nothing to release."""
 
 
+def gpu_encode_backends(nvimgcodec: Any) -> list[Any]:
+    """The nvImageCodec backends a GPU encode may use: ``GPU_ONLY`` and ``HYBRID_CPU_GPU``.
+
+    nvJPEG's CUDA encoder registers as ``HYBRID_CPU_GPU`` (Huffman coding on the host, the rest on
+    the device); with ``GPU_ONLY`` alone no JPEG encoder matches and every encode returns None.
+    nvImageCodec's own encode tests pass exactly these two kinds as their "GPU" backends. The
+    CPU-only kind is left out: a host encode goes through :class:`CpuEncoder` instead."""
+    return [nvimgcodec.Backend(nvimgcodec.GPU_ONLY), nvimgcodec.Backend(nvimgcodec.HYBRID_CPU_GPU)]
+
+
 class NvJpegEncoder:
     """:class:`~gpu_kernels.backends.Encoder` on the GPU: nvJPEG (via nvImageCodec) for JPEGs
     of >= ``gpu_min_pixels`` pixels, :class:`CpuEncoder` otherwise (after a device→host copy).
@@ -153,9 +163,7 @@ class NvJpegEncoder:
         self.settings = settings or EncodeSettings()
         self._cpu = CpuEncoder("cpu", self.settings)
         self._nvimgcodec = nvimgcodec
-        self._encoder = nvimgcodec.Encoder(
-            device_id=device_id, backends=[nvimgcodec.Backend(nvimgcodec.GPU_ONLY)]
-        )
+        self._encoder = nvimgcodec.Encoder(device_id=device_id, backends=gpu_encode_backends(nvimgcodec))
         self._subsampling = {
             "444": nvimgcodec.ChromaSubsampling.CSS_444,
             "422": nvimgcodec.ChromaSubsampling.CSS_422,
