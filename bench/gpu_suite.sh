@@ -39,8 +39,10 @@ WORK="$OUT/work"
 rm -rf "$WORK" "$OUT/gpu_suite.rows.jsonl"; mkdir -p "$WORK"
 export GPU_SUITE_ROWS="$OUT/gpu_suite.rows.jsonl" GPU_SUITE_MODE_FILE="$WORK/mode"
 export LIGHTBOX_MODEL_DIR="$WORK/models" LIGHTBOX_DATA_DIR="$WORK/data" OPENBLAS_NUM_THREADS=1
-export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 LIGHTBOX_OFFLINE=1
 MODEL="$FOLDER/model/u2netp.batched.onnx"
+mkdir -p "$LIGHTBOX_MODEL_DIR/u2netp"  # the model cache the parity tests read: the folder's copy
+cp "$FOLDER"/model/*.onnx "$FOLDER"/model/*.json "$LIGHTBOX_MODEL_DIR/u2netp/" 2>/dev/null
 GATE=(); [[ -d "$FOLDER/model/gate" ]] && GATE=(--gate-images "$FOLDER/model/gate")
 : > "$WORK/steps.jsonl"
 

@@ -36,8 +36,9 @@ STOCK = ("numpy", "pillow", "opencv-python", "opencv-python-headless", "opencv-c
          "onnxruntime-gpu", "torch", "torchvision", "triton", "cupy-cuda13x", "cupy-cuda12x", "sympy", "mpmath",
          "flatbuffers", "coloredlogs", "humanfriendly", "packaging", "setuptools", "pip", "wheel")
 STOCK_PREFIXES = ("nvidia-", "cuda-")
-# lightbox's dependencies the run never imports: the sample catalog's photographs and the CPU runtime
-NOT_RUN = ("scikit-image", "openvino")
+# lightbox's dependency the run never imports: the CPU model runtime (the parity tests' images
+# come from scikit-image, which stays)
+NOT_RUN = ("openvino",)
 RUN_EXTRA = ("pytest",)  # the parity step
 
 
@@ -113,8 +114,8 @@ def pack_model(folder: Path) -> None:
     files = ensure_u2netp()
     model = folder / "model"
     model.mkdir(parents=True, exist_ok=True)
-    for src in (files.original, files.batched, files.notice):
-        shutil.copy2(src, model / Path(src).name)
+    for src in (files.original, files.batched, files.notice, Path(files.batched).with_suffix(".json")):
+        shutil.copy2(src, model / Path(src).name)  # with the batched copy's sidecar: no rebuild there
     try:
         from bench.gpu_model_grid import export_gate_images
 

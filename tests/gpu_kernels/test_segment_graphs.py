@@ -76,3 +76,4 @@ def test_errors_outside_the_caught_types_propagate() -> None:
     table = GraphTable((RuntimeError,))
     with pytest.raises(KeyError):
         table.capture([1], lambda b: (_ for _ in ()).throw(KeyError("bug")))
+
