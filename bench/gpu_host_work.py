@@ -178,7 +178,7 @@ class _Module(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._inner, name)
-        if not callable(value) or isinstance(value, type) or isinstance(value, np.ufunc):
+        if not callable(value) or isinstance(value, type | np.ufunc):
             return value  # dtypes, constants; ufuncs count through the arrays
 
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -227,11 +227,11 @@ def count_batch(batch: int, size: int) -> dict[str, Any]:
 
     xp, ndi = counted_modules()
     ops = XpOps(xp, ndi, "gpu")
-    with _as_cupyx(ndi):
+    with _AsCupyx(ndi):
         return _count(xp, ops, batch, size, decontaminate, MaskPostprocess(), alpha_from_probability)
 
 
-class _as_cupyx:  # noqa: N801 - a context manager named for what it does
+class _AsCupyx:
     """``cupyx.scipy.ndimage`` is the counted scipy.ndimage while counting: the code that imports
     it on the GPU branch (``from cupyx.scipy import ndimage``) gets the counted one."""
 

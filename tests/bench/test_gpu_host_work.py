@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_host_work import TALLY, _wrap, count_batch, counted_modules  # noqa: E402
+from bench.gpu_host_work import TALLY, _wrap, count_batch, counted_modules
 
 
 def test_the_counter_counts_launches_and_host_waits() -> None:
@@ -24,7 +24,7 @@ def test_the_counter_counts_launches_and_host_waits() -> None:
     assert (TALLY.calls, TALLY.syncs, n) == (3, 1, 10)
     picked = a[a > 0]  # greater, a gather whose size the host must learn
     assert (TALLY.calls, TALLY.syncs, picked.size) == (5, 2, 4)
-    labels, count = ndi.label(_wrap(np.array([1, 0, 1], bool)))  # one call; the count comes back to the host
+    _labels, count = ndi.label(_wrap(np.array([1, 0, 1], bool)))  # one call; the count comes back to the host
     assert (TALLY.calls, TALLY.syncs, count) == (6, 3, 2)
 
 
