@@ -142,7 +142,9 @@ class NvJpegEncoder:
     """:class:`~gpu_kernels.backends.Encoder` on the GPU: nvJPEG (via nvImageCodec) for JPEGs
     of >= ``gpu_min_pixels`` pixels, :class:`CpuEncoder` otherwise (after a device→host copy).
 
-    Takes CuPy (or NumPy) ``(H, W, 3|4)`` uint8 images. nvImageCodec is imported lazily.
+    Takes CuPy (or NumPy) ``(H, W, 3|4)`` uint8 images. nvImageCodec is imported lazily; where it
+    is not installed (a stock PyTorch image) every image goes through the CPU encoder after its
+    device→host copy (``version`` "host-encode-1" says so).
     """
 
     version = "nvjpeg-encode-1"
@@ -157,11 +159,16 @@ class NvJpegEncoder:
     ) -> None:
         if device != "gpu":
             raise ValueError(f"NvJpegEncoder: device must be 'gpu', got {device!r}")
-        nvimgcodec: Any = importlib.import_module("nvidia.nvimgcodec")
         self.device = device
         self.gpu_min_pixels = gpu_min_pixels
         self.settings = settings or EncodeSettings()
         self._cpu = CpuEncoder("cpu", self.settings)
+        try:
+            nvimgcodec: Any = importlib.import_module("nvidia.nvimgcodec")
+        except ImportError:  # a stock PyTorch image: no nvImageCodec; every format on the CPU encoder
+            self.version = "host-encode-1"
+            self._encoder: Any = None
+            return
         self._nvimgcodec = nvimgcodec
         self._encoder = nvimgcodec.Encoder(device_id=device_id, backends=gpu_encode_backends(nvimgcodec))
         self._subsampling = {
@@ -180,7 +187,8 @@ class NvJpegEncoder:
             )
         h, w = image.shape[:2]
         on_gpu = (
-            preset.format == "jpeg"
+            self._encoder is not None
+            and preset.format == "jpeg"
             and image.ndim == 3
             and image.shape[2] == 3
             and h * w >= self.gpu_min_pixels

@@ -46,3 +46,17 @@ def test_the_jpeg_encoder_admits_the_hybrid_kind_nvjpeg_registers_as(monkeypatch
     assert _Kind.HYBRID_CPU_GPU in kinds  # nvJPEG's CUDA encoder: without it no encoder matches
     assert _Kind.GPU_ONLY in kinds
     assert _Kind.CPU_ONLY not in kinds  # host encodes go through CpuEncoder, not nvImageCodec
+
+
+def test_without_nvimagecodec_the_gpu_encoder_encodes_on_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from gpu_kernels.codec.encode import CpuEncoder
+    from gpu_kernels.presets import load_presets
+
+    monkeypatch.setitem(sys.modules, "nvidia.nvimgcodec", None)  # import fails as where it is not installed
+    enc = NvJpegEncoder("gpu")
+    assert enc.version == "host-encode-1"
+    image = np.random.default_rng(0).integers(0, 256, (900, 800, 3), dtype=np.uint8)  # > gpu_min_pixels
+    preset = next(p for p in load_presets().values() if p.format == "jpeg")
+    assert enc.encode(image, preset) == CpuEncoder().encode(image, preset)
