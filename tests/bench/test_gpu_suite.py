@@ -74,9 +74,9 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_suite_pack.py"), str(out), "--from-installed",
                     "--no-model"], check=True, timeout=120, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-    model = Path(os.environ.get("LIGHTBOX_MODEL_DIR") or Path.home() / ".cache" / "lightbox" / "models") / "u2netp"
-    if not (model / "u2netp.batched.onnx").is_file():
-        pytest.skip(f"no cached u2netp in {model} (python -m gpu_kernels.segment.fetch_model)")
+    from gpu_kernels.segment.fetch_model import ensure_u2netp
+
+    model = Path(ensure_u2netp().batched).parent  # fetched here, before the run: the run itself is offline
     (out / "model").mkdir()
     for name in ("u2netp.onnx", "u2netp.batched.onnx", "u2netp.batched.json"):
         os.symlink(model / name, out / "model" / name)
