@@ -14,9 +14,10 @@ order, as ``XpOps`` and ``xp``-generic code make them on CuPy) and reports, for 
 
 Stages counted: the mask refinement of ``segment`` (``alpha_from_probability`` from the model's
 probability, with the image: guided edge, islands, holes, matte) and the edge decontamination of
-``correct`` (``retouch.matting.decontaminate``), on synthetic ~1 MP product photos. The RawKernel
-passes of ``correct`` and ``render`` (one launch per image and per preset) and the decode and
-encode libraries are not array-module code and are not counted here.
+``correct`` (``retouch.matting_device.decontaminate_device``, what ``CupyRetoucher`` runs), on
+synthetic ~1 MP product photos. The RawKernel passes of ``correct`` and ``render`` (one launch
+per image and per preset) and the decode and encode libraries are not array-module code and are
+not counted here.
 
     python3 bench/gpu_host_work.py [--batch 64] [--size 1000] [--json FILE]
 
@@ -221,7 +222,7 @@ def synth(k: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def count_batch(batch: int, size: int) -> dict[str, Any]:
     """Tally the counted stages over ``batch`` images; per image and per batch figures."""
-    from gpu_kernels.retouch.matting import decontaminate
+    from gpu_kernels.retouch.matting_device import decontaminate_device as decontaminate
     from gpu_kernels.segment.ops import XpOps
     from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
 
