@@ -22,3 +22,20 @@ def test_whole_frame_erosion_on_the_device_equals_the_tiled_one() -> None:
         whole = erode_near_outline(hard, radius, device)
         assert np.array_equal(tiled, whole), radius
         assert tiled.sum() < hard.sum()  # it did erode
+
+
+def test_the_device_erosion_is_one_call_and_no_host_read() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench.gpu_host_work import TALLY, _wrap, counted_modules
+
+    xp, cndi = counted_modules()
+    ops = XpOps(xp, cndi, "gpu")
+    mask = np.zeros((700, 900), bool)
+    mask[100:600, 150:800] = True
+    ops.erode(_wrap(mask), 5)  # the disk goes to the device once
+    TALLY.__init__()  # type: ignore[misc]
+    erode_near_outline(_wrap(mask), 5, ops)
+    assert (TALLY.calls, TALLY.syncs) == (1, 0), (TALLY.by_name, TALLY.sync_names)
