@@ -19,7 +19,7 @@
 #
 # Steps, most important first (limit in seconds):
 #   preflight  15  imports, model file, device, driver, a CuPy kernel compile, decoder, runtime
-#   e2e        90  `lightbox process` end to end: img/s, p50/p99 at batches 8/32/64, 3 presets
+#   e2e        90  `lightbox process` end to end: img/s, p50/p99 at batches 64/32/8, 3 presets
 #   model      60  u2netp by batch 1-64: fp32/fp16 x plain/CUDA graphs (ONNX Runtime), else
 #                  fp16/bf16/fp32 x eager/graphs (torch); the FP16 gate
 #   decode     30  DALI decode by batch and hardware-decoder share; nvJPEG encode sizes
@@ -88,7 +88,7 @@ if ! step preflight 15 $PY bench/gpu_suite_preflight.py --model "$MODEL"; then
 fi
 MODE=$(cat "$WORK/mode")
 DRY=(); [[ "$MODE" == cpu ]] && DRY=(--dry-run-cpu)
-step e2e 90 $PY bench/gpu_e2e_grid.py --model "$MODEL" --n "${E2E_N:-512}" --batches "${E2E_BATCHES:-8,32,64}" \
+step e2e 90 $PY bench/gpu_e2e_grid.py --model "$MODEL" --n "${E2E_N:-512}" --batches "${E2E_BATCHES:-64,32,8}" \
   --out "$WORK/e2e.json"
 CUDA_EP=$($PY -c "import onnxruntime as o; print(int('CUDAExecutionProvider' in o.get_available_providers()))" 2>/dev/null)
 if [[ "$MODE" == gpu && "$CUDA_EP" != 1 ]]; then  # the torch runtime is the model's GPU path here

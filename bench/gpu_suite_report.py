@@ -113,7 +113,8 @@ def draw(report: dict[str, Any], png: Path) -> None:
     rows = report["rows"]
     fig, axes = plt.subplots(2, 2, figsize=(13, 9))
     ax = axes[0][0]
-    e2e = [r for r in rows.get("e2e", []) if r.get("kind") == "row" and "img_per_s" in r]
+    e2e = sorted((r for r in rows.get("e2e", []) if r.get("kind") == "row" and "img_per_s" in r),
+                 key=lambda r: r["batch"])
     if e2e:
         b = [r["batch"] for r in e2e]
         ax.plot(b, [r["img_per_s"] for r in e2e], marker="o", color="C0", label="img/s")
