@@ -69,7 +69,7 @@ def check_gpu() -> dict[str, Any]:
     import onnxruntime as ort
 
     runtimes = ["onnxruntime-cuda"] if "CUDAExecutionProvider" in ort.get_available_providers() else []
-    from gpu_kernels.segment.torch_runner import torch_cuda_available
+    from gpu_kernels.segment.machine import torch_cuda_available
 
     if torch_cuda_available():
         runtimes.append("torch-cuda")
