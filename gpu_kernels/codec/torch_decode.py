@@ -100,12 +100,12 @@ class TorchvisionDecoder:
             return []
         try:
             images = self._decode(data)
-        except RuntimeError:  # one bad image fails the list: decode them one by one
+        except (RuntimeError, TypeError, ValueError):  # one bad image fails the list: one by one
             images = []
             for blob in data:
                 try:
                     images.extend(self._decode([blob]))
-                except RuntimeError:
+                except (RuntimeError, TypeError, ValueError):
                     images.append(None)
         refused = []
         for i, image in zip(index, images, strict=True):
