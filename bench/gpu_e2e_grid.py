@@ -84,7 +84,7 @@ def rate_row(batch: int, summary: Any, stage_rows: list[Any], runtime: str) -> d
 
 
 def run_grid(device: str, n: int, size: int, batches: list[int], runtime: str, model: Path,
-             segmenter: str = "model") -> dict[str, Any]:
+             segmenter: str = "model", cuda_graphs: bool = False) -> dict[str, Any]:
     from agents.wiring import build_processor
     from lightbox.offline import process_files
     from lightbox.report import stage_table
@@ -94,10 +94,11 @@ def run_grid(device: str, n: int, size: int, batches: list[int], runtime: str, m
     files = synth_photos(tmp / "in", n, size)
     t0 = time.perf_counter()
     settings = Settings(device=device, segmenter=segmenter, segment_runtime=runtime, max_batch=max(batches),
-                        model_path=model, cuda_graphs=device == "gpu")
+                        model_path=model, cuda_graphs=cuda_graphs and device == "gpu")
     processor = build_processor(settings)
     label = "classical" if segmenter == "classical" else processor.model_version
     out: dict[str, Any] = {"device": device, "n": n, "size": size, "presets": PRESETS, "segmenter": segmenter,
+                           "cuda_graphs": settings.segment.cuda_graphs,
                            "model_version": processor.model_version, "setup_s": round(time.perf_counter() - t0, 2),
                            "rows": []}
     append_row({k: v for k, v in out.items() if k != "rows"}, kind="setup")
@@ -124,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--segmenter", default="model", choices=("model", "classical"),
                     help="model (default): every mask from the model; classical: the border-colour segmenter, "
                          "labelled so in every row")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help="capture the model's CUDA graphs at start (one per bucket up to the largest batch: "
+                         "adds their capture to the set-up time; bench/gpu_model_grid.py measures their gain)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "gpu_e2e_grid.json")
     args = ap.parse_args(argv)
     from streams.settings import Settings
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = local_model(args.model)
         result |= run_grid(device, n, size, batches, args.runtime if device == "gpu" else "fp32", model,
-                           args.segmenter)
+                           args.segmenter, args.cuda_graphs)
     except Exception:
         result |= {"status": "failed", "error": traceback.format_exc(limit=8)}
         append_row({"error": result["error"][-600:]}, kind="error")
