@@ -157,34 +157,34 @@ def grid(model: Path, gpu: bool, batches: tuple[int, ...], budget_s: float) -> l
 
         if "TensorrtExecutionProvider" in ort.get_available_providers():
             modes.append(("tensorrt", {"cuda_graphs": False, "use_tensorrt": True}))
-    for precision, path, why in paths:
-        for mode, opts in modes:
-            if mode == "tensorrt" and precision == "fp16":
-                continue  # TensorRT builds its own fp16 engine from the fp32 model
-            if path is None:
-                rows.append(_noted({"precision": precision, "mode": mode, "error": why}))
-                continue
-            t0 = time.perf_counter()
-            try:
-                seg = OnnxSegmenter(path, device="gpu" if gpu else "cpu", max_batch=max(batches), **opts) \
-                    if gpu else OnnxSegmenter(path, max_batch=max(batches), threads=2)
-            except Exception as exc:
-                rows.append(_noted({"precision": precision, "mode": mode,
-                                    "error": f"{type(exc).__name__}: {exc}"[:400]}))
-                continue
-            setup = time.perf_counter() - t0
-            if mode == "tensorrt" and not tensorrt_active(seg.providers):
-                rows.append(_noted({"precision": precision, "mode": mode, "providers": seg.providers,
-                                    "skipped": "TensorRT did not start (the session runs on CUDA): no tensorrt row"}))
-                seg.close()
-                continue
-            rows += batch_rows(seg, batches, xp, sync, budget_s, {"precision": precision, "mode": mode},
-                               max_iters=40 if gpu else 1)
-            extra = {"precision": precision, "mode": mode, "setup_s": round(setup, 2), "providers": seg.providers}
-            if mode == "cuda_graphs":
-                extra |= {"graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors}
-            rows.append(_noted(extra, "setup"))
+    # TensorRT last: its engine build may take minutes, and it builds its own fp16 engine from fp32
+    order = [(p, m) for m in modes if m[0] != "tensorrt" for p in paths] + \
+        [(paths[0], m) for m in modes if m[0] == "tensorrt"]
+    for (precision, path, why), (mode, opts) in order:
+        if path is None:
+            rows.append(_noted({"precision": precision, "mode": mode, "error": why}))
+            continue
+        t0 = time.perf_counter()
+        try:
+            seg = OnnxSegmenter(path, device="gpu" if gpu else "cpu", max_batch=max(batches), **opts) \
+                if gpu else OnnxSegmenter(path, max_batch=max(batches), threads=2)
+        except Exception as exc:
+            rows.append(_noted({"precision": precision, "mode": mode,
+                                "error": f"{type(exc).__name__}: {exc}"[:400]}))
+            continue
+        setup = time.perf_counter() - t0
+        if mode == "tensorrt" and not tensorrt_active(seg.providers):
+            rows.append(_noted({"precision": precision, "mode": mode, "providers": seg.providers,
+                                "skipped": "TensorRT did not start (the session runs on CUDA): no tensorrt row"}))
             seg.close()
+            continue
+        rows += batch_rows(seg, batches, xp, sync, budget_s, {"precision": precision, "mode": mode},
+                           max_iters=40 if gpu else 1)
+        extra = {"precision": precision, "mode": mode, "setup_s": round(setup, 2), "providers": seg.providers}
+        if mode == "cuda_graphs":
+            extra |= {"graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors}
+        rows.append(_noted(extra, "setup"))
+        seg.close()
     return rows
 
 
