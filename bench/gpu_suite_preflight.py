@@ -69,10 +69,11 @@ def check_gpu() -> dict[str, Any]:
     import onnxruntime as ort
 
     runtimes = ["onnxruntime-cuda"] if "CUDAExecutionProvider" in ort.get_available_providers() else []
-    from gpu_kernels.segment.machine import torch_cuda_available
+    if not runtimes:  # torch only when needed: its import alone can take seconds of the 15
+        from gpu_kernels.segment.machine import torch_cuda_available
 
-    if torch_cuda_available():
-        runtimes.append("torch-cuda")
+        if torch_cuda_available():
+            runtimes.append("torch-cuda")
     if not runtimes:
         raise Failed("no model runtime on the GPU: bring onnxruntime-gpu (CUDA 13 build) or torch with CUDA")
     found["model_runtimes"] = runtimes
