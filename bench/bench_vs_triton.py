@@ -6,7 +6,7 @@
         [--out bench/results]
 
 Needs Triton's own environment (Debian's Python 3.11 with nvidia-pytriton, onnxruntime, numpy;
-``LIGHTBOX_TRITON_PYTHON`` or /tmp/tritonenv/bin/python, see ``triton_runner.find_triton_python``).
+``LIGHTBOX_TRITON_PYTHON`` or ~/.cache/lightbox/tritonenv/bin/python, see ``triton_runner.find_triton_python``).
 
 One request = one photo (skimage's astronaut, coffee, chelsea, rocket, in turn), segmented end to
 end: lightbox's pre-processing, u2netp on ONNX Runtime (same model file, same session options,
