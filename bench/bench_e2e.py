@@ -16,7 +16,7 @@ thumb_webp (400x400 WebP).
   off, the model runtime chosen by ``--runtime`` (auto: the fidelity-gated choice).
 - ``lightbox lighting on, previous colour path`` (``--legacy-colour``): the same processor with
   ``RetouchConfig.legacy()`` (statistics on a strided 256-px sample, per-pixel white balance, the
-  whole image coloured), for the before/after of issue 15 item 3 in the same run.
+  whole image coloured), to compare the two colour paths in the same run.
 
 Non-model stages: everything but the model. For the naive script, its wall time minus the time in
 its ``mask`` (resize to 320, normalise, ``session.run``, mask back to full size); for lightbox,

@@ -1,5 +1,5 @@
-"""The same u2netp behind Triton's dynamic batcher vs lightbox's in-process adaptive batcher
-(issue 15 item 4): open-loop Poisson arrivals at 25 / 50 / 90 / 120 % of capacity.
+"""The same u2netp behind Triton's dynamic batcher vs lightbox's in-process adaptive batcher:
+open-loop Poisson arrivals at 25 / 50 / 90 / 120 % of capacity.
 
     PYTHONPATH=. .venv/bin/python bench/bench_vs_triton.py [--seconds 40] [--seed 15]
         [--queue-delay-ms 10] [--max-batch 16] [--threads 2] [--capacity RPS] [--loads 0.25,0.5,0.9,1.2]
