@@ -28,7 +28,7 @@ __all__ = ["FLAT", "PIPELINE_VERSION", "BackfillSettings", "BatchingSettings", "
            "LimitSettings", "ObserveSettings", "RunnerSettings", "SegmentSettings", "Settings", "StoreSettings",
            "TopicSettings", "TritonSettings", "WorkerSettings"]
 
-PIPELINE_VERSION = "0.2.0"  # bump whenever output bytes change: replays then get new event ids
+PIPELINE_VERSION = "0.3.0"  # bump whenever output bytes change: replays then get new event ids
 
 
 def _default_worker_id() -> str:
