@@ -83,3 +83,15 @@ def test_every_link_and_path_in_the_docs_exists(doc: Path) -> None:
             continue  # globs and benchmark output folders
         made_from = ROOT / (path + ".example")  # a git-ignored file made from its example
         assert (ROOT / path).exists() or made_from.exists(), f"{doc.name} names {path}, which does not exist"
+
+
+def test_dated_results_name_their_date_machine_and_commit() -> None:
+    import json
+
+    for path in sorted((ROOT / "bench" / "history").glob("*.json")):
+        doc = json.loads(path.read_text())
+        assert doc["command"].startswith("PYTHONPATH=. ") and (ROOT / doc["bench"]).is_file(), path.name
+        for run in doc["runs"]:
+            assert re.fullmatch(r"2\d{3}-\d\d-\d\d", run["date"]) and run["machine"], run
+            assert re.fullmatch(r"[0-9a-f]{7,40}", run["recorded_in"]), run
+            assert run["classes"] and all(v > 0 for c in run["classes"].values() for v in c.values()), run
