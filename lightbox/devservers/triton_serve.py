@@ -6,7 +6,7 @@ load)::
 
     /usr/bin/python3.11 -m venv ~/.cache/lightbox/tritonenv
     ~/.cache/lightbox/tritonenv/bin/pip install nvidia-pytriton onnxruntime numpy
-    ~/.cache/lightbox/tritonenv/bin/python gpu_kernels/segment/triton_serve.py MODEL.onnx --http-port 8000
+    ~/.cache/lightbox/tritonenv/bin/python lightbox/devservers/triton_serve.py MODEL.onnx --http-port 8000
 
 pytriton's bundled ``tritonserver`` has only the Python backend, so the model runs in an ONNX
 Runtime session inside the bound Python function; Triton's dynamic batcher (``--max-batch``,
