@@ -6,7 +6,8 @@ open-loop Poisson arrivals at 25 / 50 / 90 / 120 % of capacity.
         [--out bench/results]
 
 Needs Triton's own environment (Debian's Python 3.11 with nvidia-pytriton, onnxruntime, numpy;
-``LIGHTBOX_TRITON_PYTHON`` or ~/.cache/lightbox/tritonenv/bin/python, see ``lightbox.devservers.triton_local.find_triton_python``).
+``LIGHTBOX_TRITON_PYTHON`` or ~/.cache/lightbox/tritonenv/bin/python, see
+``lightbox.devservers.triton_local.find_triton_python``).
 
 One request = one photo (skimage's astronaut, coffee, chelsea, rocket, in turn), segmented end to
 end: lightbox's pre-processing, u2netp on ONNX Runtime (same model file, same session options,

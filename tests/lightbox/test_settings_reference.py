@@ -71,3 +71,37 @@ def test_values_in_effect_mask_secrets_and_say_where_they_came_from() -> None:
     assert rows["LIGHTBOX_KAFKA_SASL_USERNAME"] == ("svc", "default")  # given as a keyword here
     assert rows["LIGHTBOX_KAFKA_SSL_KEY_PASSWORD"] == ("unset", "default")
     assert "hunter" not in repr(rows)
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    import os
+    import sys
+
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("LIGHTBOX_")}
+    env = {**clean, "PYTHONPATH": str(ROOT), "COLUMNS": "250", "LIGHTBOX_STATE_DIR": str(cwd / "state"), **env}
+    return subprocess.run([sys.executable, "-m", "lightbox.cli", *args], cwd=cwd, text=True, capture_output=True,
+                          env=env, timeout=120, check=False)
+
+
+def test_lightbox_settings_prints_values_in_effect_and_masks_secrets(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("LIGHTBOX_MAX_IN_FLIGHT=9\nLIGHTBOX_KAFKA_SSL_KEY_PASSWORD=dotenv-secret\n")
+    out = _run(["settings"], {"LIGHTBOX_KAFKA_SASL_PASSWORD": "env-secret",
+                              "LIGHTBOX_S3_ENDPOINT": "https://key:url-secret@s3.example.com"}, tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = {ln.split()[0]: ln for ln in out.stdout.splitlines() if ln.strip().startswith("LIGHTBOX_")}
+    assert set(lines) == {r.variable for r in ref.rows()}
+    assert not any(s in out.stdout for s in ("env-secret", "dotenv-secret", "url-secret"))
+    assert ref.MASK in lines["LIGHTBOX_KAFKA_SASL_PASSWORD"] and "environment" in lines["LIGHTBOX_KAFKA_SASL_PASSWORD"]
+    assert ref.MASK in lines["LIGHTBOX_KAFKA_SSL_KEY_PASSWORD"] and ".env" in lines["LIGHTBOX_KAFKA_SSL_KEY_PASSWORD"]
+    assert "https://***@s3.example.com" in lines["LIGHTBOX_S3_ENDPOINT"]
+    assert " 9 " in lines["LIGHTBOX_MAX_IN_FLIGHT"] and ".env" in lines["LIGHTBOX_MAX_IN_FLIGHT"]
+    changed = _run(["settings", "--changed"], {}, tmp_path)
+    assert [ln.split()[0] for ln in changed.stdout.splitlines() if ln.strip().startswith("LIGHTBOX_")] == [
+        "LIGHTBOX_KAFKA_SSL_KEY_PASSWORD", "LIGHTBOX_MAX_IN_FLIGHT"]
+    assert _run(["settings", "--markdown"], {}, tmp_path).stdout == ref.markdown()
+
+
+def test_lightbox_settings_names_an_invalid_variable(tmp_path: Path) -> None:
+    out = _run(["settings"], {"LIGHTBOX_MAX_IN_FLIGHT": "many"}, tmp_path)
+    assert out.returncode == 2
+    assert "LIGHTBOX_MAX_IN_FLIGHT" in out.stderr and "integer" in out.stderr
