@@ -91,6 +91,6 @@ def main() -> None:
         raise SystemExit(2) from None
     finally:
         # The command is over and closed what it opened; the interpreter's last full collection at
-        # exit would walk every object the imports made (~0.12 s of a one-photo `process`) only to
+        # exit would walk every object the imports made (docs/performance.md: fcca375) only to
         # free memory the exit frees anyway. Frozen objects are skipped (atexit handlers still run).
         gc.freeze()
