@@ -23,9 +23,10 @@ def settings(
     """Every LIGHTBOX_* setting: its value in effect and where it came from (environment, .env or
     default), its default and its meaning. Secrets and credentials in URLs are masked.
 
-    Exits 2 naming the variable when a value is invalid, as a worker would refuse it. The variables
-    read outside the settings (local development servers, Triton's environment) are listed with
-    `--markdown`; docs/settings.md is that output."""
+    Exits 2 naming the variable when a value is invalid, as a worker would refuse it.
+
+    --markdown prints the reference that docs/settings.md holds, with the variables read outside
+    the settings (local development servers, Triton's environment)."""
     from dotenv import dotenv_values
     from pydantic import ValidationError
 
@@ -47,19 +48,22 @@ def settings(
         err.print("fix it in the environment or the .env file; `lightbox settings --markdown` lists every setting")
         raise typer.Exit(2) from None
     dotenv = dotenv_values(env_file) if os.path.isfile(env_file) else {}
+    # explicit widths: Rich folds a long value at a width wider than the one it then crops to
+    width = max(console.width, 60)
+    name_w = min(60, max(42, width // 2))
+    value_w = width - name_w - 11 - 6  # 11: "environment"; 6: the columns' padding
     table = Table(box=None, show_header=True, padding=(0, 1))
-    table.add_column("variable", no_wrap=True)
-    table.add_column("in effect", overflow="fold")
-    table.add_column("from", no_wrap=True)
-    table.add_column("default", overflow="fold")
-    table.add_column("meaning", overflow="fold")
+    table.add_column("variable (meaning; default)", overflow="fold", width=name_w)
+    table.add_column("from", no_wrap=True, width=11)
+    table.add_column("in effect", overflow="fold", width=value_w)
     section = ""
     for row, value, source in in_effect(current, os.environ, dotenv):
         if changed and source == "default":
             continue
         if row.sections[0] != section:
             section = row.sections[0]
-            table.add_row(f"[bold]{section}[/]", "", "", "", "")
+            table.add_row(f"[bold]{section}[/]", "", "")
         colour = "" if source == "default" else "[cyan]"
-        table.add_row(row.variable, colour + escape(value), source, escape(row.default), escape(row.meaning))
+        table.add_row(f"{row.variable}\n[dim]{escape(row.meaning)}; default: {escape(row.default)}[/]",
+                      source, colour + escape(value))
     console.print(table)
