@@ -22,7 +22,7 @@ def _names_on_line(text: str, start: str) -> tuple[str, ...]:
 
 
 def test_the_lanes_architecture_md_names_are_the_codes() -> None:
-    from agents.intake import LANES as RUNNER_LANES
+    from agents.intake import RUNNER_LANES
     from gpu_kernels.stages import LANES as STAGE_LANES
 
     assert _names_on_line(ARCHITECTURE, "- The runner's lanes") == RUNNER_LANES
