@@ -10,6 +10,11 @@ the same three presets (taobao_main 800², xiaohongshu_cover 1080×1440, thumb_w
 - ``lightbox``: ``lightbox worker`` with default settings (CPU, this checkout); ProductImageEvents
   naming the file (``file://``).
 
+Load levels are fractions of the peer's capacity measured in the same run, so the offered rates
+follow the machine's speed at the time (the JSON keeps them, ``offered_img_s``, and each level's
+realised arrival rate, ``arrived_per_s``: a few dozen Poisson arrivals come some percent off the
+rate).
+
 Both run the same u2netp file (lightbox's cached copy, linked where rembg looks; see
 ``bench/bench_peers.py``). The broker is one local Apache Kafka the benchmark starts; each
 service gets fresh topics (4 partitions; output with ``LogAppendTime``) and a group of its own.
@@ -196,7 +201,9 @@ async def drive(bootstrap: str, svc: Service, files: list[Path], offsets: list[f
     lat = sorted(e - a for a, e in zip(arrivals, ends, strict=True))
     span = max(ends) - min(arrivals)
     out_span = max(ends) - min(ends)
+    spread = max(arrivals) - min(arrivals)
     return {"events": n, "failed": sum(1 for k in keys if done[k][1]),
+            "arrived_per_s": round((n - 1) / spread, 4) if spread > 0 else None,
             "throughput": round(n / span, 4) if span > 0 else None,
             "capacity": round((n - 1) / out_span, 4) if offsets is None and out_span > 0 else None,
             "p50_s": round(_pct(lat, 50), 3), "p99_s": round(_pct(lat, 99), 3), "max_s": round(lat[-1], 3),
@@ -283,7 +290,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     classes = list(summary)
-    fig, axes = plt.subplots(2, len(classes), figsize=(4.2 * len(classes), 6.4), squeeze=False)
+    fig, axes = plt.subplots(2, len(classes), figsize=(max(7.0, 4.2 * len(classes)), 6.4), squeeze=False)
     for j, cls in enumerate(classes):
         lv = summary[cls]["levels"]
         x = [float(k) * 100 for k in lv]
@@ -299,7 +306,7 @@ def plot(summary: dict[str, Any], path: Path) -> None:
         axes[1][j].set_xlabel("offered load, % of the peer's capacity")
         for ax in axes[:, j]:
             ax.legend(fontsize=7)
-    fig.suptitle("lightbox worker vs an aiokafka + rembg consumer, same broker, photos, presets", fontsize=10)
+    fig.suptitle("lightbox worker vs an aiokafka + rembg consumer\n(same broker, photos, presets)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -373,7 +380,8 @@ def main() -> None:
     for cls, s in summary.items():
         cap = s["capacity_img_s"]
         print(f"{cls:6s} capacity (backlog): peer {cap['peer']:.2f} img/s, lightbox {cap['lightbox']:.2f} img/s, "
-              f"{s['capacity_ratio']:.2f}x")
+              f"{s['capacity_ratio']:.2f}x; CPU s per image peer {s['capacity_cpu_s_per_image']['peer']:.2f}, "
+              f"lightbox {s['capacity_cpu_s_per_image']['lightbox']:.2f}")
         for load, lv in s["levels"].items():
             print(f"{cls:6s} {float(load):5.0%} {rates[cls][float(load)]:8.2f} {lv['peer']['throughput']:9.2f} "
                   f"{lv['lightbox']['throughput']:8.2f} {lv['throughput_ratio']:5.2f}x {lv['peer']['p99_s']:9.2f} "
