@@ -116,7 +116,7 @@ def start(kind: str, bootstrap: str, files: list[Path], work: Path, peer_py: Pat
 
 
 def stop(svc: Service) -> None:
-    from lightbox.launch import terminate
+    from lightbox.devservers.launch import terminate
 
     terminate(svc.proc.pid, 60)
 
@@ -336,7 +336,7 @@ def main() -> None:
     model_file()
     peer_py = peer_python(args.rembg_venv or out.parent / "rembg-venv")
     compile_packages()
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
 
     work = out / "work"
     kafka = LocalKafka.start(port=args.kafka_port, data_dir=args.kafka_dir,
