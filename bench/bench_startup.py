@@ -54,34 +54,36 @@ GROUPS = {
 
 def child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
     """``lightbox process``'s steps for ``photo`` into ``presets`` (comma-separated), each timed
-    (seconds), and the photo's stage milliseconds. Run in a fresh interpreter (``--child``): the
+    (wall seconds, ``steps``, and the process's CPU seconds, all threads, ``steps_cpu``: far less
+    disturbed by other load on a shared machine), and the photo's stage milliseconds. Run in a fresh interpreter (``--child``): the
     imports are the first ones (so the presets come on the command line, not from bench_peers)."""
-    marks = [time.perf_counter()]
+    marks = [(time.perf_counter(), time.process_time())]
     import lightbox.cli  # typer, rich, pydantic-settings, streams.settings
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     from streams.settings import Settings
 
     settings = Settings().model_copy(update={"output_dir": None})
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     import agents.wiring  # noqa: F401
     import lightbox.offline  # noqa: F401
     from gpu_kernels.segment.openvino_runner import openvino_available
 
     openvino_available()  # imports OpenVINO as the runtime does (without its model converter)
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     from agents.wiring import build_processor
     from lightbox.offline import process_files
 
     processor = build_processor(settings)
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     processor.pipeline.device_callers(1, lone_latency=False)
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     summary = process_files([photo], processor, out, presets=presets.split(","), batch_size=1)
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     processor.close()
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     (result,) = summary.results
-    return {"steps": {name: b - a for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
+    return {"steps": {name: b[0] - a[0] for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
+            "steps_cpu": {name: b[1] - a[1] for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
             "stages_ms": result.line.get("stages_ms", {}), "ok": result.ok}
 
 
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [sys.executable, str(Path(__file__).resolve()), "--child", str(photo), str(work / "steps"), PRESETS]
     whole: dict[str, list[dict[str, float]]] = {"lightbox": [], "naive": []}
     step_runs: list[dict[str, float]] = []
+    step_cpu_runs: list[dict[str, float]] = []
     stage_runs: list[dict[str, float]] = []
     import_runs: list[dict[str, float]] = []
     python_runs: list[float] = []
@@ -156,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             python_runs.append(timed([sys.executable, "-c", "pass"], env)[0])
             got = json.loads(timed(steps, env)[2].stdout)
             step_runs.append(got["steps"])
+            step_cpu_runs.append(got["steps_cpu"])
             stage_runs.append(got["stages_ms"])
             shutil.rmtree(work / "lb", ignore_errors=True)
             import_runs.append(import_times(timed([sys.executable, "-X", "importtime", *lightbox[1:]], env)[2].stderr))
@@ -166,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"photo": photo.name, "rounds": args.rounds,
               "whole": {tool: median_of(runs) for tool, runs in whole.items()},
               "python_start_s": statistics.median(python_runs), "steps_s": median_of(step_runs),
+              "steps_cpu_s": median_of(step_cpu_runs),
               "stages_ms": median_of(stage_runs), "imports_s": median_of(import_runs)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "startup.json").write_text(json.dumps(report, indent=2))
@@ -179,14 +184,14 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"\none photo ({report['photo']}), whole processes, median of {report['rounds']} rounds:")
     for tool in ("lightbox", "naive"):
         print(f"  {tool:9} {w[tool]['wall_s']:.2f} s wall, {w[tool]['cpu_s']:.2f} s CPU")
-    print("lightbox process, step by step (a child replaying its steps; wall seconds):")
+    print("lightbox process, step by step (a child replaying its steps; wall and CPU seconds):")
     print(f"  {'python start':18} {report['python_start_s']:.3f}")
     for name in STEPS:
         extra = ""
         if name == "photo":
             stages = report["stages_ms"]
             extra = "  (" + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 1) + " ms)"
-        print(f"  {name:18} {report['steps_s'][name]:.3f}{extra}")
+        print(f"  {name:18} {report['steps_s'][name]:.3f}  cpu {report['steps_cpu_s'][name]:.3f}{extra}")
     imports = report["imports_s"]
     total = sum(imports.values()) or 1.0
     print("import time by package (python -X importtime, own time summed; shares of its total):")
