@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from lightbox import startup
 from lightbox.cli.common import console, err
 from lightbox.show import print_latency_table
 from streams.settings import Settings
@@ -61,6 +62,7 @@ def process(
             # the model compiles what the device lane's threads will run on (1 thread on a GPU)
             callers = processor.pipeline.side_by_side if len(files) > 1 else 1
             processor.pipeline.device_callers(callers, lone_latency=False)
+            startup.settle()  # the pipeline is built: back to the usual garbage collection
         except (LightboxError, OSError) as exc:
             if processor is not None:
                 processor.close()
