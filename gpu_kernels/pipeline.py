@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gpu_kernels.backends import Decoder, Encoder, Retoucher, Segmenter
+from gpu_kernels.segment.runtime import prepare_callers, side_by_side
 from gpu_kernels.stages.base import (
     LANES,
     BatchContext,
@@ -146,21 +147,13 @@ class RetouchPipeline:
     def side_by_side(self) -> int:
         """How many device-lane calls the model runs at once to good effect: OpenVINO on a CPU,
         its streams (2); 1 for every other model or none."""
-        return max(1, int(getattr(self.segmenter, "streams", 1)))
+        return side_by_side(self.segmenter)
 
     def device_callers(self, n: int, *, lone_latency: bool = True) -> None:
         """Tell the model that ``n`` threads run the device lane at once (``lightbox process`` and
-        the worker do with ``side_by_side`` threads): OpenVINO then runs a single image on one of
-        its streams, beside the other caller's, instead of on all threads; with ``lone_latency``
-        (the worker: latency at light load) not when no other call is about, without it (``process``:
-        throughput only) always. A model that compiles per use (OpenVINO) compiles what those calls
-        run on now: a model that cannot load fails here, at start-up, not on the first image."""
-        callers = getattr(self.segmenter, "callers", None)  # a model with streams (not in the Segmenter protocol)
-        if callers is not None:
-            callers.concurrent, callers.lone_latency = n > 1, lone_latency
-        prepare = getattr(self.segmenter, "prepare", None)  # compile what those calls run on, now
-        if prepare is not None:
-            prepare()
+        the worker do with ``side_by_side`` threads): see :func:`prepare_callers`."""
+        if self.segmenter is not None:
+            prepare_callers(self.segmenter, n, lone_latency=lone_latency)
 
     @property
     def versions(self) -> dict[str, str]:

@@ -68,7 +68,9 @@ __all__ = [
     "gate_images",
     "make_model_segmenter",
     "mask_iou",
+    "prepare_callers",
     "run_gate",
+    "side_by_side",
 ]
 
 log = logging.getLogger(__name__)
@@ -523,3 +525,24 @@ def _torch_gpu_segmenter(model_path: Path, spec: ModelSpec, runtime: str, max_ba
         return candidate, RuntimeChoice("torch-fp16", "passed the gate", [result])
     candidate.close()
     return make("fp32"), RuntimeChoice("torch-fp32", "torch fp16 failed the gate", [result])
+
+
+def prepare_callers(segmenter: Segmenter, n: int, *, lone_latency: bool = True) -> None:
+    """Tell ``segmenter`` that ``n`` threads call it at once: OpenVINO then runs a single image on
+    one of its streams, beside the other caller's, instead of on all threads; with
+    ``lone_latency`` (the worker: latency at light load) not when no other call is about, without
+    it (``process``: throughput only) always. A model that compiles per use (OpenVINO) compiles
+    what those calls run on now: a model that cannot load fails here, at start-up, not on the
+    first image. Again for the same ``n``: nothing more to compile."""
+    callers = getattr(segmenter, "callers", None)  # a model with streams (not in the Segmenter protocol)
+    if callers is not None:
+        callers.concurrent, callers.lone_latency = n > 1, lone_latency
+    prepare = getattr(segmenter, "prepare", None)  # compile what those calls run on, now
+    if prepare is not None:
+        prepare()
+
+
+def side_by_side(segmenter: Segmenter | None) -> int:
+    """How many calls ``segmenter`` runs at once to good effect: OpenVINO on a CPU, its streams
+    (2); 1 for every other model or none."""
+    return max(1, int(getattr(segmenter, "streams", 1)))

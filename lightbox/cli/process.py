@@ -34,10 +34,6 @@ def process(
     (<sku>.<preset>.<ext>) with a progress bar, write OUT/results.jsonl (one line per input,
     dead-letter reasons included) and print the per-stage latency table. Exit code 1 when
     any input became a dead letter."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from agents.wiring import build_processor
-    from lightbox.offline import OfflineResult, process_files
     from schemas.errors import LightboxError
     from streams.producer import iter_image_files
 
@@ -58,16 +54,21 @@ def process(
     processor = None
     with err.status("loading the pipeline…"):
         try:  # a model file that is missing, unreadable, or that the runtime cannot load fails here
-            processor = build_processor(settings.model_copy(update={"output_dir": None}))
-            # the model compiles what the device lane's threads will run on (1 thread on a GPU)
-            callers = processor.pipeline.side_by_side if len(files) > 1 else 1
-            processor.pipeline.device_callers(callers, lone_latency=False)
+            # the model compiles what the device lane's threads will run on (1 thread on a GPU or
+            # for one file), beside the imports and the build of the rest of the pipeline
+            processor = startup.load_processor(settings.model_copy(update={"output_dir": None}),
+                                               lambda side_by_side: side_by_side if len(files) > 1 else 1)
             startup.settle()  # the pipeline is built: back to the usual garbage collection
         except (LightboxError, OSError) as exc:
             if processor is not None:
                 processor.close()
             err.print(f"[red]cannot load the pipeline:[/] {exc}", soft_wrap=True)
             raise typer.Exit(2) from None
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lightbox.offline import OfflineResult, process_files
+
+    callers = processor.pipeline.side_by_side if len(files) > 1 else 1
     err.print(f"{len(files)} files, device {processor.pipeline.device}, model {processor.model_version}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[failed]} dead letters"))
