@@ -10,10 +10,12 @@ The photo is the peer benchmark's first small one (``bench/peer_photos.py``; cla
 - the naive script (``bench/peer_naive.py``) on the same photo: the same two figures;
 - a child that makes ``lightbox process``'s steps one after another with a clock between them:
   importing the CLI (typer, rich, pydantic-settings: the settings), reading the settings,
-  importing the pipeline's modules (NumPy, OpenCV, OpenVINO, lightbox's own), building the
-  pipeline (the model's checksum, the cached runtime verdict, the backends), compiling the
-  model for one caller (from OpenVINO's cache), the photo through every stage (with the stages'
-  own milliseconds from its result line) and closing; Python's own start is a ``python -c pass``;
+  importing the model's runtimes (NumPy, ONNX Runtime, OpenVINO), the model made (its checksum,
+  the cached runtime verdict) and compiled for one caller (from OpenVINO's cache) on a thread
+  while the rest of the pipeline is imported (OpenCV, lightbox's own) and built
+  (``lightbox.startup.load_processor``, as ``process`` does), the photo through every stage
+  (with the stages' own milliseconds from its result line) and closing; Python's own start is a
+  ``python -c pass``;
 - the same ``lightbox process`` under ``python -X importtime``: each imported module's own time,
   summed by package. That clock slows every import down, so read its shares, not its sum.
 
@@ -38,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-STEPS = ("cli imports", "settings", "pipeline imports", "build", "model compile", "photo", "close")
+STEPS = ("cli imports", "settings", "model imports", "model + pipeline", "photo", "close")
 # packages by who brings them in; the rest is Python's own library or "other"
 GROUPS = {
     "numpy": ("numpy",),
@@ -55,28 +57,30 @@ GROUPS = {
 def child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
     """``lightbox process``'s steps for ``photo`` into ``presets`` (comma-separated), each timed
     (wall seconds, ``steps``, and the process's CPU seconds, all threads, ``steps_cpu``: far less
-    disturbed by other load on a shared machine), and the photo's stage milliseconds. Run in a fresh interpreter (``--child``): the
-    imports are the first ones (so the presets come on the command line, not from bench_peers)."""
+    disturbed by other load on a shared machine), and the photo's stage milliseconds. Run in a
+    fresh interpreter (``--child``): the imports are the first ones (so the presets come on the
+    command line, not from bench_peers)."""
     marks = [(time.perf_counter(), time.process_time())]
-    import lightbox.cli  # typer, rich, pydantic-settings, streams.settings
+    import lightbox.cli  # noqa: F401 - typer, rich, pydantic-settings, streams.settings
     marks.append((time.perf_counter(), time.process_time()))
     from streams.settings import Settings
 
     settings = Settings().model_copy(update={"output_dir": None})
     marks.append((time.perf_counter(), time.process_time()))
-    import agents.wiring  # noqa: F401
-    import lightbox.offline  # noqa: F401
+    from gpu_kernels.segment import make_model_segmenter  # noqa: F401 - the model's runtimes (ONNX Runtime)
     from gpu_kernels.segment.openvino_runner import openvino_available
 
     openvino_available()  # imports OpenVINO as the runtime does (without its model converter)
     marks.append((time.perf_counter(), time.process_time()))
-    from agents.wiring import build_processor
+    from lightbox import startup
+
+    # as `process` does: the model made, its compilation on a thread beside the imports and the
+    # build of the rest of the pipeline, then the start's garbage-collection hold released
+    processor = startup.load_processor(settings, lambda side_by_side: 1)
+    startup.settle()
+    marks.append((time.perf_counter(), time.process_time()))
     from lightbox.offline import process_files
 
-    processor = build_processor(settings)
-    marks.append((time.perf_counter(), time.process_time()))
-    processor.pipeline.device_callers(1, lone_latency=False)
-    marks.append((time.perf_counter(), time.process_time()))
     summary = process_files([photo], processor, out, presets=presets.split(","), batch_size=1)
     marks.append((time.perf_counter(), time.process_time()))
     processor.close()

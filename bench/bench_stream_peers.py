@@ -87,6 +87,7 @@ class Service:
     tag: str
     out: Path
     sent: dict[bytes, float] = field(default_factory=dict)  # key -> scheduled arrival (epoch s)
+    model: str = ""  # lightbox: the model and runtime its processed events name
 
 
 def peer_python(venv: Path) -> Path:
@@ -190,6 +191,8 @@ async def drive(bootstrap: str, svc: Service, files: list[Path], offsets: list[f
                 for r in records:
                     if r.key in mine and r.key not in done:
                         done[r.key] = (r.timestamp / 1000, failed(svc, r.topic, r.value))
+                        if svc.kind == "lightbox" and not svc.model and r.topic == svc.topics["output"]:
+                            svc.model = str(_codecs().processed.decode(r.value).get("model_version", ""))
         await sender
     finally:
         sender.cancel()
@@ -240,6 +243,7 @@ def run_service(kind: str, bootstrap: str, cls: str, files: list[Path], work: Pa
     row: dict[str, Any] = {}
     try:
         asyncio.run(drive(bootstrap, svc, files[:1], [0.0], "warm", 900))
+        row["model"] = svc.model or "rembg u2netp (ONNX Runtime)"
         if backlog is not None:
             row["capacity"] = asyncio.run(drive(bootstrap, svc, [files[i % len(files)] for i in range(backlog)],
                                                 None, "backlog", 1800))
@@ -276,6 +280,7 @@ def summarise(capacity: dict[str, dict[str, list[dict[str, Any]]]],
                               "cpu_ratio": round(m["peer"]["cpu_s_per_image"] / m["lightbox"]["cpu_s_per_image"],
                                                  3)}
         summary[cls] = {"capacity_img_s": {s: round(v, 3) for s, v in caps.items()},
+                        "model": {s: sorted({r.get("model", "") for r in levels[cls][s]}) for s in SERVICES},
                         "capacity_ratio": round(caps["lightbox"] / caps["peer"], 3),
                         "capacity_cpu_s_per_image": {s: round(med(r["cpu_s_per_image"] for r in capacity[cls][s]), 3)
                                                      for s in SERVICES},
@@ -350,7 +355,7 @@ def main() -> None:
             for s in SERVICES if c % 2 == 0 else SERVICES[::-1]:
                 backlog = args.backlog or 2 * len(files)
                 row = run_service(s, kafka.bootstrap, cls, files, work, peer_py, backlog, None, args, args.seed)
-                capacity[cls][s].append(row["capacity"])
+                capacity[cls][s].append({**row["capacity"], "model": row["model"]})
                 print(f"  {s:8s} {cls:5s} capacity {row['capacity']['capacity']:.2f} img/s "
                       f"({backlog} photos at once)", flush=True)
             rates[cls] = {load: capacity[cls]["peer"][0]["capacity"] * load for load in LOADS}
@@ -364,7 +369,8 @@ def main() -> None:
     finally:
         kafka.stop()
         shutil.rmtree(work, ignore_errors=True)
-    lost = sum(lv["failed"] for cl in levels.values() for rows in cl.values() for row in rows for lv in row.values())
+    lost = sum(lv["failed"] for cl in levels.values() for rows in cl.values() for row in rows
+               for lv in row.values() if isinstance(lv, dict))
     summary = summarise(capacity, levels)
     report = {"presets": PRESETS, "rounds": rounds, "quick": args.quick, "seconds_per_level": args.seconds,
               "min_events": args.min_events, "loads": LOADS, "offered_img_s": rates, "cpus": os.cpu_count(),
@@ -381,7 +387,8 @@ def main() -> None:
         cap = s["capacity_img_s"]
         print(f"{cls:6s} capacity (backlog): peer {cap['peer']:.2f} img/s, lightbox {cap['lightbox']:.2f} img/s, "
               f"{s['capacity_ratio']:.2f}x; CPU s per image peer {s['capacity_cpu_s_per_image']['peer']:.2f}, "
-              f"lightbox {s['capacity_cpu_s_per_image']['lightbox']:.2f}")
+              f"lightbox {s['capacity_cpu_s_per_image']['lightbox']:.2f}; lightbox's model "
+              f"{', '.join(s['model']['lightbox'])}")
         for load, lv in s["levels"].items():
             print(f"{cls:6s} {float(load):5.0%} {rates[cls][float(load)]:8.2f} {lv['peer']['throughput']:9.2f} "
                   f"{lv['lightbox']['throughput']:8.2f} {lv['throughput_ratio']:5.2f}x {lv['peer']['p99_s']:9.2f} "
