@@ -24,7 +24,7 @@ def make_segmenters(settings: Settings, device: str) -> Segmenters:
 
     classical = make_segmenter("classical", device)
     if seg.segmenter == "classical":
-        return None, classical, str(getattr(classical, "version", "classical"))
+        return None, classical, classical.version
     from gpu_kernels.segment import make_model_segmenter
     from gpu_kernels.segment.model import resolve_model
 
@@ -49,4 +49,4 @@ def make_segmenters(settings: Settings, device: str) -> Segmenters:
                                          cuda_graphs=seg.cuda_graphs,
                                          max_batch=settings.batching.max_batch if device == "gpu" else None)  # CPU: 1
     runtime = "" if choice.runtime == "fp32" else f"+{choice.runtime}"  # events name the runtime when not fp32
-    return model, classical, f"{getattr(model, 'version', 'model')}{runtime}"
+    return model, classical, f"{model.version}{runtime}"

@@ -10,7 +10,7 @@ from agents.batching import BatchingConfig, MicroBatcher
 from agents.process import BatchProcessor
 from agents.runner import Pair, RunnerConfig
 from agents.segmenters import Segmenters, make_segmenters
-from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
+from agents.tiers import TierBatcher
 from blobio.fetch import Fetcher, FetchPolicy
 from blobio.store import make_store
 from gpu_kernels.backends import Retoucher
@@ -105,13 +105,11 @@ def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: in
                         stage_timeout_s=settings.runner.stage_timeout_s)
 
 
-def tier_batcher(settings: Settings, batching: BatchingConfig,
-                 rules: BackfillRules = DEFAULT_RULES) -> TierBatcher[Pair]:
+def tier_batcher(settings: Settings, batching: BatchingConfig) -> TierBatcher[Pair]:
     """The runner's batcher: live and backfill tiers (agents/tiers.py), live buckets by the event's priority."""
     return TierBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
                        tier_of=lambda pair: pair[0].tier, priority_of=_priority,
-                       backfill_share=settings.backfill.device_share, wait_for_live=rules.wait_for_live,
-                       pipelined=rules.pipelined,
+                       backfill_share=settings.backfill.device_share,
                        fill_to=min(settings.backfill.fill_to, batching.max_batch),
                        nbytes_of=lambda pair: pair[1].nbytes, memory_budget_bytes=batching.memory_budget_bytes)
 

@@ -76,7 +76,7 @@ def child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
 
     # as `process` does: the model made, its compilation on a thread beside the imports and the
     # build of the rest of the pipeline, then the start's garbage-collection hold released
-    processor = startup.load_processor(settings, lambda side_by_side: 1)
+    processor, _ = startup.load_processor(settings, 1)
     startup.settle()
     marks.append((time.perf_counter(), time.process_time()))
     from lightbox.offline import process_files

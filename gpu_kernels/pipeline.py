@@ -30,8 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from gpu_kernels.backends import Decoder, Encoder, Retoucher, Segmenter
-from gpu_kernels.segment.runtime import prepare_callers, side_by_side
+from gpu_kernels.backends import Decoder, Encoder, ModelSegmenter, Retoucher, Segmenter
 from gpu_kernels.stages.base import (
     LANES,
     BatchContext,
@@ -147,13 +146,18 @@ class RetouchPipeline:
     def side_by_side(self) -> int:
         """How many device-lane calls the model runs at once to good effect: OpenVINO on a CPU,
         its streams (2); 1 for every other model or none."""
-        return side_by_side(self.segmenter)
+        return max(1, self.segmenter.streams) if isinstance(self.segmenter, ModelSegmenter) else 1
 
     def device_callers(self, n: int, *, lone_latency: bool = True) -> None:
         """Tell the model that ``n`` threads run the device lane at once (``lightbox process`` and
-        the worker do with ``side_by_side`` threads): see :func:`prepare_callers`."""
-        if self.segmenter is not None:
-            prepare_callers(self.segmenter, n, lone_latency=lone_latency)
+        the worker do with ``side_by_side`` threads): OpenVINO then runs a single image on one of
+        its streams, beside the other caller's, instead of on all threads; with ``lone_latency``
+        (the worker: latency at light load) not when no other call is about, without it (``process``:
+        throughput only) always. A model that compiles per use (OpenVINO) compiles what those calls
+        run on now: a model that cannot load fails here, at start-up, not on the first image."""
+        if isinstance(self.segmenter, ModelSegmenter):
+            self.segmenter.set_callers(n, lone_latency=lone_latency)
+            self.segmenter.prepare()
 
     @property
     def versions(self) -> dict[str, str]:

@@ -19,11 +19,11 @@ are done, so a model that cannot load still fails before any image is read.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agents.process import BatchProcessor
+    from gpu_kernels.backends import ModelSegmenter
     from streams.settings import Settings
 
 __all__ = ["START_THRESHOLDS", "hold", "load_processor", "settle"]
@@ -49,24 +49,28 @@ def settle() -> None:
         _saved = None
 
 
-def load_processor(settings: Settings, callers: Callable[[int], int]) -> BatchProcessor:
-    """The pipeline's processor for ``settings``, its model compiled for ``callers(side_by_side)``
-    threads (``side_by_side``: how many calls the model runs at once to good effect) as
-    :func:`gpu_kernels.segment.runtime.prepare_callers` does, that compilation overlapped with
-    importing and building the rest of the pipeline. Raises what building or compiling raises
-    (a model file that is missing or that the runtime cannot load), after both have ended."""
+def load_processor(settings: Settings, files: int) -> tuple[BatchProcessor, int]:
+    """The processor ``lightbox process`` runs ``files`` files through, and its device-lane threads
+    (several side by side when there is more than one file and the model runs streams, else one).
+    The model is made first and compiled for the calls those threads make on a thread, while the
+    rest of the pipeline is imported and built; both have ended when this returns, so a model that
+    cannot load fails here, before any file. Raises what loading raises
+    (:class:`~schemas.errors.LightboxError`, ``OSError``), everything made closed."""
     from concurrent.futures import Future, ThreadPoolExecutor
 
     from agents.segmenters import make_segmenters
-    from gpu_kernels.segment.runtime import prepare_callers, side_by_side
+    from gpu_kernels.backends import ModelSegmenter
 
+    settings = settings.model_copy(update={"output_dir": None})
     device = settings.resolved_device()
     segmenters = make_segmenters(settings, device)
     model = segmenters[0]
+    callers = 1
     compiling: Future[None] | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="model-compile") as pool:
-        if model is not None:
-            compiling = pool.submit(prepare_callers, model, callers(side_by_side(model)), lone_latency=False)
+        if isinstance(model, ModelSegmenter):
+            callers = max(1, model.streams) if files > 1 else 1  # RetouchPipeline.side_by_side's rule
+            compiling = pool.submit(_compile, model, callers)
         try:
             from agents.wiring import build_processor  # the rest of the pipeline, beside the compilation
 
@@ -81,4 +85,10 @@ def load_processor(settings: Settings, callers: Callable[[int], int]) -> BatchPr
     if compiling is not None and compiling.exception() is not None:
         processor.close()
         compiling.result()  # raises the compilation's error
-    return processor
+    return processor, callers
+
+
+def _compile(model: ModelSegmenter, callers: int) -> None:
+    """``callers`` threads will call ``model`` (throughput only: ``process``); compile for them now."""
+    model.set_callers(callers, lone_latency=False)
+    model.prepare()

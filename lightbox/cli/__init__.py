@@ -24,7 +24,7 @@ from lightbox.cli.common import err  # noqa: E402
 __all__ = ["app", "main"]
 
 app = typer.Typer(help="lightbox: marketplace-ready product images from raw supplier photos, as a stream.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False, rich_markup_mode="markdown")
 
 
 def _version(value: bool) -> None:
