@@ -67,8 +67,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_overhead import _proc_cpu_s, create_topics  # noqa: E402
 from bench.bench_peers import PRESETS, compile_packages, model_file, rembg_python  # noqa: E402
+from bench.harness import create_topics, proc_cpu_s  # noqa: E402
 from bench.peer_photos import CLASSES, assemble  # noqa: E402
 from bench.peer_worker import start_worker  # noqa: E402
 
@@ -168,7 +168,7 @@ async def drive(bootstrap: str, svc: Service, files: list[Path], offsets: list[f
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     await producer.start()
     done: dict[bytes, tuple[float, bool]] = {}
-    cpu0 = _proc_cpu_s(svc.proc.pid)
+    cpu0 = proc_cpu_s(svc.proc.pid)
     t0 = time.time() + 0.05
 
     async def publish() -> None:
@@ -198,7 +198,7 @@ async def drive(bootstrap: str, svc: Service, files: list[Path], offsets: list[f
         sender.cancel()
         await producer.stop()
         await consumer.stop()
-    cpu = _proc_cpu_s(svc.proc.pid) - cpu0
+    cpu = proc_cpu_s(svc.proc.pid) - cpu0
     arrivals = [svc.sent[k] for k in keys]
     ends = [done[k][0] for k in keys]
     lat = sorted(e - a for a, e in zip(arrivals, ends, strict=True))

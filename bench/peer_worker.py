@@ -66,16 +66,12 @@ def worker_env(bootstrap: str, topics: dict[str, str], tag: str, out: Path, file
     """The environment of a ``lightbox worker`` on ``topics``: default settings but for the
     addresses, a group of its own, the variants written under ``OUT/variants`` and ``file://``
     reads allowed in the folders of ``files``; on the CPU, metrics off."""
-    from bench.bench_overhead import PARTITIONS
+    from bench.harness import run_env
 
     roots = sorted({str(f.resolve().parent) for f in files})
-    return {**os.environ, "PYTHONPATH": str(tree), "LIGHTBOX_KAFKA_BOOTSTRAP": bootstrap,
-            "LIGHTBOX_GROUP_ID": f"peers-{tag}", "LIGHTBOX_WORKER_ID": f"peers-{tag}",
-            "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
-            "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
-            "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(out / "data"),
-            "LIGHTBOX_OUTPUT_DIR": str(out / "variants"), "LIGHTBOX_FILE_ROOTS": ",".join(roots),
-            "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_METRICS_PORT": "0"}
+    return {**os.environ, "PYTHONPATH": str(tree),
+            **run_env(bootstrap, topics, f"peers-{tag}", out / "data", LIGHTBOX_OUTPUT_DIR=str(out / "variants"),
+                      LIGHTBOX_FILE_ROOTS=",".join(roots))}
 
 
 def start_worker(bootstrap: str, topics: dict[str, str], tag: str, out: Path, files: list[Path],
