@@ -18,7 +18,7 @@ startup.hold()  # before typer, rich and pydantic: what their imports make outli
 
 import typer  # noqa: E402
 
-from lightbox.cli import demo, doctor, events, process, produce, replay, servers, worker  # noqa: E402
+from lightbox.cli import demo, doctor, events, process, produce, replay, servers, settings, worker  # noqa: E402
 from lightbox.cli.common import err  # noqa: E402
 
 __all__ = ["app", "main"]
@@ -61,6 +61,7 @@ app.add_typer(servers.kafka_app, name="kafka")
 for _store in servers.OBJECT_STORES:
     app.add_typer(servers.object_store_app(_store), name=_store.command)
 app.command()(doctor.doctor)
+app.command()(settings.settings)
 app.command()(worker.worker)
 app.command("backfill-worker")(worker.backfill_worker)
 app.command()(produce.produce)
@@ -96,6 +97,6 @@ def main() -> None:
         raise SystemExit(2) from None
     finally:
         # The command is over and closed what it opened; the interpreter's last full collection at
-        # exit would walk every object the imports made (~0.12 s of a one-photo `process`) only to
+        # exit would walk every object the imports made (docs/performance.md: fcca375) only to
         # free memory the exit frees anyway. Frozen objects are skipped (atexit handlers still run).
         gc.freeze()
