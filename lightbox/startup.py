@@ -2,17 +2,17 @@
 the model compiled beside the pipeline's imports.
 
 Importing the CLI (typer, rich, pydantic-settings) and a command's pipeline (NumPy, OpenCV, the
-model runtime, lightbox's own modules) makes a few hundred thousand container objects that all
-live as long as the process. With Python's default thresholds (a young collection every 700
-allocations, an older one every 10 of those) the interpreter walks them ~150 times before a
-one-photo ``lightbox process`` reaches its image, finding nothing to free. :func:`hold` raises
+model runtime, lightbox's own modules) makes many container objects that all live as long as the
+process. With Python's default thresholds (a young collection every 700 allocations, an older
+one every 10 of those) the interpreter walks them again and again before a one-photo
+``lightbox process`` reaches its image, finding nothing to free. :func:`hold` raises
 the thresholds for the start (cycles are still collected, rarely); :func:`settle`, once the
 command's long-lived objects exist, freezes them (later collections skip them) and puts the
 thresholds back as they were.
 
 :func:`load_processor` makes the model first (its runtime from the cached verdict), starts its
-compilation on a thread (OpenVINO compiles from its cached blob, ~0.2-0.3 s, without holding
-the interpreter) and meanwhile imports and builds the rest of the pipeline; it returns once both
+compilation on a thread (OpenVINO compiles from its cached blob without holding the
+interpreter) and meanwhile imports and builds the rest of the pipeline; it returns once both
 are done, so a model that cannot load still fails before any image is read.
 """
 
