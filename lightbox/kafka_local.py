@@ -84,16 +84,6 @@ def _java() -> str:
     return find_java("Kafka 4.x", KafkaLaunchError)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def _previous_ports(props: Path) -> tuple[int | None, int | None]:
     """(client port, controller port) a data dir's ``server.properties`` used, if it has one."""
     try:
@@ -189,9 +179,9 @@ class LocalKafka(EmulatorProcess):
                 raise KafkaLaunchError(str(exc)) from None
             # a data dir used before keeps its address when the ports are still free
             was_port, was_controller = _previous_ports(ddir / "server.properties")
-            port = port or (was_port if was_port and _port_free(was_port) else free_port())
+            port = port or (was_port if was_port and port_free(was_port) else free_port())
             controller_port = controller_port or (
-                was_controller if was_controller and _port_free(was_controller) else free_port())
+                was_controller if was_controller and port_free(was_controller) else free_port())
             props = ddir / "server.properties"
             secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
             props.touch(mode=0o600)

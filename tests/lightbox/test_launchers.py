@@ -128,3 +128,71 @@ def test_instance_names_are_checked() -> None:
     assert instance_key(None, None) == "default"
     with pytest.raises(ValueError, match="bad instance name"):
         instance_key("../etc", None)
+
+
+def _time_wait_on(port: int) -> int:
+    """Connections in TIME_WAIT (state 06) whose local port is ``port`` (Java's sockets are IPv6 ones
+    with IPv4-mapped addresses: /proc/net/tcp6 too)."""
+    rows = [r.split() for f in ("tcp", "tcp6") for r in Path(f"/proc/net/{f}").read_text().splitlines()[1:]]
+    return sum(1 for r in rows if r[3] == "06" and int(r[1].rsplit(":", 1)[1], 16) == port)
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_killed_broker_with_clients_starts_again_on_its_port_and_data(cli: Cli, tmp_path: Path) -> None:
+    """SIGKILL a broker while a producer is connected: the kill leaves the broker's side of those
+    connections in TIME_WAIT on its port. `kafka up --port P --data-dir D` starts it again there,
+    with the records it had."""
+    import asyncio
+    import contextlib
+    import time
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from lightbox.launch import free_port
+
+    data, port = tmp_path / "kafka-data", free_port()
+    up = cli("kafka", "up", "--port", str(port), "--data-dir", str(data))
+    assert up.returncode == 0, up.stderr
+    state = json.loads((tmp_path / "state" / f"kafka-{instance_key(None, data)}.json").read_text())
+
+    async def produce_then_kill() -> None:
+        prod = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{port}", acks="all")
+        await prod.start()
+        await asyncio.gather(*[await prod.send("kept", b"r%d" % i, partition=0) for i in range(3)])
+        os.kill(state["pid"], 9)  # a crash, with the producer connected
+        for _ in range(100):  # the producer sees the connection end and closes its side
+            if _time_wait_on(port):
+                break
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(prod.stop(), 10)
+
+    asyncio.run(produce_then_kill())
+    deadline = time.monotonic() + 10
+    while same_process(state["pid"], state["started"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _time_wait_on(port) > 0, "the kill left no TIME_WAIT on the broker's port: the case is not exercised"
+    again = cli("kafka", "up", "--port", str(port), "--data-dir", str(data))
+    assert again.returncode == 0, again.stderr
+    assert f"127.0.0.1:{port}" in again.stdout
+
+    async def read_back() -> list[bytes]:
+        cons = AIOKafkaConsumer("kept", bootstrap_servers=f"127.0.0.1:{port}", auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+        await cons.start()
+        try:
+            seen: list[bytes] = []
+            for _ in range(20):
+                got = await cons.getmany(timeout_ms=1000, max_records=10)
+                seen += [r.value for rs in got.values() for r in rs if r.value is not None]
+                if len(seen) >= 3:
+                    break
+            return seen
+        finally:
+            await cons.stop()
+
+    try:
+        assert sorted(asyncio.run(read_back())) == [b"r0", b"r1", b"r2"]
+    finally:
+        assert cli("kafka", "down", "--data-dir", str(data)).returncode == 0
