@@ -11,7 +11,7 @@ from agents.process import BatchProcessor
 from agents.runner import Pair, RunnerConfig
 from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
 from blobio.fetch import Fetcher, FetchPolicy
-from blobio.store import make_store
+from blobio.store import Waiter, make_store
 from gpu_kernels.backends import Retoucher, Segmenter
 from gpu_kernels.codec import make_decoder, make_encoder
 from gpu_kernels.pipeline import RetouchPipeline
@@ -80,7 +80,9 @@ def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, st
     return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), model, classical), model_version
 
 
-def build_processor(settings: Settings, device: str | None = None) -> BatchProcessor:
+def build_processor(settings: Settings, device: str | None = None, waiter: Waiter | None = None) -> BatchProcessor:
+    """The processor; ``waiter``: an object store that is down is waited for through it (else it
+    fail-stops the worker once its retries are spent)."""
     device = device or settings.resolved_device()
     pipeline, model_version = build_pipeline(settings, device)
     return BatchProcessor(
@@ -90,7 +92,7 @@ def build_processor(settings: Settings, device: str | None = None) -> BatchProce
         max_image_bytes=settings.limits.max_image_bytes, max_pixels=settings.limits.max_pixels,
         max_frames=settings.limits.max_frames, max_scans=settings.limits.max_scans,
         file_roots=settings.fetch.file_roots, fetcher=build_fetcher(settings.fetch, settings.limits.max_image_bytes),
-        store=make_store(settings.store.resolved_url(), settings.store),
+        store=make_store(settings.store.resolved_url(), settings.store, waiter),
         inline_max_bytes=settings.store.inline_max_bytes)
 
 

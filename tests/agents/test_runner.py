@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.batching import BatchingConfig, MicroBatcher
+from agents.dependencies import Backoff, Dependencies
 from agents.intake import log_ids
 from agents.process import InRecord, OutRecord
 from agents.runner import BatchRunner, RunnerConfig, RunnerFailed
@@ -176,8 +177,10 @@ class Harness:
         self.on_ack: Callable[[InRecord], None] = lambda r: None
         batching = batching or BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=3)
         cfg = {"max_in_flight": 64, "watchdog_interval_s": 0.01, "retry_backoff_s": 0.001, **config}
+        deps = Dependencies(Backoff(0.001, 0.005), clock=self.clock)  # a dependency that is down: quick retries
         self.runner = BatchRunner(self.processor, self.sink, MicroBatcher(batching), ack=self._ack,
-                                  config=RunnerConfig(**cfg), clock=self.clock, on_fatal=self.fatal.append)
+                                  config=RunnerConfig(**cfg), clock=self.clock, on_fatal=self.fatal.append,
+                                  dependencies=deps)
 
     async def _ack(self, event: InRecord) -> None:
         self.on_ack(event)
@@ -378,20 +381,32 @@ def test_a_fatal_error_fail_stops_without_acknowledging() -> None:
 
 
 @pytest.mark.parametrize("retriable", [True, False])
-def test_produce_failure_fail_stops_past_the_delivery_timeout_or_at_once(retriable: bool) -> None:
+def test_brokers_that_keep_failing_are_waited_for_and_a_refusal_fail_stops(retriable: bool) -> None:
+    """Retriable send errors that go on: the brokers are a dependency that is down — intake paused,
+    no fail-stop however long (the watchdog does not count the wait) — until a send is acknowledged.
+    A refusal (fenced) fail-stops at once."""
     async def go() -> None:
         clock = FakeClock()
-        sink = FakeSink(errors=[Transient("leader moved") if retriable else RuntimeError("fenced")] * 10_000)
+        sink = FakeSink(auto=True, errors=[Transient("leader moved") if retriable else RuntimeError("fenced")] * 10_000)
         h = Harness(sink=sink, clock=clock, delivery_timeout_s=60.0)
         await h.runner.start()
         await h.submit(rec(0, 0, b"bad"))
-        if retriable:
-            await until(lambda: sink.sends >= 3, "retries")
-            assert not h.runner.failed.is_set()  # within the delivery timeout: retrying
-            clock.advance(61.0)
-        await until(lambda: h.runner.failed.is_set(), "fail-stop")
-        assert h.acked == [] and len(h.fatal) == 1
-        assert ("delivery_timeout_s" in str(h.fatal[0])) == retriable
+        if not retriable:
+            await until(lambda: h.runner.failed.is_set(), "fail-stop")
+            assert h.acked == [] and len(h.fatal) == 1 and "fenced" in str(h.fatal[0])
+            await h.runner.stop()
+            return
+        deps = h.runner.dependencies
+        await until(lambda: deps.waiting, "the brokers counted as down")
+        assert "Kafka brokers unreachable (Transient)" in deps.describe()
+        paused = asyncio.create_task(h.submit(rec(0, 1, b"bad")))
+        clock.advance(600.0)  # ten times delivery_timeout_s: waiting is not a stuck send
+        await asyncio.sleep(0.1)
+        assert not h.runner.failed.is_set() and not paused.done() and h.acked == []
+        sink.errors.clear()  # the brokers answer again
+        await until(lambda: len(h.acked) == 2, "both acknowledged after the heal")
+        assert paused.done() and not deps.waiting and deps.healed_at > 1000.0 and not h.fatal
+        assert [r.offset for r in h.acked] == [0, 1]
         await h.runner.stop()
 
     run(go)
