@@ -127,7 +127,7 @@ class Toxiproxy:
     def version(self) -> str:
         req = urllib.request.Request(f"{self.url}/version")
         with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-            raw = resp.read().decode().strip()
+            raw: str = resp.read().decode().strip()
         try:  # 2.12 answers JSON ({"version": ...}); older ones plain text
             return str(json.loads(raw).get("version", raw))
         except (ValueError, AttributeError):
