@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from lightbox.launch import free_port
+from lightbox.devservers.launch import free_port
 from streams.settings import Settings
 from tests import faultkit as fk
 
@@ -38,7 +38,7 @@ def kit(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[Path], dict[str,
 def proxied_kafka(toxiproxy: Any) -> Iterator[tuple[Any, Any]]:
     """A broker of its own whose PROXIED listener advertises a Toxiproxy port: (broker, proxy).
     Workers bootstrap on ``broker.proxied_bootstrap``; the tests publish and audit directly."""
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
 
     port = free_port()
     kafka = LocalKafka.start(proxied_port=port, partitions=4)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lightbox.launch import instance_key, process_start_time, same_process, states
+from lightbox.devservers.launch import instance_key, process_start_time, same_process, states
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -149,7 +149,7 @@ def test_a_killed_broker_with_clients_starts_again_on_its_port_and_data(cli: Cli
 
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
-    from lightbox.launch import free_port
+    from lightbox.devservers.launch import free_port
 
     data, port = tmp_path / "kafka-data", free_port()
     up = cli("kafka", "up", "--port", str(port), "--data-dir", str(data))

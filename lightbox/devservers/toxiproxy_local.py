@@ -13,7 +13,7 @@ library: a dozen small JSON calls do not need a dependency (the Python client on
 kept).
 
 A Kafka broker must be reached through the address it advertises, so a proxy in front of one must
-*be* that address: :meth:`lightbox.kafka_local.LocalKafka.start` with ``proxied_port`` adds a
+*be* that address: :meth:`lightbox.devservers.kafka_local.LocalKafka.start` with ``proxied_port`` adds a
 listener that advertises the proxy's port.
 """
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from lightbox.launch import (
+from lightbox.devservers.launch import (
     EmulatorProcess,
     InstanceBusy,
     cache_root,
@@ -268,7 +268,7 @@ class LocalToxiproxy(EmulatorProcess):
 
 
 def read_state(key: str = "default") -> LocalToxiproxy | None:
-    """The server instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    """The server instance ``key`` (:func:`lightbox.devservers.launch.instance_key`) started, if recorded."""
     return LocalToxiproxy.read_state(key)
 
 

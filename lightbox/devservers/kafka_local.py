@@ -1,7 +1,7 @@
 """A local single-node Apache Kafka (KRaft broker + controller) without Docker.
 
-The jars come from Maven Central through the packaged ``lightbox/data/kafka-pom.xml`` into a cache folder; the
-broker runs as ``java -cp '<cache>/lib/*' kafka.Kafka server.properties`` on 127.0.0.1 with
+The jars come from Maven Central through the packaged ``lightbox/devservers/data/kafka-pom.xml``
+into a cache folder; the broker runs as ``java -cp '<cache>/lib/*' kafka.Kafka server.properties`` on 127.0.0.1 with
 free ports and a temporary data dir. Used by ``lightbox kafka up|down|status`` and by the
 pytest session fixture. Imports no Kafka client: readiness is read from the broker's log and
 its listening socket.
@@ -10,7 +10,7 @@ The cluster id lives with the data dir (``<data_dir>/cluster.id``), so a broker 
 (``kill``) starts again on the same folder (``restart`` or ``lightbox kafka up --data-dir D``) with
 its topics, offsets and committed group offsets intact.
 
-A fault proxy in front of the broker (:mod:`lightbox.toxiproxy_local`) must be what the broker
+A fault proxy in front of the broker (:mod:`lightbox.devservers.toxiproxy_local`) must be what the broker
 advertises: clients connect to the advertised address after their first request. ``proxied_port``
 adds a second listener, ``PROXIED``, on a port of its own (``proxied_listen``) that advertises
 ``127.0.0.1:<proxied_port>``; a proxy from that port to ``proxied_listen`` then carries every
@@ -18,7 +18,7 @@ connection of the clients bootstrapped on it, while the ``PLAINTEXT`` listener s
 tools that must not see the fault).
 
 ``lightbox kafka up`` keeps what it started in a state file per instance (``--name``, else the
-data folder, else ``default``; :mod:`lightbox.launch`): ``down`` stops only the process that state
+data folder, else ``default``; :mod:`lightbox.devservers.launch`): ``down`` stops only the process that state
 started (pid and start time), and an ``up`` on a folder or port another instance holds says so.
 """
 
@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from lightbox.kafka_secure import client_env, secure_setup
-from lightbox.launch import (
+from lightbox.devservers.kafka_secure import client_env, secure_setup
+from lightbox.devservers.launch import (
     EmulatorProcess,
     InstanceBusy,
     cache_root,
@@ -69,7 +69,7 @@ __all__ = [
 
 KAFKA_VERSION = "4.4.0"
 # package data, so an installed wheel can fetch Kafka too (a regular install unpacks it as a file)
-POM = Path(str(resources.files("lightbox") / "data" / "kafka-pom.xml"))
+POM = Path(str(resources.files("lightbox.devservers") / "data" / "kafka-pom.xml"))
 READY_LINE = "Kafka Server started"
 
 
@@ -147,11 +147,11 @@ class LocalKafka(EmulatorProcess):
     controller_port: int
     data_dir: str
     owns_data_dir: bool = True
-    secure: bool = False  # a SASL_SSL listener (lightbox.kafka_secure); clients need client_env()
+    secure: bool = False  # a SASL_SSL listener (lightbox.devservers.kafka_secure); clients need client_env()
     proxied_port: int | None = None  # the PROXIED listener advertises this port (a fault proxy's)
     proxied_listen: int | None = None  # where the PROXIED listener listens (the proxy's upstream)
-    started: int | None = None  # the broker process's start time (lightbox.launch.process_start_time)
-    name: str = "default"  # the instance key its state is kept under (lightbox.launch.instance_key)
+    started: int | None = None  # the broker process's start time (lightbox.devservers.launch.process_start_time)
+    name: str = "default"  # the instance key its state is kept under (lightbox.devservers.launch.instance_key)
 
     @property
     def bootstrap(self) -> str:
@@ -335,7 +335,7 @@ def cluster_id(data_dir: Path) -> str:
 
 
 def read_state(key: str = "default") -> LocalKafka | None:
-    """The broker instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    """The broker instance ``key`` (:func:`lightbox.devservers.launch.instance_key`) started, if recorded."""
     return LocalKafka.read_state(key)
 
 
