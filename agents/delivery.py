@@ -56,6 +56,17 @@ class Delivery:
                 group.extend(self._queue.get_nowait())
             self._spawn(self._deliver([(item, self.observer.sending(self.fit(item, out))) for item, out in group]))
 
+    async def probe(self) -> None:
+        """Every ``probe_interval_s``: ask the brokers whether they answer (:meth:`OutputSink.reachable`),
+        so that ``/readyz`` and intake follow a broker link that is down even while nothing is sent."""
+        deps = self._sup.dependencies
+        while True:
+            await asyncio.sleep(self.config.probe_interval_s)
+            if await self.sink.reachable(self.config.probe_timeout_s):
+                deps.reached(self.BROKERS)
+            else:
+                deps.failed(self.BROKERS, "no answer")
+
     async def _deliver(self, pending: list[Sent]) -> None:
         """Send until the brokers acknowledged every record. A retriable error is retried after
         ``retry_backoff_s``; a second one in a row makes the brokers a dependency that is down

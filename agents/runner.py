@@ -185,7 +185,8 @@ class BatchRunner:
                  "prepare": functools.partial(self._prepare_loop, LIVE),
                  "backfill-prepare": functools.partial(self._prepare_loop, BACKFILL),
                  "batch-timer": self._timer_loop, "decode": self._decode_loop,
-                 "output": self._output_loop, "send": self._delivery.loop, "watchdog": self._sup.watchdog}
+                 "output": self._output_loop, "send": self._delivery.loop, "watchdog": self._sup.watchdog,
+                 "broker-probe": self._delivery.probe}
         for k in range(self.config.device_threads):  # each takes the next decoded batch when its call is done
             loops["device" if k == 0 else f"device-{k}"] = self._device_loop
         for name, loop in loops.items():

@@ -183,11 +183,13 @@ class LocalKafka(EmulatorProcess):
         controller_port: int | None = None,
         name: str = "default",
         proxied_port: int | None = None,
+        proxied_listen: int | None = None,
     ) -> LocalKafka:
         """Format storage (keeping the data dir's cluster id) and start the broker; return once it
         accepts connections. A ``port`` that is taken, or a ``data_dir`` a running broker of another
         instance holds, raises :class:`KafkaLaunchError` naming the holder. ``proxied_port``: a
-        second listener that advertises that port (a fault proxy's; see the module docstring)."""
+        second listener that advertises that port (a fault proxy's; see the module docstring), listening
+        on ``proxied_listen`` (default: a free port)."""
         if proxied_port is not None and secure:
             raise KafkaLaunchError("a proxied listener is plain text: it cannot be combined with secure")
         lib = ensure_jars()
@@ -213,9 +215,8 @@ class LocalKafka(EmulatorProcess):
             props.chmod(0o600)  # the secure config holds the inter-broker password
             text = SERVER_PROPERTIES.format(port=port, controller_port=controller_port, data_dir=ddir,
                                             partitions=partitions, max_message_bytes=max_message_bytes)
-            proxied_listen = None
             if proxied_port is not None:
-                proxied_listen = free_port()
+                proxied_listen = proxied_listen or free_port()
                 text = _with_proxied_listener(text, proxied_listen, proxied_port)
             props.write_text(text + secure_props)
             java, cp = _java(), f"{lib}/*"

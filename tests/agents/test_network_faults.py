@@ -162,9 +162,12 @@ def test_broker_link_reset_mid_produce_then_down_and_up(proxied_kafka: Any, kit:
         t_fault = time.monotonic()
         try:
             placed += asyncio.run(fk.publish(s.kafka.bootstrap, s.topics.input, parts[2]))
-            time.sleep(12)
+            why = fk.wait_for(lambda: (r := _readyz(metrics))[0] == 503 and "Kafka brokers" in r[1] and r[1], 30,
+                              "/readyz to say the brokers are down", every_s=0.2, alive=w.running)
+            notes["detect_s"] = round(time.monotonic() - t_fault, 1)
+            notes["readyz_in_fault"] = why.strip()
+            time.sleep(max(0.0, 12 - (time.monotonic() - t_fault)))
             assert w.running(), w.log_tail()
-            notes["readyz_in_fault"] = _readyz(metrics)
         finally:
             proxy.enable()
         t_heal = time.monotonic()

@@ -119,6 +119,7 @@ class FakeSink:
     acknowledged: list[OutRecord] = field(default_factory=list)
     sends: int = 0
     stopped: bool = False
+    answers: bool = True  # what the readiness probe finds
 
     async def start(self) -> None:
         pass
@@ -158,6 +159,10 @@ class FakeSink:
     def retriable(self, exc: BaseException) -> bool:
         return isinstance(exc, Transient)
 
+    async def reachable(self, timeout_s: float) -> bool:
+        return self.answers
+
+
     async def stop(self) -> None:
         self.stopped = True
 
@@ -176,7 +181,8 @@ class Harness:
         self.fatal: list[BaseException] = []
         self.on_ack: Callable[[InRecord], None] = lambda r: None
         batching = batching or BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=3)
-        cfg = {"max_in_flight": 64, "watchdog_interval_s": 0.01, "retry_backoff_s": 0.001, **config}
+        cfg = {"max_in_flight": 64, "watchdog_interval_s": 0.01, "retry_backoff_s": 0.001, "probe_interval_s": 0.01,
+               **config}
         deps = Dependencies(Backoff(0.001, 0.005), clock=self.clock)  # a dependency that is down: quick retries
         self.runner = BatchRunner(self.processor, self.sink, MicroBatcher(batching), ack=self._ack,
                                   config=RunnerConfig(**cfg), clock=self.clock, on_fatal=self.fatal.append,
@@ -407,6 +413,30 @@ def test_brokers_that_keep_failing_are_waited_for_and_a_refusal_fail_stops(retri
         await until(lambda: len(h.acked) == 2, "both acknowledged after the heal")
         assert paused.done() and not deps.waiting and deps.healed_at > 1000.0 and not h.fatal
         assert [r.offset for r in h.acked] == [0, 1]
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_brokers_that_stop_answering_the_probe_pause_intake_until_they_answer() -> None:
+    """Nothing to send, and the brokers stop answering: they count as down all the same (``/readyz``
+    follows), the next input waits; once they answer, it goes through."""
+    async def go() -> None:
+        sink = FakeSink(auto=True)
+        h = Harness(sink=sink)
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"bad"))
+        await until(lambda: len(h.acked) == 1, "acked")
+        sink.answers = False
+        deps = h.runner.dependencies
+        await until(lambda: deps.waiting, "the brokers counted as down")
+        assert "no answer" in deps.describe()
+        paused = asyncio.create_task(h.submit(rec(0, 1, b"bad")))
+        await asyncio.sleep(0.05)
+        assert not paused.done() and sink.sends == 1
+        sink.answers = True
+        await until(lambda: len(h.acked) == 2, "the next input after the heal")
+        assert not deps.waiting and not h.fatal
         await h.runner.stop()
 
     run(go)
