@@ -81,8 +81,9 @@ fill = 0.8
 
 
 # ------------------------------------------------------------------------------- the faults
-def apply_fault(proxy: Any, fault: str, hold_s: float, stop: threading.Event) -> None:
-    """Put ``fault`` on ``proxy`` for ``hold_s`` seconds (``stop`` ends it early), then heal it."""
+def apply_fault(proxy: Any, fault: str, hold_s: float, stop: threading.Event) -> float:
+    """Put ``fault`` on ``proxy`` for ``hold_s`` seconds (``stop`` ends it early), then heal it;
+    returns when it was healed (``time.time()``)."""
     toxics: list[str] = []
     try:
         if fault == "latency_500":
@@ -107,7 +108,7 @@ def apply_fault(proxy: Any, fault: str, hold_s: float, stop: threading.Event) ->
                 stop.wait(min(5.0, max(0.0, end - time.monotonic())))
                 proxy.enable()
                 stop.wait(min(5.0, max(0.0, end - time.monotonic())))
-            return
+            return time.time()
         else:
             raise ValueError(f"unknown fault {fault!r}")
         stop.wait(hold_s)
@@ -116,6 +117,7 @@ def apply_fault(proxy: Any, fault: str, hold_s: float, stop: threading.Event) ->
             proxy.remove(t)
         if not proxy.enabled:
             proxy.enable()
+    return time.time()
 
 
 def applies(fault: str, link: str) -> bool:
@@ -362,7 +364,7 @@ async def run_cell(srv: Servers, stream_photos: tuple[list[Path], list[bytes]], 
             t_fault = t_start + steady_s
             t_heal_planned = t_fault + (min(fault_s, 5.0) if fault == "reset_peer" else fault_s)
             t_end = t_heal_planned + after_s
-            fault_task: asyncio.Future[None] | None = None
+            fault_task: asyncio.Future[float] | None = None
             i = 0
             while time.time() < t_end:
                 if fault_task is None and time.time() >= t_fault:
@@ -376,9 +378,7 @@ async def run_cell(srv: Servers, stream_photos: tuple[list[Path], list[bytes]], 
                 await asyncio.sleep(max(0.0, t_start + i / rate - time.time()))
             await prod.flush(futs)
         assert fault_task is not None
-        await fault_task
-        t_heal = t_heal_planned if fault == "reset_peer" else max(t_heal_planned, time.time())
-        t_heal = min(t_heal, time.time())
+        t_heal = await fault_task
         cell.published = len(published)
         before_heal = {e for e, t in published.items() if t < t_heal}
         deadline = time.monotonic() + drain_s
@@ -432,8 +432,8 @@ def worker_env(srv: Servers, topics: dict[str, str], tag: str, data_dir: Path) -
             "LIGHTBOX_SEGMENTER": "classical", "LIGHTBOX_PRESETS_FILE": str(presets),
             "LIGHTBOX_WORKER_ID": f"bench-{tag}", "LIGHTBOX_METRICS_PORT": str(srv.metrics_port),
             "LIGHTBOX_OUTPUT_STORE": f"s3://bench-faults/{tag}",
-            "LIGHTBOX_S3_ENDPOINT": f"http://{srv.proxies['s3'].address}", "LIGHTBOX_STORE_TIMEOUT_S": "10",
-            "LIGHTBOX_STORE_RETRIES": "2", "LIGHTBOX_FETCH_ALLOW": srv.proxies["origin"].address,
+            "LIGHTBOX_S3_ENDPOINT": f"http://{srv.proxies['s3'].address}", "LIGHTBOX_STORE_TIMEOUT_S": "5",
+            "LIGHTBOX_STORE_RETRIES": "1", "LIGHTBOX_FETCH_ALLOW": srv.proxies["origin"].address,
             "LIGHTBOX_FETCH_TIMEOUT_S": "10", "LIGHTBOX_SESSION_TIMEOUT_S": "10", "OMP_NUM_THREADS": "1",
             "AWS_ACCESS_KEY_ID": srv.s3.access_key, "AWS_SECRET_ACCESS_KEY": srv.s3.secret_key,
             "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}

@@ -232,8 +232,9 @@ class StoreSettings(_Section):
     inline_max_bytes: int | None = Field(None, ge=0, description="variants up to this size also travel inline "
                                          "when a store is set (default 0: none)")
     timeout_s: float = Field(30.0, gt=0, description="one store request")
-    retries: int = Field(5, ge=0, description="store retries with backoff before the store counts as "
-                                                  "down (then it is waited for: runner wait_*_backoff_s)")
+    retries: int = Field(2, ge=0, description="store client retries with backoff before the store counts as "
+                                                  "down (then it is waited for, without end: wait_*_backoff_s); "
+                                                  "a blackholed store is noticed after timeout_s × (retries + 1)")
     s3_endpoint: str | None = Field(None, description="LIGHTBOX_S3_ENDPOINT (shared with fetch)")
 
     def resolved_url(self) -> str | None:
