@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -196,3 +197,66 @@ def test_a_killed_broker_with_clients_starts_again_on_its_port_and_data(cli: Cli
         assert sorted(asyncio.run(read_back())) == [b"r0", b"r1", b"r2"]
     finally:
         assert cli("kafka", "down", "--data-dir", str(data)).returncode == 0
+
+
+def test_toxiproxy_up_proxy_toxic_link_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lightbox toxiproxy`: a proxy in front of a TCP echo server, a latency toxic that delays it,
+    a link taken down (refused) and up again, a toxic it does not know refused with the list, `down`."""
+    import threading
+    import time
+
+    from typer.testing import CliRunner
+
+    from lightbox.cli import app
+
+    monkeypatch.setenv("LIGHTBOX_STATE_DIR", str(tmp_path / "state"))
+    runner = CliRunner()
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+    echo = socket.create_server(("127.0.0.1", 0))
+    upstream = echo.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = echo.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(conn.recv(16))
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def roundtrip(port: int) -> float:
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(b"ping")
+            assert c.recv(16) == b"ping"
+        return time.monotonic() - t0
+
+    try:
+        up = cli("toxiproxy", "up", "--name", "x")
+        assert up.exit_code == 0 and "Toxiproxy API at" in up.stdout, up.output
+        made = cli("toxiproxy", "proxy", "web", "--upstream", f"127.0.0.1:{upstream}", "--name", "x")
+        assert made.exit_code == 0, made.output
+        port = int(made.stdout.split("127.0.0.1:")[1].split()[0])
+        assert roundtrip(port) < 0.3
+        slow = cli("toxiproxy", "toxic", "web", "latency", "-a", "latency=400", "--name", "x")
+        assert slow.exit_code == 0 and "latency_downstream" in slow.stdout, slow.output
+        assert roundtrip(port) >= 0.4
+        assert cli("toxiproxy", "clear", "web", "--name", "x").exit_code == 0
+        assert cli("toxiproxy", "link", "web", "down", "--name", "x").exit_code == 0
+        with pytest.raises(ConnectionRefusedError):
+            roundtrip(port)
+        status = cli("toxiproxy", "status", "--name", "x")
+        assert status.exit_code == 0 and "web" in status.stdout and "(down)" in status.stdout, status.stdout
+        assert cli("toxiproxy", "link", "web", "up", "--name", "x").exit_code == 0
+        assert roundtrip(port) < 0.3
+        bogus = cli("toxiproxy", "toxic", "web", "bogus", "--name", "x")
+        assert bogus.exit_code == 1 and "unknown toxic 'bogus'" in bogus.output and "limit_data" in bogus.output
+    finally:
+        assert cli("toxiproxy", "down", "--name", "x").exit_code == 0
+        echo.close()
+    assert cli("toxiproxy", "status", "--name", "x").exit_code == 1
