@@ -506,6 +506,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"capacity_per_s": cap, "rate_per_s": rate, "fault_s": fault_s, "quick": args.quick, "cells": cells}
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The table of a result file, as docs/delivery.md shows it."""
+    def s(v: Any) -> str:
+        return "—" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+    rows = ["| link | fault | inputs | lost | duplicates | dead letters (good inputs) | detect s | not ready s "
+            "| ready after | heal → first output s | heal → drained s | RSS steady → peak MiB | exit |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for c in result["cells"]:
+        dup = f"{c['duplicates']}{', identical' if c['duplicates'] and c['duplicates_identical'] else ''}"
+        dead = ", ".join(f"{n} {code}" for code, n in sorted(c["dead_letters_fault"].items())) or "0"
+        ended = "ran" if c["exit_code"] is None else c["exit_code"]
+        rows.append(f"| {c['link']} | {c['fault']} | {c['published']} | {c['lost']} | {dup} | {dead} | "
+                    f"{s(c['detect_s'])} | {s(c['not_ready_s'])} | {'yes' if c['ready_after_heal'] else 'no'} | "
+                    f"{s(c['heal_first_output_s'])} | {s(c['heal_drained_s'])} | "
+                    f"{s(c['rss_steady_mb'])} → {s(c['rss_peak_mb'])} | {ended} |")
+    return "\n".join(rows)
+
+
 def _csv(choices: tuple[str, ...]) -> Callable[[str], list[str]]:
     def parse(value: str) -> list[str]:
         items = [v.strip() for v in value.split(",") if v.strip()]
@@ -530,7 +549,12 @@ def main() -> int:
                                                                 "free ports)")
     ap.add_argument("--work", default=None, help="folder for the servers' data and the workers' logs")
     ap.add_argument("--out", type=Path, default=RESULTS / "bench_faults.json")
+    ap.add_argument("--markdown", type=Path, default=None, metavar="RESULT_JSON",
+                    help="print the table of an earlier run's result file and exit")
     args = ap.parse_args()
+    if args.markdown is not None:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return 0
     res = asyncio.run(run(args))
     print(json.dumps({"out": str(args.out), "cells": len(res["cells"]),
                       "lost": sum(c["lost"] for c in res["cells"])}))
