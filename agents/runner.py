@@ -242,9 +242,10 @@ class BatchRunner:
 
     async def stop(self) -> None:
         """Stop the loops and the sink; threads still busy are abandoned (the process is ending),
-        and a store write waiting for its store gives up (what waited is redone by the next owner)."""
-        self.dependencies.stop()
+        and a store write waiting for its store gives up (what waited is redone by the next owner):
+        after its task is cancelled, so that giving up is no fail-stop."""
         await asyncio.gather(*self._sup.cancel_all(self._tasks), return_exceptions=True)
+        self.dependencies.stop()
         try:  # after a fail-stop, unsent outputs do not matter (they are redone): no long flush
             await asyncio.wait_for(self.sink.stop(), None if self.failure is None else 2.0)
         finally:

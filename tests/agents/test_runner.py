@@ -63,11 +63,13 @@ class State:
 class FakeProcessor:
     """Values steer it: b"bad" -> a dead letter from prepare, b"boom" -> prepare raises,
     b"decode-raise"/b"device-raise" -> that lane raises for the whole batch, b"fatal" -> the
-    output lane raises StoreUnavailable, b"hang" -> the device blocks until ``release``."""
+    output lane raises StoreUnavailable, b"hang" -> the device blocks until ``release``, b"store-down"
+    -> the output lane waits for a store that is down, as ``blobio.store`` does, through ``waiter``."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.device_threads: set[str] = set()
+        self.waiter: Dependencies | None = None
 
     def prepare(self, rec: InRecord) -> Job | OutRecord:
         if rec.value == b"boom":
@@ -92,6 +94,11 @@ class FakeProcessor:
     def output(self, state: State, *, max_record_bytes: int | None = None) -> list[OutRecord]:
         if any(j.record.value == b"fatal" for j in state.items):
             raise StoreUnavailable("store unwritable past its retry budget")
+        if any(j.record.value == b"store-down" for j in state.items):
+            assert self.waiter is not None
+            while self.waiter.sleep(self.waiter.failed("output store", "timeout")):
+                pass
+            raise StoreUnavailable("output store: stopped while waiting for it")
         return [OutRecord("processed", j.record.key, b"out:" + (j.record.value or b""), [], j.record)
                 for j in state.items]
 
@@ -438,6 +445,27 @@ def test_brokers_that_stop_answering_the_probe_pause_intake_until_they_answer() 
         await until(lambda: len(h.acked) == 2, "the next input after the heal")
         assert not deps.waiting and not h.fatal
         await h.runner.stop()
+
+    run(go)
+
+
+def test_a_stop_while_the_store_is_down_is_no_fail_stop() -> None:
+    """SIGTERM while an output waits for a store that is down: the drain times out, the stop ends the
+    wait, and no fail-stop is recorded (the worker exits 0; what waited is redone by the next owner)."""
+    async def go() -> None:
+        clock = FakeClock(step=0.001)
+        h = Harness(clock=clock, stage_timeout_s=1.0)
+        h.processor.waiter = h.runner.dependencies
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"store-down"))
+        await until(lambda: h.runner.dependencies.waiting, "the store counted as down")
+        clock.advance(100.0)  # a hundred stage timeouts: waiting is not a stuck lane
+        await asyncio.sleep(0.05)
+        assert not h.runner.failed.is_set()
+        assert not await h.runner.drain(0.1)
+        await h.runner.stop()
+        await asyncio.sleep(0.05)
+        assert h.fatal == [] and h.runner.failure is None and h.acked == []
 
     run(go)
 
