@@ -128,6 +128,9 @@ def applies(fault: str, link: str) -> bool:
 class _Origin(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # connections the fault proxy resets are the point, not news
+
 
 def start_origin(root: Path, port: int) -> _Origin:
     """A plain HTTP origin serving ``root`` (the photos the HTTP inputs name)."""
