@@ -32,7 +32,8 @@ Per cell (fault × link), from the worker's outputs, its ``/readyz`` and its RSS
     rss_steady_mb / rss_peak_mb   median RSS before the fault / highest after it (worker + children)
     exit_code            None while the worker ran through the whole cell (no crash, no fail-stop)
 
-Usage (writes ``bench/results/bench_faults.json``, or ``--out``)::
+Usage (writes ``bench/results/bench_faults.json``, ``bench_faults_quick.json`` with ``--quick``; or
+into ``--out``)::
 
     PYTHONPATH=. python bench/bench_faults.py                # the full table: 60 s faults
     PYTHONPATH=. python bench/bench_faults.py --quick        # 15 s faults, shorter windows
@@ -48,10 +49,7 @@ import contextlib
 import http.server
 import io
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -64,10 +62,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-RESULTS = ROOT / "bench" / "results"
+from bench.harness import RESULTS, record, run_env, run_topics
+
 LINKS = ("broker", "s3", "origin")
 FAULTS = ("latency_500", "latency_5s", "bandwidth_32k", "reset_peer", "timeout", "down", "limit_data", "flap")
 PRESETS_TOML = """\
@@ -334,7 +332,7 @@ async def run_cell(srv: Servers, stream_photos: tuple[list[Path], list[bytes]], 
 
     cell = Cell(link, fault)
     tag = f"faults-{link}-{fault}-{uuid.uuid4().hex[:4]}"
-    topics = {k: f"bench.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
+    topics = run_topics(tag)
     env = worker_env(srv, topics, tag, work / tag)
     worker = WorkerProcess(env, work / tag / "worker.log").start()
     reader = Outputs(srv.kafka.bootstrap, topics["output"], topics["dlq"])
@@ -428,18 +426,15 @@ def worker_env(srv: Servers, topics: dict[str, str], tag: str, data_dir: Path) -
     data_dir.mkdir(parents=True, exist_ok=True)
     presets = data_dir / "presets.toml"
     presets.write_text(PRESETS_TOML)
-    return {"LIGHTBOX_KAFKA_BOOTSTRAP": srv.kafka.proxied_bootstrap, "LIGHTBOX_GROUP_ID": f"bench-{tag}",
-            "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
-            "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
-            "LIGHTBOX_DATA_DIR": str(data_dir / "faust"), "LIGHTBOX_DEVICE": "cpu",
+    return run_env(srv.kafka.proxied_bootstrap, topics, tag, data_dir / "faust", **{
             "LIGHTBOX_SEGMENTER": "classical", "LIGHTBOX_PRESETS_FILE": str(presets),
-            "LIGHTBOX_WORKER_ID": f"bench-{tag}", "LIGHTBOX_METRICS_PORT": str(srv.metrics_port),
+            "LIGHTBOX_METRICS_PORT": str(srv.metrics_port),
             "LIGHTBOX_OUTPUT_STORE": f"s3://bench-faults/{tag}",
             "LIGHTBOX_S3_ENDPOINT": f"http://{srv.proxies['s3'].address}", "LIGHTBOX_STORE_TIMEOUT_S": "5",
             "LIGHTBOX_STORE_RETRIES": "1", "LIGHTBOX_FETCH_ALLOW": srv.proxies["origin"].address,
             "LIGHTBOX_FETCH_TIMEOUT_S": "10", "LIGHTBOX_SESSION_TIMEOUT_S": "10", "OMP_NUM_THREADS": "1",
             "AWS_ACCESS_KEY_ID": srv.s3.access_key, "AWS_SECRET_ACCESS_KEY": srv.s3.secret_key,
-            "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+            "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"})
 
 
 # ------------------------------------------------------------------------------- capacity
@@ -449,7 +444,7 @@ async def capacity(srv: Servers, photos: tuple[list[Path], list[bytes]], work: P
     from streams.producer import ImageProducer
 
     tag = f"faults-capacity-{uuid.uuid4().hex[:4]}"
-    topics = {k: f"bench.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
+    topics = run_topics(tag)
     worker = WorkerProcess(worker_env(srv, topics, tag, work / tag), work / tag / "worker.log").start()
     reader = Outputs(srv.kafka.bootstrap, topics["output"], topics["dlq"])
     try:
@@ -471,18 +466,6 @@ async def capacity(srv: Servers, photos: tuple[list[Path], list[bytes]], work: P
 
 
 # ------------------------------------------------------------------------------- main
-def record(figures: dict[str, Any], out: Path) -> Path:
-    """The JSON record: the figures with the command, date, machine and commit."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                            check=False).stdout.strip()
-    body = {"command": " ".join([Path(sys.executable).name, *sys.argv]), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                        "load_average_1min": os.getloadavg()[0]}, "commit": commit, **figures}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(body, indent=2, default=str))
-    return out
-
-
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(args.work or tempfile.mkdtemp(prefix="lightbox-bench-faults-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -504,7 +487,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 cells.append(asdict(cell))
                 print(f"{link:7s} {fault:14s} {time.monotonic() - t0:5.0f} s  " + json.dumps(
                     {k: v for k, v in asdict(cell).items() if k not in ("link", "fault")}), flush=True)
-                record({"capacity_per_s": cap, "rate_per_s": rate, "fault_s": fault_s, "quick": args.quick,
+                record("bench_faults_quick" if args.quick else "bench_faults",
+                       {"capacity_per_s": cap, "rate_per_s": rate, "fault_s": fault_s, "quick": args.quick,
                         "cells": cells}, args.out)
     return {"capacity_per_s": cap, "rate_per_s": rate, "fault_s": fault_s, "quick": args.quick, "cells": cells}
 
@@ -551,7 +535,7 @@ def main() -> int:
     ap.add_argument("--port-base", type=int, default=None, help="put every server on PORT..PORT+9 (default: "
                                                                 "free ports)")
     ap.add_argument("--work", default=None, help="folder for the servers' data and the workers' logs")
-    ap.add_argument("--out", type=Path, default=RESULTS / "bench_faults.json")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the result file")
     ap.add_argument("--markdown", type=Path, default=None, metavar="RESULT_JSON",
                     help="print the table of an earlier run's result file and exit")
     args = ap.parse_args()
