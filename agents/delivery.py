@@ -62,10 +62,15 @@ class Delivery:
         deps = self._sup.dependencies
         while True:
             await asyncio.sleep(self.config.probe_interval_s)
-            if await self.sink.reachable(self.config.probe_timeout_s):
+            try:
+                answered = await self.sink.reachable(self.config.probe_timeout_s)
+                why = "no answer"
+            except Exception as exc:  # a probe that breaks says "not ready", never ends the worker
+                answered, why = False, f"probe failed: {type(exc).__name__}"
+            if answered:
                 deps.reached(self.BROKERS)
             else:
-                deps.failed(self.BROKERS, "no answer")
+                deps.failed(self.BROKERS, why)
 
     async def _deliver(self, pending: list[Sent]) -> None:
         """Send until the brokers acknowledged every record. A retriable error is retried after

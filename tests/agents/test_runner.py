@@ -126,7 +126,7 @@ class FakeSink:
     acknowledged: list[OutRecord] = field(default_factory=list)
     sends: int = 0
     stopped: bool = False
-    answers: bool = True  # what the readiness probe finds
+    answers: bool | None = True  # what the readiness probe finds (None: it raises)
 
     async def start(self) -> None:
         pass
@@ -167,6 +167,8 @@ class FakeSink:
         return isinstance(exc, Transient)
 
     async def reachable(self, timeout_s: float) -> bool:
+        if self.answers is None:
+            raise RuntimeError("the probe itself broke")
         return self.answers
 
 
@@ -444,6 +446,9 @@ def test_brokers_that_stop_answering_the_probe_pause_intake_until_they_answer() 
         sink.answers = True
         await until(lambda: len(h.acked) == 2, "the next input after the heal")
         assert not deps.waiting and not h.fatal
+        sink.answers = None  # a probe that raises says "not ready"; it never ends the worker
+        await until(lambda: deps.waiting, "a broken probe counted as no answer")
+        assert "probe failed: RuntimeError" in deps.describe() and not h.runner.failed.is_set()
         await h.runner.stop()
 
     run(go)
