@@ -698,7 +698,6 @@ def test_two_device_threads_run_two_batches_on_the_device_at_once_and_acknowledg
 
 
 def test_the_worker_gives_its_device_lane_as_many_threads_as_the_model_runs_side_by_side() -> None:
-    from agents.tiers import DEFAULT_RULES
     from agents.worker import _runner_parts
     from streams.settings import Settings
 
@@ -712,8 +711,8 @@ def test_the_worker_gives_its_device_lane_as_many_threads_as_the_model_runs_side
             self.callers.append(n)
 
     proc = SimpleNamespace(pipeline=Pipeline())
-    auto, _ = _runner_parts(Settings(device="cpu"), "cpu", DEFAULT_RULES, proc)  # type: ignore[arg-type]
+    auto, _ = _runner_parts(Settings(device="cpu"), "cpu", proc)  # type: ignore[arg-type]
     assert auto.device_threads == 2 and proc.pipeline.callers == [2]  # the model is told it has two callers
-    one, _ = _runner_parts(Settings(device="cpu", device_threads=1), "cpu", DEFAULT_RULES, proc)  # type: ignore[arg-type]
+    one, _ = _runner_parts(Settings(device="cpu", device_threads=1), "cpu", proc)  # type: ignore[arg-type]
     assert one.device_threads == 1 and proc.pipeline.callers[-1] == 1
     assert auto.max_in_flight > one.max_in_flight  # room for the second device thread's batch
