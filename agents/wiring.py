@@ -123,9 +123,8 @@ def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: in
     ``device_threads`` running, each ``queue_depth`` waiting; output: ``output_threads`` running,
     ``queue_depth`` waiting) plus a filling batch must fit in flight at the largest batch size:
     with fewer inputs in flight the lanes hold small batches, and every batch costs thread hops and
-    a produce request (with a backlog of 64×64 images and 64 in flight, batches averaged 2 items;
-    bench/bench_overhead.py). ``device_threads`` is the setting, else ``side_by_side`` (the
-    pipeline's: how many calls its model runs at once to good effect)."""
+    a produce request (docs/performance.md, the 64×64 backlog). ``device_threads`` is the setting,
+    else ``side_by_side`` (the pipeline's: how many calls its model runs at once to good effect)."""
     depth = RunnerConfig().queue_depth
     device_threads = settings.runner.device_threads or side_by_side
     slots = (1 + depth) + (device_threads + depth) + (settings.runner.output_threads + depth) + 1

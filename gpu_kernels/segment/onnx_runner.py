@@ -84,13 +84,13 @@ def cpu_session_options(threads: int | None = None) -> ort.SessionOptions:
     """Session options for a model on the CPU: every graph optimisation, one intra-op thread
     per usable core (``threads`` overrides), sequential execution (no inter-op pool), and idle
     intra-op threads that sleep instead of spinning: on a machine shared with the decode and
-    output threads, spinning cost u2netp 330 CPU-ms per image against 246 (measured on the
-    2-core machine under load).
+    output threads, spinning cost u2netp 330 CPU-ms per image against 246 (measured on a
+    2-vCPU host under load).
 
     The memory arena is on and memory-pattern planning off. With a pattern, the second run of
     each new batch size allocates a block of its own for that size's intermediate tensors and
-    faults its pages in (u2netp's first batch of 8 after the warm-up: 2 GB). On the 2-core
-    machine a batch of 12 then took 570 ms per image instead of ~150 (9.5 s of system time),
+    faults its pages in (u2netp's first batch of 8 after the warm-up: 2 GB). On a 2-vCPU
+    host a batch of 12 then took 570 ms per image instead of ~150 (9.5 s of system time),
     and the process grew to 8.8 GB. Without a pattern the tensors come from the arena, which
     the warm-up has grown to the largest bucket, so no batch size stalls, at the same
     steady-state speed (paired runs at batches 1, 2 and 4: within 3 ms per image)."""

@@ -24,7 +24,7 @@ min-max normalisation and the mask post-processing, so only the model call diffe
 
 Idle OpenMP threads sleep instead of spinning: torch is first imported here with
 ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it (OpenMP reads it once, when torch
-loads). On the 2-core machine shared with other work, spinning threads made u2netp cost 2,142
+loads). On a 2-vCPU host shared with other work, spinning threads made u2netp cost 2,142
 CPU-ms per image in fp32 against 434 passive (ONNX Runtime's session sleeps the same way).
 """
 

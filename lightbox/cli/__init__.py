@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from lightbox.cli import demo, doctor, events, process, produce, replay, servers, worker
+from lightbox.cli import demo, doctor, events, process, produce, replay, servers, settings, worker
 from lightbox.cli.common import err
 
 __all__ = ["app", "main"]
@@ -57,6 +57,7 @@ app.add_typer(servers.kafka_app, name="kafka")
 for _store in servers.OBJECT_STORES:
     app.add_typer(servers.object_store_app(_store), name=_store.command)
 app.command()(doctor.doctor)
+app.command()(settings.settings)
 app.command()(worker.worker)
 app.command("backfill-worker")(worker.backfill_worker)
 app.command()(produce.produce)
@@ -90,6 +91,6 @@ def main() -> None:
         raise SystemExit(2) from None
     finally:
         # The command is over and closed what it opened; the interpreter's last full collection at
-        # exit would walk every object the imports made (~0.12 s of a one-photo `process`) only to
+        # exit would walk every object the imports made (docs/performance.md: fcca375) only to
         # free memory the exit frees anyway. Frozen objects are skipped (atexit handlers still run).
         gc.freeze()
