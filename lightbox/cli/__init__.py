@@ -12,10 +12,14 @@ import gc
 import os
 from typing import Annotated
 
-import typer
+from lightbox import startup
 
-from lightbox.cli import demo, doctor, events, process, produce, replay, servers, settings, worker
-from lightbox.cli.common import err
+startup.hold()  # before typer, rich and pydantic: what their imports make outlives the start
+
+import typer  # noqa: E402
+
+from lightbox.cli import demo, doctor, events, process, produce, replay, servers, settings, worker  # noqa: E402
+from lightbox.cli.common import err  # noqa: E402
 
 __all__ = ["app", "main"]
 
@@ -74,6 +78,8 @@ app.command()(replay.redrive)
 
 def main() -> None:
     gc.freeze()  # the CLI's modules live as long as the process: later collections need not walk them
+    # (the collection thresholds stay raised until the command has built what it keeps: see
+    # lightbox.startup; a command that never says so keeps them, and its cycles are still collected)
     import logging
 
     # The retouch twins' small matrix products gain nothing from BLAS threads and lose a lot when
