@@ -5,10 +5,10 @@ xiaohongshu_cover 1080×1440, thumb_webp 400² WebP), each as a whole process st
 shell, one process per size class:
 
 - ``lightbox``: ``lightbox process CLASS_DIR -o OUT --presets …`` (this checkout, default settings);
-- ``rembg``: rembg 2.0.86 from PyPI in its own virtualenv (``bench/peer_rembg.py``);
-- ``naive``: Pillow + ONNX Runtime + OpenCV (``bench/peer_naive.py``), u2netp at batch 1;
+- ``rembg``: rembg 2.0.86 from PyPI in its own virtualenv (``bench/peers/peer_rembg.py``);
+- ``naive``: Pillow + ONNX Runtime + OpenCV (``bench/peers/peer_naive.py``), u2netp at batch 1;
 - ``worker``: the same photos as events through a real ``lightbox worker`` on a local Apache Kafka
-  broker the benchmark starts (``bench/peer_worker.py``: from the worker's start to the last
+  broker the benchmark starts (``bench/peers/peer_worker.py``: from the worker's start to the last
   output's broker append time, and its steady ms per image); ``--no-worker`` skips it.
 
 Before the timed rounds each tool runs once on one photo, untimed (lightbox's first start on a
@@ -20,7 +20,7 @@ for rembg's packages: a checkout run with ``PYTHONDONTWRITEBYTECODE`` set would 
 
 All three run the same u2netp file: lightbox's cached copy (md5 8e83ca70…) is linked to
 ``~/.u2net/u2netp.onnx``, where rembg looks, after its checksum is verified, so nothing downloads.
-The photo set (``bench/peer_photos.py``) has three size classes (≤ 0.5 MP, 0.5–3 MP, 3–24 MP)
+The photo set (``bench/peers/peer_photos.py``) has three size classes (≤ 0.5 MP, 0.5–3 MP, 3–24 MP)
 in JPEG, progressive JPEG, CMYK JPEG, PNG and WebP. Each round runs every class with every tool,
 the tools' order alternating between rounds. Reported per class: the median whole-process
 seconds, the ratios ``peer / lightbox`` (above 1: lightbox is faster), the same for the CPU
@@ -54,7 +54,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.peer_photos import CLASSES, assemble  # noqa: E402
+from bench.peers.peer_photos import CLASSES, assemble  # noqa: E402
 
 PRESETS = "taobao_main,xiaohongshu_cover,thumb_webp"
 U2NETP_MD5 = "8e83ca70e441ab06c318d82300c84806"
@@ -120,8 +120,8 @@ def command(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Path
                 "-o", str(out), "--presets", PRESETS, "--no-table"]
     if tool == "rembg":
         assert rembg_py is not None
-        return [str(rembg_py), str(ROOT / "bench" / "peer_rembg.py"), str(out), *map(str, files)]
-    return [sys.executable, str(ROOT / "bench" / "peer_naive.py"), str(model), str(out), *map(str, files)]
+        return [str(rembg_py), str(ROOT / "bench" / "peers" / "peer_rembg.py"), str(out), *map(str, files)]
+    return [sys.executable, str(ROOT / "bench" / "peers" / "peer_naive.py"), str(model), str(out), *map(str, files)]
 
 
 def stages_of(tool: str, out: Path) -> dict[str, float]:
@@ -141,7 +141,7 @@ def run_once(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Pat
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     if tool == "worker":
-        from bench.peer_worker import run_worker
+        from bench.peers.peer_worker import run_worker
 
         assert bootstrap is not None
         return {"tool": tool, "images": len(files), **run_worker(files, out, bootstrap, PRESETS.split(","))}
@@ -187,11 +187,11 @@ def make_masks(files: list[Path], masks: Path, out: Path, model: Path, rembg_py:
     """Each tool's full-size mask of each file, ``masks/<tool>/<stem>.png`` (rembg's only with its venv)."""
     shutil.rmtree(masks, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, str(ROOT / "bench" / "peer_naive.py"), str(model), str(out / "tmp-naive"),
+    subprocess.run([sys.executable, str(ROOT / "bench" / "peers" / "peer_naive.py"), str(model), str(out / "tmp-naive"),
                     *map(str, files), "--masks", str(masks / "naive")], check=True, env=env, capture_output=True)
     lightbox_masks(files, masks / "lightbox")
     if rembg_py is not None:
-        subprocess.run([str(rembg_py), str(ROOT / "bench" / "peer_rembg.py"), str(out / "tmp-rembg"),
+        subprocess.run([str(rembg_py), str(ROOT / "bench" / "peers" / "peer_rembg.py"), str(out / "tmp-rembg"),
                         *map(str, files), "--masks", str(masks / "rembg")], check=True, capture_output=True)
     for d in ("tmp-naive", "tmp-rembg"):
         shutil.rmtree(out / d, ignore_errors=True)

@@ -4,7 +4,7 @@ paired, alternated runs.
     PYTHONPATH=. .venv/bin/python bench/bench_process_ab.py [--baseline main] [--rounds 12]
         [--classes start,small,mid,large] [--worker] [--out bench/results/process_ab.json]
 
-The photos are the peer benchmark's (``bench/peer_photos.py``: ``start`` is the first small
+The photos are the peer benchmark's (``bench/peers/peer_photos.py``: ``start`` is the first small
 photo, then the size classes), into its three presets, each run a whole process started the way
 ``bench/bench_peers.py`` starts lightbox. The baseline is ``git archive <ref>`` unpacked into a
 temporary folder and run with that folder first on the path; both trees are byte-compiled and
@@ -12,7 +12,7 @@ run once untimed first. Every round runs both trees once per class, the order al
 round to round.
 
 ``--worker`` runs each tree's ``lightbox worker`` instead, through a local Apache Kafka broker
-the bench starts, as the peer benchmark does (``bench/peer_worker.py``: from the worker's start
+the bench starts, as the peer benchmark does (``bench/peers/peer_worker.py``: from the worker's start
 to its last output's broker append time); it also reports the steady milliseconds per image (the
 time between the first and the last output, per image).
 
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_peers import PRESETS, compile_packages, run_timed  # noqa: E402
-from bench.peer_photos import assemble  # noqa: E402
+from bench.peers.peer_photos import assemble  # noqa: E402
 
 
 def run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = None) -> dict[str, float]:
@@ -50,7 +50,7 @@ def run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = None) 
     path), or of one ``lightbox worker`` run through ``bootstrap`` (``steady_ms`` too)."""
     shutil.rmtree(out, ignore_errors=True)
     if bootstrap is not None:
-        from bench.peer_worker import run_worker
+        from bench.peers.peer_worker import run_worker
 
         got = run_worker(files, out, bootstrap, PRESETS.split(","), tree=tree)
         return {"seconds": got["seconds"], "steady_ms": got["steady_ms_per_image"]}

@@ -2,12 +2,12 @@
 
     PYTHONPATH=. .venv/bin/python bench/bench_startup.py [--rounds 5] [--out bench/results]
 
-The photo is the peer benchmark's first small one (``bench/peer_photos.py``; class ``start`` of
+The photo is the peer benchmark's first small one (``bench/peers/peer_photos.py``; class ``start`` of
 ``bench/bench_peers.py``), into the same three presets. Every round runs, the order alternating:
 
 - ``lightbox process PHOTO``, started as ``bench/bench_peers.py`` starts it: wall and CPU
   seconds of the whole process;
-- the naive script (``bench/peer_naive.py``) on the same photo: the same two figures;
+- the naive script (``bench/peers/peer_naive.py``) on the same photo: the same two figures;
 - a child that makes ``lightbox process``'s steps one after another with a clock between them:
   importing the CLI (typer, rich, pydantic-settings: the settings), reading the settings,
   importing the model's runtimes (NumPy, ONNX Runtime, OpenVINO), the model made (its checksum,
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from bench.bench_peers import PRESETS, command, compile_packages
-    from bench.peer_photos import assemble
+    from bench.peers.peer_photos import assemble
     from gpu_kernels.segment import ensure_u2netp
 
     compile_packages()

@@ -1,10 +1,10 @@
 """The lightbox worker against the streaming service a team writes first, on one Kafka broker.
 
-Two services take the same photos (``bench/peer_photos.py``: three size classes, ≤ 0.5 MP,
+Two services take the same photos (``bench/peers/peer_photos.py``: three size classes, ≤ 0.5 MP,
 0.5–3 MP, 3–24 MP, in JPEG, progressive JPEG, CMYK JPEG, PNG and WebP) from a topic and make
 the same three presets (taobao_main 800², xiaohongshu_cover 1080×1440, thumb_webp 400² WebP):
 
-- ``peer``: an aiokafka consumer loop around rembg 2.0.86 (``bench/peer_stream_rembg.py``, in
+- ``peer``: an aiokafka consumer loop around rembg 2.0.86 (``bench/peers/peer_stream_rembg.py``, in
   rembg's own virtualenv with aiokafka): per message ``remove(..., u2netp, bgcolor=white)``,
   Pillow per preset, produce the result, commit. JSON jobs naming the file.
 - ``lightbox``: ``lightbox worker`` with default settings (CPU, this checkout); ProductImageEvents
@@ -69,8 +69,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_peers import PRESETS, compile_packages, model_file, rembg_python  # noqa: E402
 from bench.harness import create_topics, proc_cpu_s  # noqa: E402
-from bench.peer_photos import CLASSES, assemble  # noqa: E402
-from bench.peer_worker import start_worker  # noqa: E402
+from bench.peers.peer_photos import CLASSES, assemble  # noqa: E402
+from bench.peers.peer_worker import start_worker  # noqa: E402
 
 LOADS = (0.25, 0.5, 0.9, 1.2)
 SERVICES = ("peer", "lightbox")
@@ -110,7 +110,7 @@ def start(kind: str, bootstrap: str, files: list[Path], work: Path, peer_py: Pat
         proc = start_worker(bootstrap, topics, tag, out, files)
     else:
         with (out / "peer.log").open("wb") as log:
-            proc = subprocess.Popen([str(peer_py), str(ROOT / "bench" / "peer_stream_rembg.py"), bootstrap,
+            proc = subprocess.Popen([str(peer_py), str(ROOT / "bench" / "peers" / "peer_stream_rembg.py"), bootstrap,
                                      f"stream-peer-{tag}", topics["input"], topics["output"], str(out / "variants")],
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return Service(kind, proc, topics, tag, out)

@@ -4,7 +4,7 @@ sheet to judge by eye, and the table of the kept judgements (``bench/review_judg
 Per image: lightbox's default path (u2netp, or ``--model FILE``: another U²-Net ONNX file such
 as u2net; post-processing, pass (a) on white, ``taobao_main``) run with the code of a checkout
 (``--tree``, default this one) in a subprocess, and rembg 2.0.86 (u2netp, in its own
-virtualenv: ``bench/peer_rembg.py``) on the same file. The sheet's rows: input | lightbox's
+virtualenv: ``bench/peers/peer_rembg.py``) on the same file. The sheet's rows: input | lightbox's
 taobao_main | rembg's taobao_main | lightbox's mask over the input (red: dropped, the outline of
 rembg's mask in cyan). The table: each output's kept verdict (accept/reject, and why), and
 whether lightbox's mask has changed since it was judged (a 24 x 24 fingerprint of the mask kept
@@ -68,7 +68,7 @@ def run_lightbox(tree: Path, images: dict[str, np.ndarray], model: Path | None) 
 
 
 def run_rembg(images: dict[str, np.ndarray], venv: Path) -> dict[str, np.ndarray]:
-    """rembg's full-size masks and taobao_main outputs (``bench/peer_rembg.py`` in its venv),
+    """rembg's full-size masks and taobao_main outputs (``bench/peers/peer_rembg.py`` in its venv),
     kept beside the review photos (``review_set.cache_dir()``) by the inputs' sha256: rembg
     does not change between runs."""
     import hashlib
@@ -105,7 +105,7 @@ def _run_rembg(images: dict[str, np.ndarray], venv: Path) -> dict[str, np.ndarra
             path.parent.mkdir(exist_ok=True)
             Image.fromarray(image).save(path)
             files.append(str(path))
-        peer = str(ROOT / "bench" / "peer_rembg.py")
+        peer = str(ROOT / "bench" / "peers" / "peer_rembg.py")
         subprocess.run([str(py), peer, f"{tmp}/cut", *files, "--masks", f"{tmp}/masks"], check=True,
                        capture_output=True)
         subprocess.run([str(py), peer, f"{tmp}/cut", *files], check=True, capture_output=True)

@@ -66,7 +66,7 @@ OUTSIDE: tuple[Outside, ...] = (
             "(and so from Settings), and by `python -m gpu_kernels.segment.fetch_model` without a worker"),
     Outside("LIGHTBOX_OFFLINE", "unset",
             "set (not 0): the model is never downloaded; a missing one is an error saying where to put it "
-            "(the GPU validation run, `bench/gpu_suite.sh`, sets it)",
+            "(the GPU validation run, `bench/gpu/suite.sh`, sets it)",
             "read by the model fetcher in gpu_kernels, like `LIGHTBOX_MODEL_DIR`"),
     Outside("LIGHTBOX_CACHE_DIR", "~/.cache/lightbox",
             "the local development servers' downloads (Kafka and s3proxy jars, Azurite, fake-gcs-server, "

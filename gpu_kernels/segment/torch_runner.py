@@ -49,7 +49,7 @@ from gpu_kernels.segment.ops import CpuOps, cupy_ops
 from gpu_kernels.segment.postprocess import MaskPostprocess
 from schemas.errors import LightboxError, ProcessingFailed
 
-# torch_available, torch_cuda_available: kept importable from here for bench/gpu_model_grid.py (the
+# torch_available, torch_cuda_available: kept importable from here for bench/gpu/model_grid.py (the
 # probes are in machine.py)
 __all__ = ["PRECISIONS", "TorchSegmenter", "import_torch", "torch_available", "torch_cuda_available"]
 

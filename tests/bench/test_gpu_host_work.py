@@ -1,4 +1,4 @@
-"""The host-work counter of the GPU branch (bench/gpu_host_work.py): it counts what a CuPy run
+"""The host-work counter of the GPU branch (bench/gpu/host_work.py): it counts what a CuPy run
 would launch and wait for, and it holds the goal (not met yet: the test says so)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_host_work import TALLY, _wrap, count_batch, counted_modules
+from bench.gpu.host_work import TALLY, _wrap, count_batch, counted_modules
 
 
 def test_the_counter_counts_launches_and_host_waits() -> None:
@@ -37,7 +37,7 @@ def test_the_bench_counts_each_stage_per_image() -> None:
 
 
 @pytest.mark.xfail(strict=True, reason="goal not met: ~370 array calls and ~14 host waits per image at batch 64 "
-                                       "(python3 bench/gpu_host_work.py)")
+                                       "(python3 bench/gpu/host_work.py)")
 def test_goal_at_most_50_array_calls_per_image_and_5_host_syncs_per_batch() -> None:
     result = count_batch(8, 480)
     assert result["array_calls_per_image"] <= 50 and result["host_syncs_per_batch"] <= 5, result

@@ -29,7 +29,7 @@ def test_the_device_erosion_is_one_call_and_no_host_read() -> None:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from bench.gpu_host_work import TALLY, _wrap, counted_modules
+    from bench.gpu.host_work import TALLY, _wrap, counted_modules
 
     xp, cndi = counted_modules()
     ops = XpOps(xp, cndi, "gpu")

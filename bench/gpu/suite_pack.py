@@ -1,14 +1,14 @@
 """Make the folder the GPU validation run takes to an NVIDIA machine (that may have no network).
 
-    python3 bench/gpu_suite_pack.py FOLDER [--python-version 3.12] [--platform manylinux_2_28_x86_64]
-    python3 bench/gpu_suite_pack.py FOLDER --from-installed      # this Python's installed packages
+    python3 bench/gpu/suite_pack.py FOLDER [--python-version 3.12] [--platform manylinux_2_28_x86_64]
+    python3 bench/gpu/suite_pack.py FOLDER --from-installed      # this Python's installed packages
 
 FOLDER gets ``model/`` (u2netp as published and with a symbolic batch, from the model cache,
 fetched there first if missing; with the gate images when scikit-image is installed here) and
 ``wheels/``: lightbox's dependencies as wheels for the target Python and platform, less what a
 stock PyTorch GPU image already has (``STOCK``: numpy, Pillow, OpenCV, ONNX Runtime, torch,
 torchvision, CuPy and NVIDIA's CUDA packages), plus pytest for the parity step. Run on a machine
-that reaches PyPI. ``bench/gpu_suite.sh FOLDER`` installs ``wheels/`` offline
+that reaches PyPI. ``bench/gpu/suite.sh FOLDER`` installs ``wheels/`` offline
 (``pip install --no-index``) and never downloads anything.
 
 ``--from-installed`` puts the same distributions, as installed in this Python, under ``site/``
@@ -29,7 +29,7 @@ from pathlib import Path
 from packaging.markers import default_environment
 from packaging.requirements import Requirement
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # What a stock PyTorch GPU image (plus OpenCV and the CPU ONNX Runtime) already has.
 STOCK = ("numpy", "pillow", "opencv-python", "opencv-python-headless", "opencv-contrib-python", "onnxruntime",
@@ -117,7 +117,7 @@ def pack_model(folder: Path) -> None:
     for src in (files.original, files.batched, files.notice, Path(files.batched).with_suffix(".json")):
         shutil.copy2(src, model / Path(src).name)  # with the batched copy's sidecar: no rebuild there
     try:
-        from bench.gpu_model_grid import export_gate_images
+        from bench.gpu.model_grid import export_gate_images
 
         export_gate_images(model / "gate")
     except ImportError:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         download(reqs, args.folder / "wheels", args.python_version, args.platform)
     if not args.no_model:
         pack_model(args.folder)
-    print(f"gpu_suite_pack: {args.folder} is ready: bash bench/gpu_suite.sh {args.folder}")
+    print(f"gpu_suite_pack: {args.folder} is ready: bash bench/gpu/suite.sh {args.folder}")
     return 0
 
 

@@ -5,7 +5,7 @@ white canvas and an encode. Writes ``OUT/<stem>.<preset>.<ext>`` and ``OUT/rembg
 (seconds per stage, summed). ``--masks DIR`` also writes rembg's full-size masks
 (``session.predict``) as PNG for the IoU check.
 
-    python bench/peer_rembg.py OUT FILE... [--masks DIR]
+    python bench/peers/peer_rembg.py OUT FILE... [--masks DIR]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GPU check of the retouch kernels: parity with the CPU twin, throughput, bandwidth.
 
-    PYTHONPATH=. python bench/gpu_check_retouch.py        # writes $OUT/gpu_check_retouch.json
+    PYTHONPATH=. python bench/gpu/check_retouch.py        # writes $OUT/gpu_check_retouch.json
 
 Needs only NumPy and CuPy (synthetic images; no scikit-image, no OpenCV). Without CuPy or a
 CUDA device it writes ``{"status": "skipped", ...}`` and exits 0. Reports:
@@ -29,11 +29,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 
-from bench.gpu_rows import append as append_row
+from bench.gpu.rows import append as append_row
 
 REPORT_NAME = "gpu_check_retouch.json"
 
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source-size", default="3000x2000", help="WxH of the render sources")
     parser.add_argument("--copy-mib", type=int, default=1024)
     args = parser.parse_args(argv)
-    report: dict[str, Any] = {"script": "bench/gpu_check_retouch.py", "status": "skipped"}
+    report: dict[str, Any] = {"script": "bench/gpu/check_retouch.py", "status": "skipped"}
     try:
         import cupy as cp
     except ImportError as exc:

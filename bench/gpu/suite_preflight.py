@@ -1,6 +1,6 @@
 """Preflight of the GPU validation run: everything the run needs, checked in seconds.
 
-    python3 bench/gpu_suite_preflight.py --model FOLDER/model/u2netp.batched.onnx [--mode auto|gpu|cpu]
+    python3 bench/gpu/suite_preflight.py --model FOLDER/model/u2netp.batched.onnx [--mode auto|gpu|cpu]
 
 Checks, in order, and stops at the first that fails with one line saying what to bring:
 every module the run imports (lightbox's own and its dependencies: from the
@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 # What the run's steps import, at module level or inside the code paths they take.
 MODULES = (
@@ -42,7 +42,7 @@ def check_imports() -> None:
         except ImportError as exc:
             missing = exc.name or name
             raise Failed(f"Python module {missing!r} is missing (needed by {name}): put its wheel in the run's "
-                         "folder (bench/gpu_suite_pack.py makes it)") from exc
+                         "folder (bench/gpu/suite_pack.py makes it)") from exc
 
 
 def check_gpu() -> dict[str, Any]:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     except Failed as exc:
         print(f"preflight: {exc}", flush=True)
         return 1
-    from bench.gpu_rows import append
+    from bench.gpu.rows import append
 
     append(found, kind="preflight")
     print(json.dumps(found), flush=True)

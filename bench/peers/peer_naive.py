@@ -7,7 +7,7 @@ contour's box; Pillow Lanczos resize onto the preset's canvas; encode. Writes
 ``OUT/<stem>.<preset>.<ext>`` and ``OUT/naive-stats.json`` (seconds per stage, summed over
 the images). ``--masks DIR`` also writes each full-size mask as PNG (for the IoU check).
 
-    python bench/peer_naive.py MODEL OUT FILE... [--masks DIR]
+    python bench/peers/peer_naive.py MODEL OUT FILE... [--masks DIR]
 """
 
 from __future__ import annotations

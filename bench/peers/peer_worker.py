@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 __all__ = ["run_worker", "start_worker", "worker_env"]
 

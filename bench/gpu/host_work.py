@@ -19,7 +19,7 @@ synthetic ~1 MP product photos. The RawKernel passes of ``correct`` and ``render
 per image and per preset) and the decode and encode libraries are not array-module code and are
 not counted here.
 
-    python3 bench/gpu_host_work.py [--batch 64] [--size 1000] [--json FILE]
+    python3 bench/gpu/host_work.py [--batch 64] [--size 1000] [--json FILE]
 
 Goal (batch 64, decode to encode): at most 50 array calls per image and 5 host
 synchronisations per batch.
@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 SYNC_FUNCTIONS = {"nonzero", "argwhere", "flatnonzero", "unique", "bincount", "compress", "extract"}
 

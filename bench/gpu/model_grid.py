@@ -7,9 +7,9 @@ CUDA graphs: one captured graph per bucket), ``OnnxSegmenter._infer`` on a prepa
 gate on this GPU: fp16 masks vs fp32 masks on the gate images (``--gate-images`` DIR of PNGs
 written here by ``--export-gate-images DIR``, as scikit-image is not on the GPU machine).
 
-    python3 bench/gpu_model_grid.py MODEL.onnx [--gate-images DIR] [--out FILE]
-    python3 bench/gpu_model_grid.py MODEL.onnx --dry-run-cpu     # the code paths on the CPU
-    python3 bench/gpu_model_grid.py MODEL.onnx --torch [--dry-run-cpu]   # the PyTorch runtime
+    python3 bench/gpu/model_grid.py MODEL.onnx [--gate-images DIR] [--out FILE]
+    python3 bench/gpu/model_grid.py MODEL.onnx --dry-run-cpu     # the code paths on the CPU
+    python3 bench/gpu/model_grid.py MODEL.onnx --torch [--dry-run-cpu]   # the PyTorch runtime
 
 ``--torch``: the same grid with ``TorchSegmenter`` (needs only torch's CUDA build and CuPy, no
 onnxruntime-gpu): fp16 / bf16 / fp32 (autocast), eager and with CUDA graphs per bucket, then
@@ -37,9 +37,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_rows import append as append_row
+from bench.gpu.rows import append as append_row
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 

@@ -1,6 +1,6 @@
 """GPU check of the worker's GPU-only metric, ``lightbox_device_memory_bytes`` (issue 12).
 
-    PYTHONPATH=. python bench/gpu_check_observe.py        # writes $OUT/gpu_check_observe.json
+    PYTHONPATH=. python bench/gpu/check_observe.py        # writes $OUT/gpu_check_observe.json
 
 Needs only CuPy and prometheus-client (both in the GPU machine's image): ``agents.telemetry``
 imports nothing else at run time. Without CuPy or a CUDA device it writes
@@ -25,7 +25,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 REPORT_NAME = "gpu_check_observe.json"
 

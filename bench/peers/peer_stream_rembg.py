@@ -14,7 +14,7 @@ file that fails is answered on the output topic with ``{"id", "error"}`` (the na
 only) and committed, so nothing is lost and nothing stuck. SIGTERM stops it after the message
 in hand.
 
-    python bench/peer_stream_rembg.py BOOTSTRAP GROUP INPUT_TOPIC OUTPUT_TOPIC OUT
+    python bench/peers/peer_stream_rembg.py BOOTSTRAP GROUP INPUT_TOPIC OUTPUT_TOPIC OUT
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ Measures
 - encode: nvJPEG (``NvJpegEncoder``) vs CPU libjpeg-turbo (OpenCV, 1 thread) per output size,
   ms per image, bytes, and which wins — the ``gpu_min_pixels`` threshold to use.
 
-``bench/gpu_suite.sh`` runs it as its decode step; alone:
-``PYTHONPATH=. python3 bench/gpu_check_codec.py [--out FILE]`` (about 2 minutes on an H200).
+``bench/gpu/suite.sh`` runs it as its decode step; alone:
+``PYTHONPATH=. python3 bench/gpu/check_codec.py [--out FILE]`` (about 2 minutes on an H200).
 
 Without CuPy or a CUDA device it writes ``{"status": "skipped", ...}`` and exits 0.
 ``--dry-run-cpu`` runs the decode and parity code paths with DALI on the CPU (tiny sizes) so
@@ -38,9 +38,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_rows import append as append_row
+from bench.gpu.rows import append as append_row
 
 BATCHES = (1, 8, 32, 128)
 HW_LOADS = (0.0, 0.65, 1.0)

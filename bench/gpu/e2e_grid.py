@@ -10,7 +10,7 @@ apart and never in the rate) and p50/p99 of the per-image latency (event built t
 that made its masks; the model always makes them (a run that cannot load the model on the
 device fails, it never falls back to the classical segmenter).
 
-    python3 bench/gpu_e2e_grid.py --model DIR/u2netp.batched.onnx [--device gpu] [--n 512]
+    python3 bench/gpu/e2e_grid.py --model DIR/u2netp.batched.onnx [--device gpu] [--n 512]
                                   [--batches 8,32,64] [--out FILE]
 
 ``--model``: the u2netp copy with a symbolic batch (``python -m gpu_kernels.segment.fetch_model``
@@ -34,9 +34,9 @@ from typing import Any
 import cv2
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu_rows import append as append_row
+from bench.gpu.rows import append as append_row
 
 PRESETS = ("taobao_main", "xiaohongshu_cover", "thumb_webp")
 
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                          "labelled so in every row")
     ap.add_argument("--cuda-graphs", action="store_true",
                     help="capture the model's CUDA graphs at start (one per bucket up to the largest batch: "
-                         "adds their capture to the set-up time; bench/gpu_model_grid.py measures their gain)")
+                         "adds their capture to the set-up time; bench/gpu/model_grid.py measures their gain)")
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")) / "gpu_e2e_grid.json")
     args = ap.parse_args(argv)
     from streams.settings import Settings

@@ -1,8 +1,8 @@
 """The GPU validation run's one JSON, one PNG and one archive, from the rows as they landed.
 
-    python3 bench/gpu_suite_report.py WORK OUT
+    python3 bench/gpu/suite_report.py WORK OUT
 
-Reads ``OUT/gpu_suite.rows.jsonl`` (one line per figure, ``bench/gpu_rows.py``) and
+Reads ``OUT/gpu_suite.rows.jsonl`` (one line per figure, ``bench/gpu/rows.py``) and
 ``WORK/steps.jsonl`` (each step's exit code and seconds), writes ``OUT/gpu_suite.json``
 (machine, steps, every row grouped by step, a summary line per step and the GPU goals judged
 where the figures exist) and ``OUT/gpu_suite.png`` (end-to-end img/s and p99 by batch, model
