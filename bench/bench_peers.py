@@ -28,7 +28,7 @@ seconds of each whole process (user + system of all its threads: robust to other
 shared machine, but it counts spinning threads as work), each tool's per-stage
 milliseconds per image, and the mean mask IoU (alpha ≥ 128) of lightbox's and the naive
 script's masks against rembg's on the same photos, and every tool's masks against the true alpha
-of the cut-out quality set (``gpu_kernels.segment.quality_set``: 46 product shots drawn with a
+of the cut-out quality set (``lightbox.datasets.quality_set``: 46 product shots drawn with a
 known alpha), which says whether a mask that differs from rembg's is better or worse.
 
     PYTHONPATH=. .venv/bin/python bench/bench_peers.py [--quick] [--rounds 3] [--out bench/results/peers]
@@ -221,7 +221,7 @@ def truth_masks(out: Path, model: Path, rembg_py: Path | None) -> dict[str, Any]
     import numpy as np
     from PIL import Image
 
-    from gpu_kernels.segment.quality_set import quality_set
+    from lightbox.datasets.quality_set import quality_set
 
     items = quality_set()
     folder = out / "truth-images"

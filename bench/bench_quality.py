@@ -10,10 +10,10 @@ background's mean, gains up to 2x) and after the current one. The cup also goes 
 
 ``mask``: IoU, boundary F and enclosed holes of u2netp masks with the previous post-processing
 (threshold + drop small islands + inward feather) and the current one, on composites with holes
-and thin parts (``gpu_kernels.segment.hole_samples``), and on the first 8 images of the sample
+and thin parts (``lightbox.datasets.hole_samples``), and on the first 8 images of the sample
 catalog: subject components, enclosed holes, enclosed white islands in taobao_main.
 
-``set``: the cut-out quality set with true alpha (:mod:`gpu_kernels.segment.quality_set`, 46
+``set``: the cut-out quality set with true alpha (:mod:`lightbox.datasets.quality_set`, 46
 items in six classes) through the default path (u2netp + post-processing, pass (a) on white,
 ``transparent_png``), with the code of ``--before DIR`` and the current code, each in a
 subprocess. Per class: mask IoU and boundary F (alpha >= 128 against true alpha >= 0.3, so a
@@ -147,8 +147,8 @@ def bench_mask(png: Path | None) -> None:
     from PIL import Image
 
     from gpu_kernels.segment import MaskPostprocess, OnnxSegmenter, ensure_u2netp
-    from gpu_kernels.segment.hole_samples import HOLED_SHAPES, holed_composite
     from gpu_kernels.segment.samples import BACKGROUNDS, OBJECTS
+    from lightbox.datasets.hole_samples import HOLED_SHAPES, holed_composite
     from lightbox.samples import make_catalog
 
     old_post = MaskPostprocess(erode_px=1, far_component=0.0, speck_hole=0.0, max_hole=0.0, guide_sigma=0.0)
@@ -304,7 +304,7 @@ def on_page(rgba: np.ndarray, colour: tuple[int, int, int] = (70, 160, 200)) -> 
 
 
 def bench_set(before: Path, sheet: Path | None, model: Path | None = None) -> None:
-    from gpu_kernels.segment.quality_set import CLASSES, quality_set
+    from lightbox.datasets.quality_set import CLASSES, quality_set
 
     items = quality_set()
     images = {f"i{k:02d}": it.image for k, it in enumerate(items)}

@@ -25,7 +25,7 @@ framings overlap; :func:`to_photo` maps a framing's mask back to the photo's coo
 
 Classes (one per photo, for per-class counts): fur_hair, soft_blur, multi_item, metal,
 thin_parts, person_held, plain. No package found ships a photograph of glass or clear plastic:
-glass is covered by the ground-truth set (``gpu_kernels.segment.quality_set``) only.
+glass is covered by the ground-truth set (``lightbox.datasets.quality_set``) only.
 """
 
 from __future__ import annotations

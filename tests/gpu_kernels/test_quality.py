@@ -164,8 +164,8 @@ def test_u2netp_masks_keep_true_holes_and_gain_iou_and_boundary_f(u2netp: Any) -
     least the previous post-processing's, and the edge bleeds less into the background
     (pixels with alpha > 0 outside the truth)."""
     from gpu_kernels.segment import MaskPostprocess, OnnxSegmenter
-    from gpu_kernels.segment.hole_samples import HOLED_SHAPES, holed_composite
     from gpu_kernels.segment.samples import BACKGROUNDS, OBJECTS
+    from lightbox.datasets.hole_samples import HOLED_SHAPES, holed_composite
 
     old = OnnxSegmenter(u2netp.original, post=MaskPostprocess(erode_px=1, far_component=0.0, speck_hole=0.0,
                                                               max_hole=0.0, guide_sigma=0.0))

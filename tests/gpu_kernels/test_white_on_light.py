@@ -10,7 +10,7 @@ import pytest
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.quality import neutral_cast
 from gpu_kernels.retouch import CpuRetoucher
-from gpu_kernels.segment.quality_set import TruthItem, quality_set
+from lightbox.datasets.quality_set import TruthItem, quality_set
 
 KEEP = RetouchOptions("keep")
 PALE = quality_set(classes=("pale",))

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from gpu_kernels.segment.hole_samples import holed_shape
 from gpu_kernels.segment.samples import _photo
+from lightbox.datasets.hole_samples import holed_shape
 
 __all__ = ["BACKDROPS", "CLASSES", "TruthItem", "quality_set"]
 
