@@ -9,12 +9,12 @@ Catalog set: skimage photos (coffee, astronaut, chelsea, rocket) upscaled to cat
 1200x1200 and 1200x900, light noise added so they compress like photos, JPEG q90; each
 method decodes them and resizes to 800 px on the longer side, one timed run after one warm-up.
 Large set: 6000x4000 (24 MP) sources to 800 px: full decode + resize vs reduced-size decode
-(``DaliDecoder`` with libjpeg-turbo DCT scaling, and the fused DALI resize for comparison).
+(``DecoderChain`` with libjpeg-turbo DCT scaling, and the fused DALI resize for comparison).
 Prints img/s and ratios; writes them as JSON to ``--out``. The machine's 1-minute load
 average goes into the JSON: on a shared 2-core box the multi-threaded DALI numbers drop
 first when other jobs run.
 Decoder set (``decoder`` in the JSON): the CPU worker's decoder (libjpeg-turbo + Pillow, no DALI)
-against the same decoder routing through DALI's CPU operators (``DaliDecoder("cpu", dali=True)``),
+against the same decoder routing through DALI's CPU operators (``DecoderChain("cpu", dali=True)``),
 at ``max_side=1440`` (the largest preset side: catalog photos decode at full size, where DALI and
 libjpeg-turbo do the same work), on the catalog JPEGs and 8-bit PNGs of 1000x750; ``--rounds``
 rounds alternate the two, the best round of each is reported with the ratio no-DALI / DALI.
@@ -38,7 +38,7 @@ import simplejpeg
 from PIL import Image
 from skimage import data
 
-from gpu_kernels.codec import DaliDecoder, make_decoder
+from gpu_kernels.codec import DecoderChain, make_decoder
 
 TARGET = 800
 DECODER_MAX_SIDE = 1440
@@ -111,7 +111,7 @@ class DaliResize:
 
 
 def decoder_then_resize(
-    decoder: DaliDecoder, max_side: int | None
+    decoder: DecoderChain, max_side: int | None
 ) -> Callable[[Sequence[bytes]], list[np.ndarray]]:
     def run(blobs: Sequence[bytes]) -> list[np.ndarray]:
         out = []
@@ -150,14 +150,14 @@ def pngs(n: int) -> list[bytes]:
 
 def decoder_rates(catalog: list[bytes], png: list[bytes], rounds: int) -> dict[str, dict[str, float]]:
     """The CPU worker's decoder with and without DALI's CPU operators: best img/s of ``rounds``."""
-    def rate(decoder: DaliDecoder, blobs: list[bytes]) -> float:
+    def rate(decoder: DecoderChain, blobs: list[bytes]) -> float:
         start = time.perf_counter()
         out = decoder.decode_batch(blobs, max_side=DECODER_MAX_SIDE)
         assert all(isinstance(a, np.ndarray) for a in out), [a for a in out if not isinstance(a, np.ndarray)]
         return len(blobs) / (time.perf_counter() - start)
 
     results: dict[str, dict[str, float]] = {}
-    with make_decoder("cpu") as plain, DaliDecoder("cpu", dali=True) as dali:
+    with make_decoder("cpu") as plain, DecoderChain("cpu", dali=True) as dali:
         for name, blobs in (("jpeg 1200px q90", catalog), ("png 1000x750", png)):
             rate(plain, blobs[:2]), rate(dali, blobs[:2])  # warm-up (DALI builds its pipeline)
             best = {"no-dali": 0.0, "dali": 0.0}
@@ -196,7 +196,7 @@ def main() -> None:
     cat["pillow"] = timed(pillow, catalog)
     cat["simplejpeg_cv2"] = timed(simplejpeg_cv2, catalog)
     cat["dali_cpu_resize"] = timed(DaliResize(args.batch, args.threads), catalog)
-    with DaliDecoder("cpu", batch_size=args.batch, num_threads=args.threads) as dec:
+    with DecoderChain("cpu", batch_size=args.batch, num_threads=args.threads) as dec:
         cat["daliDecoder_then_cv2"] = timed(decoder_then_resize(dec, TARGET), catalog)
     for k, v in cat.items():
         print(
@@ -210,11 +210,11 @@ def main() -> None:
         f"{sum(map(len, large)) // len(large) // 1024} KB avg → {TARGET} px"
     )
     big: dict[str, float] = {}
-    with DaliDecoder("cpu", batch_size=args.batch, num_threads=args.threads, reduce="off") as d:
+    with DecoderChain("cpu", batch_size=args.batch, num_threads=args.threads, reduce="off") as d:
         big["full_decode_then_cv2"] = timed(decoder_then_resize(d, TARGET), large)
-    with DaliDecoder("cpu", batch_size=args.batch, num_threads=args.threads, reduce="dct") as d:
+    with DecoderChain("cpu", batch_size=args.batch, num_threads=args.threads, reduce="dct") as d:
         big["dct_reduced_then_cv2"] = timed(decoder_then_resize(d, TARGET), large)
-    with DaliDecoder("cpu", batch_size=args.batch, num_threads=args.threads, reduce="resize") as d:
+    with DecoderChain("cpu", batch_size=args.batch, num_threads=args.threads, reduce="resize") as d:
         big["dali_fused_resize"] = timed(decoder_then_resize(d, TARGET), large)
     big["pillow_draft"] = timed(lambda b: pillow(b, draft=True), large)
     for k, v in big.items():

@@ -6,7 +6,7 @@ Usage (from the repository root)::
 
 Writes the mixed-format folder and the probe files (``tests/corpus.py``) once, then for each
 tree (this one, and the commit ``--baseline REF`` names, ``git archive``d) decodes them with that tree's
-``DaliDecoder("cpu")``, each probe in a fresh subprocess so its CPU time (``resource.getrusage``)
+``DecoderChain("cpu")``, each probe in a fresh subprocess so its CPU time (``resource.getrusage``)
 and peak RSS (``VmHWM`` after a reset through ``/proc/self/clear_refs``; ``ru_maxrss`` starts at
 the parent's peak after exec) are its own:
 
@@ -33,9 +33,9 @@ from tests.corpus import jpeg_scan_bomb, mixed_folder, png
 CHILD = r"""
 import json, resource, sys, time
 import numpy as np
-from gpu_kernels.codec import DaliDecoder
+from gpu_kernels.codec import DecoderChain
 paths = sys.argv[1:]
-dec = DaliDecoder("cpu", batch_size=4)
+dec = DecoderChain("cpu", batch_size=4)
 import io
 from PIL import Image
 for fmt in ("JPEG", "PNG"):  # warm up: DALI pipeline built, Pillow imported

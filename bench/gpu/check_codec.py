@@ -8,7 +8,7 @@ Measures
 - decode: raw DALI pipeline ``external_source → decoders.image(device="mixed")``, img/s and MP/s
   for batch 1, 8, 32, 128 × ``hw_decoder_load`` 0, 0.65, 1.0 on ~1.4 MP JPEGs (goal: >= 4000
   img/s at batch 128 on an H200);
-- the project's ``DaliDecoder("gpu")`` at batch 128 (sniff + DLPack hand-off overhead);
+- the project's ``DecoderChain("gpu")`` at batch 128 (sniff + DLPack hand-off overhead);
 - reduced-size decode of 24 MP sources to 800 px: full decode vs fused GPU resize;
 - parity: GPU vs CPU decode of the same JPEGs (mean and p99 |diff|);
 - encode: nvJPEG (``NvJpegEncoder``) vs CPU libjpeg-turbo (OpenCV, 1 thread) per output size,
@@ -187,11 +187,11 @@ def decode_grid(
 def project_decoder(
     gpu: bool, batch: int, src: tuple[int, int], min_s: float, threads: int
 ) -> dict[str, Any]:
-    from gpu_kernels.codec import DaliDecoder
+    from gpu_kernels.codec import DecoderChain
 
     h, w = src
     blobs = [jpeg(synth_photo(h, w, s)) for s in range(batch)]
-    with DaliDecoder("gpu" if gpu else "cpu", batch_size=batch, num_threads=threads) as dec:
+    with DecoderChain("gpu" if gpu else "cpu", batch_size=batch, num_threads=threads) as dec:
 
         def run() -> int:
             out = dec.decode_batch(blobs)
@@ -205,7 +205,7 @@ def project_decoder(
             return len(out)
 
         ips, iters = rate(run, min_s, 5)
-    print(f"  DaliDecoder batch {batch}: {ips:.1f} img/s", flush=True)
+    print(f"  DecoderChain batch {batch}: {ips:.1f} img/s", flush=True)
     return {
         "batch": batch,
         "img_per_s": round(ips, 1),
@@ -215,7 +215,7 @@ def project_decoder(
 
 
 def reduced_decode(gpu: bool, src: tuple[int, int], n: int, min_s: float) -> dict[str, Any]:
-    from gpu_kernels.codec import DaliDecoder
+    from gpu_kernels.codec import DecoderChain
 
     h, w = src
     blobs = [jpeg(synth_photo(h, w, 100 + s)) for s in range(n)]
@@ -225,7 +225,7 @@ def reduced_decode(gpu: bool, src: tuple[int, int], n: int, min_s: float) -> dic
         "kb_avg": round(sum(map(len, blobs)) / n / 1024),
     }
     for mode in ("off", "resize") + (() if gpu else ("dct",)):
-        with DaliDecoder("gpu" if gpu else "cpu", batch_size=n, reduce=mode) as dec:  # type: ignore[arg-type]
+        with DecoderChain("gpu" if gpu else "cpu", batch_size=n, reduce=mode) as dec:  # type: ignore[arg-type]
 
             def run(d: Any = dec) -> int:
                 res = d.decode_batch(blobs, max_side=800)
@@ -244,13 +244,13 @@ def reduced_decode(gpu: bool, src: tuple[int, int], n: int, min_s: float) -> dic
 
 def parity(gpu: bool, src: tuple[int, int]) -> dict[str, Any]:
     """GPU (or CPU in dry runs) vs CPU decode of the same JPEGs."""
-    from gpu_kernels.codec import DaliDecoder
+    from gpu_kernels.codec import DecoderChain
 
     h, w = src
     blobs = [jpeg(synth_photo(h, w, 200 + s)) for s in range(8)]
     with (
-        DaliDecoder("cpu", batch_size=8) as cpu_dec,
-        DaliDecoder("gpu" if gpu else "cpu", batch_size=8) as dec,
+        DecoderChain("cpu", batch_size=8) as cpu_dec,
+        DecoderChain("gpu" if gpu else "cpu", batch_size=8) as dec,
     ):
         ref = cpu_dec.decode_batch(blobs)
         got = dec.decode_batch(blobs)

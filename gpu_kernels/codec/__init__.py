@@ -2,7 +2,7 @@
 
 - :mod:`.sniff` — header guards: format, size, pixels, bit depth, frames, JPEG scans, EXIF
   orientation, ICC presence; no pixel decoded.
-- :mod:`.dali_decode` — :class:`DaliDecoder`, batched DALI decode on CPU or GPU (``mixed``),
+- :mod:`.chain` — :class:`DecoderChain`, the decoder chain: batched DALI decode on CPU or GPU (``mixed``),
   with a per-item time budget for what runs on the CPU pool.
 - :mod:`.pillow_decode` — the Pillow (+ pillow-heif) path: TIFF, BMP, GIF, HEIF, AVIF, alpha,
   animated (first frame), 16-bit, ICC profiles converted to sRGB.
@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from gpu_kernels.codec.dali_decode import DaliDecoder, ReduceMode, reduced_size
+from gpu_kernels.codec.chain import DecoderChain, ReduceMode, reduced_size
 from gpu_kernels.codec.encode import CpuEncoder, EncodeSettings, NvJpegEncoder, flatten_alpha
 from gpu_kernels.codec.orient import orient
 from gpu_kernels.codec.sniff import (
@@ -46,7 +46,7 @@ __all__ = [
     "DEFAULT_MAX_PIXELS",
     "DEFAULT_MAX_SCANS",
     "CpuEncoder",
-    "DaliDecoder",
+    "DecoderChain",
     "EncodeSettings",
     "ImageFormat",
     "ImageInfo",
@@ -86,8 +86,8 @@ def gpu_decoder_choice() -> tuple[str | None, str]:
                   f"nvidia-dali-cuda130) or torchvision with CUDA; here DALI is missing and {why}")
 
 
-def make_decoder(device: str = "cpu", **options: Any) -> DaliDecoder | TorchvisionDecoder:
-    """The decoder for ``device``. "cpu": a :class:`DaliDecoder` that decodes without DALI unless
+def make_decoder(device: str = "cpu", **options: Any) -> DecoderChain | TorchvisionDecoder:
+    """The decoder for ``device``. "cpu": a :class:`DecoderChain` that decodes without DALI unless
     ``dali=True`` (libjpeg-turbo and Pillow, so a CPU install carries no CUDA libraries; on CPU
     DALI's decode was within a few per cent of this path, see docs). "gpu": DALI's ``mixed``
     decode where DALI is installed, else torchvision's nvJPEG (:class:`TorchvisionDecoder`), else
@@ -97,14 +97,14 @@ def make_decoder(device: str = "cpu", **options: Any) -> DaliDecoder | Torchvisi
     ``device_id``, ``reduce``, ``time_budget_s``, ``dali``)."""
     if device == "cpu":
         options.setdefault("dali", False)
-        return DaliDecoder(device, **options)
+        return DecoderChain(device, **options)
     if device == "gpu" and options.get("dali", True):
         choice, why = gpu_decoder_choice()
         if choice is None:
             raise ValueError(why)
         if choice == "torchvision":
             return TorchvisionDecoder(device, **options)
-    return DaliDecoder(device, **options)
+    return DecoderChain(device, **options)
 
 
 def make_encoder(device: str = "cpu", **options: Any) -> CpuEncoder | NvJpegEncoder:

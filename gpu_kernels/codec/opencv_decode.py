@@ -29,7 +29,7 @@ OPENCV_FORMATS = frozenset({"jpeg", "png", "webp", "tiff", "bmp", "gif"})
 
 
 def _failed(info: ImageInfo, blob: bytes, reason: str, *, final: bool = False) -> DecodeFailed:
-    if not final:  # a refusal: the chain may try the next decoder (see dali_decode)
+    if not final:  # a refusal: the chain may try the next decoder (see chain)
         return refusal("OpenCV", info, blob, reason)
     return DecodeFailed(f"OpenCV could not decode the {info.format} image ({info.width}x{info.height}, "
                         f"{fingerprint(blob)}): {reason}", stage=STAGE)

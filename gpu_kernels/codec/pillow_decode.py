@@ -18,7 +18,7 @@ that disagrees with the decoder could slip a bomb past the pixel limit); smaller
 ``clap`` crop) — that refusal is final, no other decoder tries. Library errors come back as
 ``DecodeFailed`` whose text has any bytes literal removed: messages never echo payload bytes;
 their ``reason`` attribute (the library's words) marks them as refusals another decoder may
-retry (see :mod:`.dali_decode`).
+retry (see :mod:`.chain`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def safe_reason(err: BaseException | str, limit: int = 160) -> str:
 
 def refusal(decoder: str, info: ImageInfo, blob: bytes, err: BaseException | str) -> DecodeFailed:
     """``decoder`` could not read ``blob``: a ``DecodeFailed`` that carries its ``reason``, so that
-    a decoder chain (:mod:`.dali_decode`) may try the next decoder and name every refusal."""
+    a decoder chain (:mod:`.chain`) may try the next decoder and name every refusal."""
     reason = safe_reason(err)
     failed = DecodeFailed(f"{decoder} could not decode the {info.format} image ({info.width}x{info.height}, "
                           f"{fingerprint(blob)}): {reason}", stage=STAGE)

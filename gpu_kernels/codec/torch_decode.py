@@ -3,7 +3,7 @@
 A stock PyTorch GPU image (torch, torchvision, CuPy, OpenCV) has nvJPEG through
 ``torchvision.io.decode_jpeg(..., device="cuda")`` and no DALI. :class:`TorchvisionDecoder`
 decodes a batch's plain JPEGs there in one call and hands out CuPy arrays (zero copy through
-DLPack); everything else takes the CPU decoder's path (:class:`~.dali_decode.DaliDecoder` with
+DLPack); everything else takes the CPU decoder's path (:class:`~.chain.DecoderChain` with
 ``dali=False``: the same header guards, Pillow for alpha, ICC profiles, GIF, HEIF and the rest,
 OpenCV last) and is uploaded. :func:`~gpu_kernels.codec.make_decoder` picks it for "gpu" when
 DALI is not installed.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gpu_kernels.array import Array
-from gpu_kernels.codec.dali_decode import DaliDecoder, _Job
+from gpu_kernels.codec.chain import DecoderChain, _Job
 from gpu_kernels.codec.sniff import sniff
 from schemas.errors import DecodeFailed, LightboxError
 
@@ -69,7 +69,7 @@ class TorchvisionDecoder:
         self._on_cuda = self._target.startswith("cuda")
         for name in ("batch_size", "hw_decoder_load", "reduce", "dali", "device_id"):
             options.pop(name, None)  # DALI's knobs: nothing to set here
-        self._cpu = DaliDecoder("cpu", dali=False, reduce="off", **options)
+        self._cpu = DecoderChain("cpu", dali=False, reduce="off", **options)
 
     def decode_batch(self, blobs: Sequence[bytes], *, max_side: int | None = None) -> list[Array | LightboxError]:
         """Decode each blob; per-item errors are returned in place, never raised."""
@@ -85,7 +85,7 @@ class TorchvisionDecoder:
                 out[i] = err
                 continue
             plain = (info.format == "jpeg" and info.components in (1, 3) and not info.pillow_path
-                     and not DaliDecoder._needs_colour_management(_Job(i, bytes(blob), info, None)))
+                     and not DecoderChain._needs_colour_management(_Job(i, bytes(blob), info, None)))
             (jpegs if plain else rest).append(i)
         refused = self._nvjpeg([bytes(blobs[i]) for i in jpegs], jpegs, out)
         rest += refused

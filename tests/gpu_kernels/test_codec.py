@@ -17,7 +17,7 @@ from skimage import data
 from gpu_kernels.backends import Decoder, Encoder
 from gpu_kernels.codec import (
     CpuEncoder,
-    DaliDecoder,
+    DecoderChain,
     flatten_alpha,
     make_decoder,
     make_encoder,
@@ -96,12 +96,12 @@ def rgba(coffee: np.ndarray) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def decoder() -> Iterator[DaliDecoder]:
-    with DaliDecoder("cpu", batch_size=4, num_threads=2) as d:
+def decoder() -> Iterator[DecoderChain]:
+    with DecoderChain("cpu", batch_size=4, num_threads=2) as d:
         yield d
 
 
-def _one(decoder: DaliDecoder, blob: bytes, **kw: object) -> np.ndarray:
+def _one(decoder: DecoderChain, blob: bytes, **kw: object) -> np.ndarray:
     (result,) = decoder.decode_batch([blob], **kw)  # type: ignore[arg-type]
     assert isinstance(result, np.ndarray), result
     assert result.dtype == np.uint8 and result.flags.c_contiguous
@@ -217,7 +217,7 @@ def test_truncated_headers_are_decode_failed(coffee: np.ndarray) -> None:
         sniff(b"RIFF\x00\x00\x00\x00WEBPVP8X")
 
 
-def test_animated_webp_decodes_its_first_frame(decoder: DaliDecoder, coffee: np.ndarray) -> None:
+def test_animated_webp_decodes_its_first_frame(decoder: DecoderChain, coffee: np.ndarray) -> None:
     frames = [Image.fromarray(coffee), Image.fromarray(coffee[::-1].copy())]
     blob = _save(frames[0], "WEBP", save_all=True, append_images=frames[1:], duration=100, lossless=True)
     info = sniff(blob)
@@ -228,12 +228,12 @@ def test_animated_webp_decodes_its_first_frame(decoder: DaliDecoder, coffee: np.
 # ---- decode -------------------------------------------------------------------------------
 
 
-def test_decoder_satisfies_the_protocol(decoder: DaliDecoder) -> None:
+def test_decoder_satisfies_the_protocol(decoder: DecoderChain) -> None:
     assert isinstance(decoder, Decoder) and decoder.device == "cpu"
-    assert isinstance(make_decoder("cpu", max_pixels=10), DaliDecoder)
+    assert isinstance(make_decoder("cpu", max_pixels=10), DecoderChain)
 
 
-def test_jpeg_decode_matches_pillow(decoder: DaliDecoder, coffee: np.ndarray) -> None:
+def test_jpeg_decode_matches_pillow(decoder: DecoderChain, coffee: np.ndarray) -> None:
     blob = _jpeg(coffee)
     out = _one(decoder, blob)
     assert out.shape == (400, 600, 3)
@@ -241,7 +241,7 @@ def test_jpeg_decode_matches_pillow(decoder: DaliDecoder, coffee: np.ndarray) ->
     assert _mad(out, coffee) < 4.0
 
 
-def test_bad_images_do_not_fail_their_batch_mates(decoder: DaliDecoder, coffee: np.ndarray) -> None:
+def test_bad_images_do_not_fail_their_batch_mates(decoder: DecoderChain, coffee: np.ndarray) -> None:
     good = [_jpeg(np.asarray(f())) for f in (data.coffee, data.astronaut, data.chelsea)]
     jpg = good[0]
     png = _save(Image.fromarray(coffee), "PNG")
@@ -291,7 +291,7 @@ def test_corrupt_jpeg_fails_in_the_reduced_decode_path_too(coffee: np.ndarray) -
     big = np.asarray(Image.fromarray(coffee).resize((1200, 800)))
     jpg = _jpeg(big)
     no_tables = jpg.replace(b"\xff\xdb", b"\xff\xef")
-    with DaliDecoder("cpu", reduce="dct") as d:
+    with DecoderChain("cpu", reduce="dct") as d:
         results = d.decode_batch([jpg[: len(jpg) * 2 // 3], no_tables, jpg], max_side=600)
     assert isinstance(results[0], DecodeFailed) and "end-of-image" in str(results[0])
     assert isinstance(results[1], DecodeFailed) and "libjpeg-turbo" in str(results[1])
@@ -312,7 +312,7 @@ def test_orient_matches_pillow_exif_transpose(coffee: np.ndarray, orientation: i
 
 @pytest.mark.parametrize("orientation", [3, 6, 8])
 def test_exif_orientation_is_applied(
-    decoder: DaliDecoder, coffee: np.ndarray, orientation: int
+    decoder: DecoderChain, coffee: np.ndarray, orientation: int
 ) -> None:
     blob = _with_orientation(coffee, orientation)
     out = _one(decoder, blob)
@@ -321,14 +321,14 @@ def test_exif_orientation_is_applied(
     assert _mad(out, expected) < 1.0
 
 
-def test_cmyk_jpeg_decodes_to_rgb(decoder: DaliDecoder, coffee: np.ndarray) -> None:
+def test_cmyk_jpeg_decodes_to_rgb(decoder: DecoderChain, coffee: np.ndarray) -> None:
     blob = _save(Image.fromarray(coffee).convert("CMYK"), "JPEG", quality=95)
     out = _one(decoder, blob)
     assert out.shape == (400, 600, 3)
     assert _mad(out, coffee) < 6.0
 
 
-def test_grayscale_jpeg_decodes_to_rgb(decoder: DaliDecoder, coffee: np.ndarray) -> None:
+def test_grayscale_jpeg_decodes_to_rgb(decoder: DecoderChain, coffee: np.ndarray) -> None:
     gray = np.asarray(Image.fromarray(coffee).convert("L"))
     out = _one(decoder, _jpeg(gray))
     assert out.shape == (400, 600, 3)
@@ -336,23 +336,23 @@ def test_grayscale_jpeg_decodes_to_rgb(decoder: DaliDecoder, coffee: np.ndarray)
     assert _mad(out[..., 0], gray) < 3.0
 
 
-def test_progressive_jpeg_decodes_like_baseline(decoder: DaliDecoder, coffee: np.ndarray) -> None:
+def test_progressive_jpeg_decodes_like_baseline(decoder: DecoderChain, coffee: np.ndarray) -> None:
     prog = _one(decoder, _jpeg(coffee, progressive=True))
     base = _one(decoder, _jpeg(coffee))
     assert prog.shape == base.shape and _mad(prog, base) < 1.0
 
 
-def test_png_with_alpha_keeps_alpha_exactly(decoder: DaliDecoder, rgba: np.ndarray) -> None:
+def test_png_with_alpha_keeps_alpha_exactly(decoder: DecoderChain, rgba: np.ndarray) -> None:
     out = _one(decoder, _save(Image.fromarray(rgba), "PNG"))
     assert np.array_equal(out, rgba)
 
 
-def test_png_without_alpha_is_rgb_exactly(decoder: DaliDecoder, coffee: np.ndarray) -> None:
+def test_png_without_alpha_is_rgb_exactly(decoder: DecoderChain, coffee: np.ndarray) -> None:
     assert np.array_equal(_one(decoder, _save(Image.fromarray(coffee), "PNG")), coffee)
 
 
 def test_gray_alpha_and_palette_transparency_pngs_give_rgba(
-    decoder: DaliDecoder, rgba: np.ndarray
+    decoder: DecoderChain, rgba: np.ndarray
 ) -> None:
     la = Image.fromarray(rgba).convert("LA")
     out = _one(decoder, _save(la, "PNG"))
@@ -364,7 +364,7 @@ def test_gray_alpha_and_palette_transparency_pngs_give_rgba(
     assert out.shape == (400, 600, 4) and out[0, 0, 3] == 0
 
 
-def test_webp_decodes(decoder: DaliDecoder, coffee: np.ndarray, rgba: np.ndarray) -> None:
+def test_webp_decodes(decoder: DecoderChain, coffee: np.ndarray, rgba: np.ndarray) -> None:
     lossy = _one(decoder, _save(Image.fromarray(coffee), "WEBP", quality=90))
     assert lossy.shape == (400, 600, 3) and _mad(lossy, coffee) < 5.0
     lossless = _one(decoder, _save(Image.fromarray(rgba), "WEBP", lossless=True, exact=True))
@@ -388,7 +388,7 @@ def test_reduced_decode_is_never_smaller_than_needed(mode: str, orientation: int
     big = np.asarray(Image.fromarray(np.asarray(data.astronaut())).resize((2400, 1600)))
     blob = _with_orientation(big, orientation)
     full = _pillow_decode(blob)
-    with DaliDecoder("cpu", reduce=mode) as d:  # type: ignore[arg-type]
+    with DecoderChain("cpu", reduce=mode) as d:  # type: ignore[arg-type]
         out = _one(d, blob, max_side=500)
         untouched = _one(d, blob, max_side=1300)  # > half of 2400: full size
     assert max(out.shape[:2]) >= 500 and max(out.shape[:2]) < max(full.shape[:2]) // 2
@@ -401,7 +401,7 @@ def test_reduced_decode_is_never_smaller_than_needed(mode: str, orientation: int
 
 def test_reduced_decode_leaves_png_full_size_and_chunks_batches(coffee: np.ndarray) -> None:
     png = _save(Image.fromarray(coffee), "PNG")
-    with DaliDecoder("cpu", batch_size=2) as d:
+    with DecoderChain("cpu", batch_size=2) as d:
         results = d.decode_batch([png] * 5, max_side=100)
     assert all(isinstance(r, np.ndarray) and r.shape == (400, 600, 3) for r in results)
 
@@ -517,7 +517,7 @@ def test_sniff_only_raises_project_errors(
 
 
 def test_mutated_files_never_raise_from_decode_batch(
-    decoder: DaliDecoder, samples: list[bytes]
+    decoder: DecoderChain, samples: list[bytes]
 ) -> None:
     rng = np.random.default_rng(7)
     blobs = []

@@ -18,7 +18,7 @@ from PIL import Image
 from skimage import data
 
 from gpu_kernels.backends import Decoder, Encoder
-from gpu_kernels.codec import CpuEncoder, DaliDecoder, make_decoder, make_encoder
+from gpu_kernels.codec import CpuEncoder, DecoderChain, make_decoder, make_encoder
 from gpu_kernels.presets import Preset
 from schemas.errors import ErrorCode
 from tests.gpu import cupy_or_skip
@@ -48,23 +48,23 @@ def _assert_jpeg_parity(gpu: Any, cpu: np.ndarray) -> None:
 
 
 @pytest.fixture(scope="module")
-def cpu_decoder() -> Iterator[DaliDecoder]:
-    with DaliDecoder("cpu", batch_size=8) as d:
+def cpu_decoder() -> Iterator[DecoderChain]:
+    with DecoderChain("cpu", batch_size=8) as d:
         yield d
 
 
 @pytest.fixture(scope="module", params=[0.0, 0.65, 1.0], ids=lambda v: f"hw{v}")
-def gpu_decoder(request: pytest.FixtureRequest) -> Iterator[DaliDecoder]:
-    with DaliDecoder("gpu", batch_size=8, hw_decoder_load=request.param) as d:
+def gpu_decoder(request: pytest.FixtureRequest) -> Iterator[DecoderChain]:
+    with DecoderChain("gpu", batch_size=8, hw_decoder_load=request.param) as d:
         yield d
 
 
-def test_gpu_decoder_is_a_decoder(gpu_decoder: DaliDecoder) -> None:
+def test_gpu_decoder_is_a_decoder(gpu_decoder: DecoderChain) -> None:
     assert isinstance(gpu_decoder, Decoder) and gpu_decoder.device == "gpu"
-    assert isinstance(make_decoder("gpu"), DaliDecoder)
+    assert isinstance(make_decoder("gpu"), DecoderChain)
 
 
-def test_jpeg_decode_parity(gpu_decoder: DaliDecoder, cpu_decoder: DaliDecoder) -> None:
+def test_jpeg_decode_parity(gpu_decoder: DecoderChain, cpu_decoder: DecoderChain) -> None:
     exif = Image.Exif()
     exif[0x0112] = 6
     blobs = [_save(p, "JPEG", quality=90) for p in _photos()]
@@ -79,7 +79,7 @@ def test_jpeg_decode_parity(gpu_decoder: DaliDecoder, cpu_decoder: DaliDecoder) 
         _assert_jpeg_parity(gpu, cpu)
 
 
-def test_lossless_sources_match_exactly(gpu_decoder: DaliDecoder, cpu_decoder: DaliDecoder) -> None:
+def test_lossless_sources_match_exactly(gpu_decoder: DecoderChain, cpu_decoder: DecoderChain) -> None:
     photo = _photos()[0]
     rgba = np.dstack([photo, np.full(photo.shape[:2], 77, np.uint8)])
     blobs = [_save(photo, "PNG"), _save(rgba, "PNG")]
@@ -91,7 +91,7 @@ def test_lossless_sources_match_exactly(gpu_decoder: DaliDecoder, cpu_decoder: D
     assert gpu[1].shape == (400, 600, 4)
 
 
-def test_bad_images_do_not_fail_the_gpu_batch(gpu_decoder: DaliDecoder) -> None:
+def test_bad_images_do_not_fail_the_gpu_batch(gpu_decoder: DecoderChain) -> None:
     good = _save(_photos()[1], "JPEG", quality=90)
     no_tables = good.replace(b"\xff\xdb", b"\xff\xef")  # passes sniff; nvJPEG must fail it
     blobs = [good, good[: len(good) // 2], b"", good, no_tables, b"%PDF-1.4 ....", good, no_tables]
@@ -108,17 +108,17 @@ def test_bad_images_do_not_fail_the_gpu_batch(gpu_decoder: DaliDecoder) -> None:
     assert "DALI" in str(results[4])
 
 
-def test_reduced_decode_matches_cpu_resize(gpu_decoder: DaliDecoder) -> None:
+def test_reduced_decode_matches_cpu_resize(gpu_decoder: DecoderChain) -> None:
     big = np.asarray(Image.fromarray(_photos()[1]).resize((2400, 1600)))
     blob = _save(big, "JPEG", quality=90)
-    with DaliDecoder("cpu", reduce="resize") as cpu:
+    with DecoderChain("cpu", reduce="resize") as cpu:
         (c,) = cpu.decode_batch([blob], max_side=600)
     (g,) = gpu_decoder.decode_batch([blob], max_side=600)
     assert g.shape == c.shape == (400, 600, 3)
     _assert_jpeg_parity(g, c)
 
 
-def test_decoded_arrays_survive_later_batches(gpu_decoder: DaliDecoder) -> None:
+def test_decoded_arrays_survive_later_batches(gpu_decoder: DecoderChain) -> None:
     """Zero-copy hand-off: an earlier output must not be overwritten by the next run."""
     photos = _photos()
     (first,) = gpu_decoder.decode_batch([_save(photos[0], "JPEG", quality=90)])
@@ -153,13 +153,13 @@ def test_gpu_encoder_falls_back_to_cpu_for_png_and_small_jpeg() -> None:
     encoder.close()
 
 
-def test_every_format_decodes_on_the_gpu_like_on_the_cpu(gpu_decoder: DaliDecoder) -> None:
+def test_every_format_decodes_on_the_gpu_like_on_the_cpu(gpu_decoder: DecoderChain) -> None:
     """Pillow-path formats are decoded on the CPU and uploaded: identical to the CPU twin."""
     from tests.corpus import mixed_folder
 
     files = mixed_folder()
     names = sorted(files)
-    with DaliDecoder("cpu", batch_size=8) as cpu_decoder:
+    with DecoderChain("cpu", batch_size=8) as cpu_decoder:
         cpu = cpu_decoder.decode_batch([files[n] for n in names])
     gpu = gpu_decoder.decode_batch([files[n] for n in names])
     for name, g, c in zip(names, gpu, cpu, strict=True):
@@ -173,9 +173,9 @@ def test_every_format_decodes_on_the_gpu_like_on_the_cpu(gpu_decoder: DaliDecode
 
 def test_time_budget_applies_on_the_gpu() -> None:
     blob = _save(_photos()[1], "JPEG", quality=90)
-    with DaliDecoder("gpu", time_budget_s=1e-9) as d:
+    with DecoderChain("gpu", time_budget_s=1e-9) as d:
         (result,) = d.decode_batch([blob])
         assert getattr(result, "code", None) is ErrorCode.DECODE_FAILED and "over time budget" in str(result)
-    with DaliDecoder("gpu") as d:
+    with DecoderChain("gpu") as d:
         (again,) = d.decode_batch([blob])
     assert isinstance(again, cp.ndarray)

@@ -1,5 +1,5 @@
 """The CPU default decoder without DALI (``make_decoder("cpu")``: libjpeg-turbo + Pillow) against the
-DALI CPU decoder it replaced as the default (``DaliDecoder("cpu", dali=True)``): the same images to
+DALI CPU decoder it replaced as the default (``DecoderChain("cpu", dali=True)``): the same images to
 within rounding, the same outcome for every hostile file, and messages that never echo payload bytes.
 DALI is in the ``gpu`` extra (and in ``dev``, for this comparison); a CPU install decodes without it.
 """
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gpu_kernels.codec import DaliDecoder, make_decoder
+from gpu_kernels.codec import DecoderChain, make_decoder
 from schemas.errors import DecodeFailed, LightboxError
 from tests.corpus import Hostile, _save, hostile_files, jpeg_scan_bomb, mixed_folder, photo
 from tests.gpu_kernels.test_hostile_files import _assert_no_echo
@@ -23,12 +23,12 @@ def test_make_decoder_on_cpu_needs_no_dali() -> None:
     assert d.dali is False and d.version == "cpu-decode-1"
     assert make_decoder("gpu").dali is True
     with pytest.raises(ValueError, match="CPU only"):
-        DaliDecoder("gpu", dali=False)
+        DecoderChain("gpu", dali=False)
 
 
 def test_same_pixels_as_dali_on_the_catalog_and_every_format(catalog: list[Path]) -> None:
     blobs = {p.name: p.read_bytes() for p in catalog} | mixed_folder()
-    with make_decoder("cpu") as plain, DaliDecoder("cpu", dali=True) as dali:
+    with make_decoder("cpu") as plain, DecoderChain("cpu", dali=True) as dali:
         for max_side in (None, 400):
             a = plain.decode_batch(list(blobs.values()), max_side=max_side)
             b = dali.decode_batch(list(blobs.values()), max_side=max_side)
@@ -83,7 +83,7 @@ def test_a_slow_thumbnail_is_isolated_from_its_chunk_mates() -> None:
     slow = jpeg_scan_bomb(256, 50_000)  # ~0.9 s in libjpeg-turbo with the scan guard lifted
     thumbs = _thumbs()
     batch = [*thumbs[:3], slow, *thumbs[3:]]
-    with DaliDecoder("cpu", dali=False, max_scans=10**6, max_markers=10**6, time_budget_s=0.1) as d:
+    with DecoderChain("cpu", dali=False, max_scans=10**6, max_markers=10**6, time_budget_s=0.1) as d:
         results = d.decode_batch(batch)
         again = d.decode_batch(thumbs[:2])  # the decoder is usable after abandoning a chunk
     assert isinstance(results[3], DecodeFailed) and "over time budget" in results[3].message
@@ -92,6 +92,6 @@ def test_a_slow_thumbnail_is_isolated_from_its_chunk_mates() -> None:
 
 
 def test_a_chunk_over_budget_fails_each_thumbnail_as_over_budget() -> None:
-    with DaliDecoder("cpu", dali=False, time_budget_s=1e-9) as d:  # below any decode
+    with DecoderChain("cpu", dali=False, time_budget_s=1e-9) as d:  # below any decode
         results = d.decode_batch(_thumbs())
     assert all(isinstance(r, DecodeFailed) and "over time budget" in r.message for r in results), results

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from gpu_kernels.codec import DaliDecoder
+from gpu_kernels.codec import DecoderChain
 from gpu_kernels.codec.opencv_decode import decode_opencv
 from gpu_kernels.codec.pillow_decode import decode_first_frame
 from gpu_kernels.codec.sniff import sniff
@@ -43,8 +43,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
 
 
 @pytest.fixture(scope="module")
-def decoder() -> Iterator[DaliDecoder]:
-    with DaliDecoder("cpu", batch_size=8, num_threads=2) as d:
+def decoder() -> Iterator[DecoderChain]:
+    with DecoderChain("cpu", batch_size=8, num_threads=2) as d:
         yield d
 
 
@@ -54,14 +54,14 @@ def pillow_rgb(blob: bytes) -> np.ndarray:
 
 
 @pytest.mark.parametrize("name", ["tiff_1bit_raw.tif", "bmp_16_555.bmp"])
-def test_a_file_dali_refuses_is_decoded_by_the_next_decoder(corpus: dict[str, bytes], decoder: DaliDecoder,
+def test_a_file_dali_refuses_is_decoded_by_the_next_decoder(corpus: dict[str, bytes], decoder: DecoderChain,
                                                             name: str) -> None:
     (out,) = decoder.decode_batch([corpus[name]])
     assert isinstance(out, np.ndarray), out
     assert np.array_equal(out, pillow_rgb(corpus[name]))
 
 
-def test_every_file_pillow_opens_is_decoded(corpus: dict[str, bytes], decoder: DaliDecoder) -> None:
+def test_every_file_pillow_opens_is_decoded(corpus: dict[str, bytes], decoder: DecoderChain) -> None:
     mod = odd_files()
     names = sorted(corpus)
     results = decoder.decode_batch([corpus[n] for n in names])
@@ -75,24 +75,24 @@ def test_every_file_pillow_opens_is_decoded(corpus: dict[str, bytes], decoder: D
             assert r.code is ErrorCode.DECODE_FAILED and "Pillow: " in str(r), (n, str(r))
 
 
-def test_a_bomb_is_stopped_before_any_decoder_runs(decoder: DaliDecoder, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bomb_is_stopped_before_any_decoder_runs(decoder: DecoderChain, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
 
     def spy(name: str, real: Any) -> Any:
-        def run(self: DaliDecoder, job: Any) -> Any:
+        def run(self: DecoderChain, job: Any) -> Any:
             calls.append(name)
             return real(self, job)
         return run
 
-    for name in list(DaliDecoder._DECODERS):
-        monkeypatch.setitem(DaliDecoder._DECODERS, name, spy(name, DaliDecoder._DECODERS[name]))
-    real_dali = DaliDecoder._run_dali_budgeted
+    for name in list(DecoderChain._DECODERS):
+        monkeypatch.setitem(DecoderChain._DECODERS, name, spy(name, DecoderChain._DECODERS[name]))
+    real_dali = DecoderChain._run_dali_budgeted
 
-    def dali(self: DaliDecoder, jobs: list[Any], *args: Any) -> None:
+    def dali(self: DecoderChain, jobs: list[Any], *args: Any) -> None:
         calls.extend("dali" for _ in jobs)
         real_dali(self, jobs, *args)
 
-    monkeypatch.setattr(DaliDecoder, "_run_dali_budgeted", dali)
+    monkeypatch.setattr(DecoderChain, "_run_dali_budgeted", dali)
     ihdr = b"\x89PNG\r\n\x1a\n" + b"\0\0\0\rIHDR" + (100_000).to_bytes(4, "big") * 2 + b"\x08\x02\0\0\0"
     import zlib
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpu_kernels.codec import DaliDecoder
+from gpu_kernels.codec import DecoderChain
 from tests.gpu import cupy_or_skip
 from tests.gpu_kernels.test_fallback import odd_files
 
@@ -20,7 +20,7 @@ cp: Any = cupy_or_skip()
 def test_the_gpu_decoder_falls_back_like_the_cpu_one(tmp_path: Any) -> None:
     paths = odd_files().make_corpus(tmp_path)
     blobs = [p.read_bytes() for p in paths]
-    with DaliDecoder("gpu", batch_size=8) as gpu, DaliDecoder("cpu", batch_size=8) as cpu:
+    with DecoderChain("gpu", batch_size=8) as gpu, DecoderChain("cpu", batch_size=8) as cpu:
         g, c = gpu.decode_batch(blobs), cpu.decode_batch(blobs)
     opened = {p.name for p, b in zip(paths, blobs, strict=True) if odd_files().pillow_opens(b)}
     decoded = {p.name for p, r in zip(paths, g, strict=True) if isinstance(r, cp.ndarray)}

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageCms
 
-from gpu_kernels.codec import DaliDecoder, sniff
+from gpu_kernels.codec import DecoderChain, sniff
 from gpu_kernels.codec.pillow_decode import is_srgb, safe_reason
 from schemas.errors import DecodeFailed, ErrorCode, LightboxError, TooLarge
 from tests.corpus import display_p3_icc, mixed_folder, p3_to_srgb_reference, photo, png, tiff
@@ -27,12 +27,12 @@ def rgb() -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def decoder() -> Iterator[DaliDecoder]:
-    with DaliDecoder("cpu", batch_size=4, num_threads=2) as d:
+def decoder() -> Iterator[DecoderChain]:
+    with DecoderChain("cpu", batch_size=4, num_threads=2) as d:
         yield d
 
 
-def _one(decoder: DaliDecoder, blob: bytes) -> np.ndarray:
+def _one(decoder: DecoderChain, blob: bytes) -> np.ndarray:
     (result,) = decoder.decode_batch([blob])
     assert isinstance(result, np.ndarray), result
     assert result.dtype == np.uint8 and result.flags.c_contiguous
@@ -83,18 +83,18 @@ def test_decoded_nbytes_counts_depth_and_the_pillow_path(files: dict[str, bytes]
 
 
 @pytest.mark.parametrize("name", ["tiff_8bit.tif", "tiff_16bit.tif", "tiff_multipage.tif", "tiff_lzw.tif", "bmp.bmp"])
-def test_lossless_formats_decode_exactly(decoder: DaliDecoder, files: dict[str, bytes], rgb: np.ndarray,
+def test_lossless_formats_decode_exactly(decoder: DecoderChain, files: dict[str, bytes], rgb: np.ndarray,
                                          name: str) -> None:
     assert np.array_equal(_one(decoder, files[name]), rgb)  # 16-bit: v * 257 >> 8 == v; multi-page: page 1
 
 
-def test_16bit_png_keeps_the_high_byte(decoder: DaliDecoder, files: dict[str, bytes], rgb: np.ndarray) -> None:
+def test_16bit_png_keeps_the_high_byte(decoder: DecoderChain, files: dict[str, bytes], rgb: np.ndarray) -> None:
     out = _one(decoder, files["png_16bit.png"])
     assert out.shape == (400, 600, 3)
     assert np.array_equal(out, np.broadcast_to(rgb[200], out.shape))
 
 
-def test_16bit_gray_tiff_is_scaled_not_clipped(decoder: DaliDecoder, files: dict[str, bytes],
+def test_16bit_gray_tiff_is_scaled_not_clipped(decoder: DecoderChain, files: dict[str, bytes],
                                                rgb: np.ndarray) -> None:
     out = _one(decoder, files["tiff_gray16_be.tif"])
     # Pillow's own I;16 → L conversion clips at 255: nearly everything would be white.
@@ -102,24 +102,24 @@ def test_16bit_gray_tiff_is_scaled_not_clipped(decoder: DaliDecoder, files: dict
 
 
 @pytest.mark.parametrize("name", ["bmp_8bit.bmp", "gif.gif", "gif_animated.gif"])
-def test_palette_formats_decode_their_first_frame(decoder: DaliDecoder, files: dict[str, bytes], name: str) -> None:
+def test_palette_formats_decode_their_first_frame(decoder: DecoderChain, files: dict[str, bytes], name: str) -> None:
     with Image.open(io.BytesIO(files[name])) as im:
         expected = np.asarray(im.convert("RGB"))  # frame 0
     out = _one(decoder, files[name])
     assert np.array_equal(out, expected)
 
 
-def test_apng_decodes_its_default_image(decoder: DaliDecoder, files: dict[str, bytes]) -> None:
+def test_apng_decodes_its_default_image(decoder: DecoderChain, files: dict[str, bytes]) -> None:
     assert np.array_equal(_one(decoder, files["apng.png"]), np.zeros((64, 64, 3), np.uint8))  # later frames: 0x7f
 
 
 @pytest.mark.parametrize(("name", "limit"), [("heic.heic", 4.0), ("avif.avif", 6.0)])
-def test_heic_and_avif_decode(decoder: DaliDecoder, files: dict[str, bytes], rgb: np.ndarray, name: str,
+def test_heic_and_avif_decode(decoder: DecoderChain, files: dict[str, bytes], rgb: np.ndarray, name: str,
                               limit: float) -> None:
     assert _mad(_one(decoder, files[name]), rgb) < limit
 
 
-def test_alpha_survives_tiff_and_16bit_png(decoder: DaliDecoder, rgb: np.ndarray) -> None:
+def test_alpha_survives_tiff_and_16bit_png(decoder: DecoderChain, rgb: np.ndarray) -> None:
     rgba = np.dstack([rgb, np.tile(np.arange(600, dtype=np.uint16) * 255 // 599, (400, 1)).astype(np.uint8)])
     assert np.array_equal(_one(decoder, tiff([rgba])), rgba)
     row = (rgba[100].astype(">u2") * 257).tobytes()
@@ -127,7 +127,7 @@ def test_alpha_survives_tiff_and_16bit_png(decoder: DaliDecoder, rgb: np.ndarray
     assert np.array_equal(out, np.broadcast_to(rgba[100], out.shape))
 
 
-def test_exif_orientation_of_a_tiff_is_applied(decoder: DaliDecoder, rgb: np.ndarray) -> None:
+def test_exif_orientation_of_a_tiff_is_applied(decoder: DecoderChain, rgb: np.ndarray) -> None:
     buf = io.BytesIO()
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90° clockwise to display
@@ -137,7 +137,7 @@ def test_exif_orientation_of_a_tiff_is_applied(decoder: DaliDecoder, rgb: np.nda
     assert np.array_equal(_one(decoder, buf.getvalue()), np.rot90(rgb, -1))
 
 
-def test_heic_rotation_is_applied_once(decoder: DaliDecoder) -> None:
+def test_heic_rotation_is_applied_once(decoder: DecoderChain) -> None:
     import pillow_heif
 
     pillow_heif.register_heif_opener()
@@ -168,7 +168,7 @@ def test_icc_profiles_are_recognised() -> None:
     assert is_srgb(b"not a profile")  # unreadable: ignored, never fatal
 
 
-def test_display_p3_png_matches_the_reference_conversion(decoder: DaliDecoder) -> None:
+def test_display_p3_png_matches_the_reference_conversion(decoder: DecoderChain) -> None:
     src = _swatches()
     buf = io.BytesIO()
     Image.fromarray(src).save(buf, "PNG", icc_profile=display_p3_icc())
@@ -179,7 +179,7 @@ def test_display_p3_png_matches_the_reference_conversion(decoder: DaliDecoder) -
     assert np.abs(src.astype(np.int16) - ref.astype(np.int16)).max() > 20  # the conversion is visible
 
 
-def test_display_p3_jpeg_matches_the_reference_conversion(decoder: DaliDecoder) -> None:
+def test_display_p3_jpeg_matches_the_reference_conversion(decoder: DecoderChain) -> None:
     src = _swatches()
     buf = io.BytesIO()
     Image.fromarray(src).save(buf, "JPEG", quality=100, subsampling=0, icc_profile=display_p3_icc())
@@ -190,7 +190,7 @@ def test_display_p3_jpeg_matches_the_reference_conversion(decoder: DaliDecoder) 
     assert diff.max() <= 2 and _mad(out, unmanaged) > 2
 
 
-def test_srgb_tagged_jpeg_decodes_like_an_untagged_one(decoder: DaliDecoder, rgb: np.ndarray) -> None:
+def test_srgb_tagged_jpeg_decodes_like_an_untagged_one(decoder: DecoderChain, rgb: np.ndarray) -> None:
     srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
     tagged, plain = io.BytesIO(), io.BytesIO()
     Image.fromarray(rgb).save(tagged, "JPEG", quality=90, icc_profile=srgb)
@@ -217,7 +217,7 @@ def test_byte_and_pixel_guards_apply_to_each_format(files: dict[str, bytes], nam
         sniff(blob, max_bytes=len(blob) - 1)
     with pytest.raises(TooLarge, match="pixels"):
         sniff(blob, max_pixels=info.pixels - 1)
-    with DaliDecoder("cpu", max_pixels=info.pixels - 1) as d:
+    with DecoderChain("cpu", max_pixels=info.pixels - 1) as d:
         assert _code(d.decode_batch([blob])[0]) is ErrorCode.TOO_LARGE
 
 
@@ -250,7 +250,7 @@ def test_time_budget_applies_to_each_format(large: Image.Image, fmt: str) -> Non
     (large.quantize(64) if fmt == "GIF" else large).save(buf, fmt)
     # A nanosecond is far below any 2 MP decode (milliseconds even for raw TIFF/BMP), so the
     # item overruns — on the DALI path as on the Pillow path.
-    with DaliDecoder("cpu", time_budget_s=1e-9) as d:
+    with DecoderChain("cpu", time_budget_s=1e-9) as d:
         (result,) = d.decode_batch([buf.getvalue()])
     assert isinstance(result, DecodeFailed) and "over time budget" in result.message
 
@@ -260,7 +260,7 @@ def test_a_slow_item_is_isolated_and_its_batch_mates_go_on(files: dict[str, byte
 
     slow = jpeg_scan_bomb(1024, 60_000)  # ~3.5 s in libjpeg-turbo with the scan guard lifted: 7x the run budget
     batch = [files["jpeg.jpg"], slow, files["png.png"], files["tiff_8bit.tif"], files["webp.webp"]]
-    with DaliDecoder("cpu", batch_size=8, max_scans=10**6, max_markers=10**6, time_budget_s=0.1) as d:
+    with DecoderChain("cpu", batch_size=8, max_scans=10**6, max_markers=10**6, time_budget_s=0.1) as d:
         results = d.decode_batch(batch)
         again = d.decode_batch([files["jpeg.jpg"]])  # the decoder is usable after abandoning a run
     assert isinstance(results[1], DecodeFailed) and "over time budget" in results[1].message

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_kernels.codec import DaliDecoder, sniff
+from gpu_kernels.codec import DecoderChain, sniff
 from schemas.errors import LightboxError
 from tests.corpus import Hostile, hostile_files
 
@@ -36,14 +36,14 @@ CHILD = r"""
 import io, json, resource, sys
 import numpy as np
 from PIL import Image
-from gpu_kernels.codec import DaliDecoder, sniff
+from gpu_kernels.codec import DecoderChain, sniff
 blob = open(sys.argv[1], "rb").read()
 fmt = {"jpg": "JPEG", "png": "PNG", "webp": "WEBP", "tif": "TIFF", "bmp": "BMP", "gif": "GIF",
        "heic": "HEIF", "avif": "AVIF"}[sys.argv[1].rsplit(".", 1)[1]]
 if fmt == "HEIF":
     import pillow_heif
     pillow_heif.register_heif_opener()
-dec = DaliDecoder("cpu")
+dec = DecoderChain("cpu")
 warm = io.BytesIO()
 Image.new("RGB", (32, 32), (10, 120, 230)).save(warm, fmt)
 assert isinstance(dec.decode_batch([warm.getvalue()])[0], np.ndarray)
@@ -115,7 +115,7 @@ LEAKS = {
 @pytest.mark.parametrize("name", sorted(LEAKS))
 def test_dead_letters_name_type_size_and_digest_never_content(name: str) -> None:
     blob = LEAKS[name]
-    with DaliDecoder("cpu") as d:
+    with DecoderChain("cpu") as d:
         (err,) = d.decode_batch([blob])
     assert isinstance(err, LightboxError) and err.code.value == "UNSUPPORTED_FORMAT"
     assert f"{len(blob)} bytes" in err.message and re.search(r"sha256 [0-9a-f]{12}", err.message)

@@ -1,7 +1,8 @@
-"""Batched image decode with NVIDIA DALI (docs/architecture.md, step 2), on CPU or GPU behind one class.
+"""The decoder chain (docs/architecture.md, step 2): header guards, then DALI, libjpeg-turbo, Pillow
+and OpenCV in turn, on CPU or GPU behind one class.
 
-``DaliDecoder(device="cpu")`` runs ``external_source → decoders.image(device="cpu")``;
-``DaliDecoder(device="gpu")`` runs the same pipeline with ``device="mixed"`` (nvJPEG with the
+``DecoderChain(device="cpu")`` runs ``external_source → decoders.image(device="cpu")``;
+``DecoderChain(device="gpu")`` runs the same pipeline with ``device="mixed"`` (nvJPEG with the
 hardware JPEG decoder taking ``hw_decoder_load`` of the batch) and hands out CuPy arrays.
 Output per image: ``(H, W, 3)`` uint8 RGB, or ``(H, W, 4)`` uint8 RGBA for sources whose
 header declares transparency; EXIF orientation applied; CMYK/YCCK and grayscale converted to
@@ -97,7 +98,7 @@ from gpu_kernels.codec.sniff import (
 )
 from schemas.errors import DecodeFailed, LightboxError
 
-__all__ = ["DaliDecoder", "ReduceMode", "reduced_size"]
+__all__ = ["DecoderChain", "ReduceMode", "reduced_size"]
 
 STAGE = "decode"
 ReduceMode = Literal["auto", "dct", "resize", "off"]
@@ -131,8 +132,9 @@ def reduced_size(info: ImageInfo, max_side: int | None) -> tuple[int, int] | Non
     )
 
 
-class DaliDecoder:
-    """:class:`~gpu_kernels.backends.Decoder` on DALI; see the module docstring.
+class DecoderChain:
+    """:class:`~gpu_kernels.backends.Decoder`: the chain of decoders (DALI where installed, else
+    libjpeg-turbo and Pillow; OpenCV last), routed by each file's header; see the module docstring.
 
     Args:
         device: ``"cpu"`` (NumPy out) or ``"gpu"`` (``mixed`` decode, CuPy out).
@@ -168,17 +170,17 @@ class DaliDecoder:
         dali: bool = True,
     ) -> None:
         if device not in ("cpu", "gpu"):
-            raise ValueError(f"DaliDecoder: device must be 'cpu' or 'gpu', got {device!r}")
+            raise ValueError(f"DecoderChain: device must be 'cpu' or 'gpu', got {device!r}")
         if not dali and device == "gpu":
-            raise ValueError("DaliDecoder: the gpu decoder is DALI's (dali=False is CPU only)")
+            raise ValueError("DecoderChain: the gpu decoder is DALI's (dali=False is CPU only)")
         if not 0.0 <= hw_decoder_load <= 1.0:
             raise ValueError(
-                f"DaliDecoder: hw_decoder_load must be in [0, 1], got {hw_decoder_load}"
+                f"DecoderChain: hw_decoder_load must be in [0, 1], got {hw_decoder_load}"
             )
         if batch_size < 1 or num_threads < 1:
-            raise ValueError("DaliDecoder: batch_size and num_threads must be >= 1")
+            raise ValueError("DecoderChain: batch_size and num_threads must be >= 1")
         if not time_budget_s > 0:
-            raise ValueError(f"DaliDecoder: time_budget_s must be > 0, got {time_budget_s}")
+            raise ValueError(f"DecoderChain: time_budget_s must be > 0, got {time_budget_s}")
         self.device = device
         self.max_pixels = max_pixels
         self.max_bytes = max_bytes
@@ -206,7 +208,7 @@ class DaliDecoder:
     ) -> list[Array | LightboxError]:
         """Decode each blob; per-item errors are returned in place, never raised."""
         if self._closed:
-            raise RuntimeError("DaliDecoder is closed")
+            raise RuntimeError("DecoderChain is closed")
         out: list[Array | LightboxError] = [DecodeFailed("not decoded", stage=STAGE) for _ in blobs]
         dali_plain: list[_Job] = []
         dali_resized: list[_Job] = []
@@ -265,7 +267,7 @@ class DaliDecoder:
         self._pool = self._dali_thread = None
         self._closed = True
 
-    def __enter__(self) -> DaliDecoder:
+    def __enter__(self) -> DecoderChain:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -523,7 +525,7 @@ class DaliDecoder:
     @staticmethod
     def _result(fut: Future[Array], job: _Job) -> Array | LightboxError:
         err = fut.exception()
-        return DaliDecoder._settle(fut.result() if err is None else err, job)
+        return DecoderChain._settle(fut.result() if err is None else err, job)
 
     @staticmethod
     def _settle(value: Array | BaseException, job: _Job) -> Array | LightboxError:
@@ -616,7 +618,7 @@ class DaliDecoder:
             return upload(image, self.device_id)
         return image
 
-    _DECODERS: ClassVar[dict[str, Callable[[DaliDecoder, _Job], Array]]] = {
+    _DECODERS: ClassVar[dict[str, Callable[[DecoderChain, _Job], Array]]] = {
         "libjpeg-turbo": _decode_dct,
         "plain": _decode_plain,
         "pillow": _decode_pillow,
