@@ -4,7 +4,8 @@
 box and a grey photograph on wood, green cloth, blue paper and a grey backdrop, with and without
 a warm cast; ``gpu_kernels.retouch.scenes``) and of skimage's espresso cup (brightest subject
 pixels, u2netp mask), in the input, after the CPU retoucher's pass (a) of an earlier
-commit (``--before DIR``: a checkout of it, e.g. 96ff878, run in a subprocess: white balance from the
+commit (``--baseline REF``, e.g. 96ff878, unpacked by ``bench.harness.baseline_tree`` and run in a
+subprocess: white balance from the
 background's mean, gains up to 2x) and after the current one. The cup also goes through
 ``taobao_main``; ``--png DIR`` writes those images.
 
@@ -15,7 +16,7 @@ catalog: subject components, enclosed holes, enclosed white islands in taobao_ma
 
 ``set``: the cut-out quality set with true alpha (:mod:`lightbox.datasets.quality_set`, 46
 items in six classes) through the default path (u2netp + post-processing, pass (a) on white,
-``transparent_png``), with the code of ``--before DIR`` and the current code, each in a
+``transparent_png``), with the code of ``--baseline REF`` and the current code, each in a
 subprocess. Per class: mask IoU and boundary F (alpha >= 128 against true alpha >= 0.3, so a
 glass's translucent body counts as product), alpha
 SAD (sum of |alpha - true alpha| over the frame, alpha in [0, 1], in thousands, at 640x480), the
@@ -31,9 +32,8 @@ shipped in packages) through lightbox and rembg, a contact sheet to judge by eye
 the kept verdicts (``bench/review_judgement.toml``); see ``bench/quality_review.py``.
 ``PYTHONPATH=. python bench/bench_quality.py review [--model FILE] [--sheet docs/img/review.png]``
 
-Usage: ``git worktree add --detach /tmp/base 96ff878;
-PYTHONPATH=. python bench/bench_quality.py [wb] [mask] [set] --before /tmp/base [--png DIR] [--sheet PNG]``
-(``set`` compares with any older checkout: ``git worktree add --detach /tmp/base-set a378c6f``).
+Usage: ``PYTHONPATH=. python bench/bench_quality.py [wb] [mask] [set] --baseline 96ff878 [--png DIR] [--sheet PNG]``
+(``set`` compares with any older commit, e.g. ``--baseline a378c6f``).
 """
 
 from __future__ import annotations
@@ -362,9 +362,9 @@ def main() -> None:
     parser.add_argument("--sheet", type=Path, default=None,
                         help="set: before/after contact sheet (PNG); review: the sheets DIR/STEM-N.png "
                              "(review runs alone)")
-    parser.add_argument("--before", type=Path, default=None,
-                        help="wb, set: a checkout of an earlier commit to compare with (git worktree add --detach "
-                             "DIR 96ff878); review: a checkout whose code to run instead of this one")
+    parser.add_argument("--baseline", default="", metavar="REF",
+                        help="wb, set: git ref of the earlier code to compare with, e.g. 96ff878 (bench.harness); "
+                             "review: a ref whose code to run instead of this tree's")
     parser.add_argument("--model", type=Path, default=None,
                         help="review, set (its 'after' run): another U2-Net ONNX file, e.g. "
                              "~/.cache/lightbox/models/u2net/u2net.onnx "
@@ -377,20 +377,23 @@ def main() -> None:
     parser.add_argument("--template", type=Path, default=None,
                         help="review: write a judgement file with the current fingerprints to fill in")
     args = parser.parse_args()
-    if args.before is None and {"wb", "set"} & set(args.parts):
-        parser.error("wb and set need --before DIR (a checkout of the older code)")
+    if not args.baseline and {"wb", "set"} & set(args.parts):
+        parser.error("wb and set need --baseline REF (a git ref of the older code, e.g. 96ff878)")
+    from bench.harness import baseline_tree
+
+    before = baseline_tree(args.baseline)
     if "review" in args.parts:
         from bench.quality_review import JUDGEMENT, bench_review
 
-        bench_review(args.before or Path(__file__).resolve().parents[1], args.model, args.sheet,
+        bench_review(before or Path(__file__).resolve().parents[1], args.model, args.sheet,
                      None if args.no_rembg else args.rembg_venv, args.judgement or JUDGEMENT, args.template)
         return
     if "wb" in args.parts:
-        bench_wb(args.before, args.png)
+        bench_wb(before, args.png)  # not None: checked above
     if "mask" in args.parts:
         bench_mask(args.png)
     if "set" in args.parts:
-        bench_set(args.before, args.sheet, args.model)
+        bench_set(before, args.sheet, args.model)
 
 
 if __name__ == "__main__":
