@@ -125,7 +125,6 @@ class OnnxSegmenter(BucketedSegmenter):
     (``fetch_model.ensure_u2netp().batched``). ``spec``: the model's pre/post-processing.
     ``device``: "cpu" or "gpu" (alias "cuda"). ``max_batch``: largest bucket (default 1 on
     CPU, 16 on GPU). ``threads``: CPU intra-op threads (None: the usable cores).
-    ``io_binding``: GPU only; False copies through host memory (for comparison).
     ``use_tensorrt``: prefer the TensorRT provider when onnxruntime has it (fp16, one
     profile over all buckets, engines cached in ``trt_cache_dir``, by default
     ``model_cache_dir()/trt-engines``); onnxruntime falls back to CUDA if TensorRT fails.
@@ -149,7 +148,6 @@ class OnnxSegmenter(BucketedSegmenter):
         threads: int | None = None,
         use_tensorrt: bool = True,
         trt_cache_dir: Path | None = None,
-        io_binding: bool = True,
         cuda_graphs: bool = False,
         warmup: bool = False,
         ops: ArrayOps | None = None,
@@ -160,7 +158,7 @@ class OnnxSegmenter(BucketedSegmenter):
         self.device, self.device_id, self.spec = device, device_id, spec
         self.pad_chunks = device == "gpu"  # a symbolic batch on a CPU: each chunk at its own size
         self.post = post or MaskPostprocess()
-        self.io_binding = io_binding and device == "gpu"
+        self.io_binding = device == "gpu"  # the GPU binds device buffers; the CPU runs on host arrays
         self.cuda_graphs = cuda_graphs and self.io_binding
         self._ops: ArrayOps = ops or (cupy_ops() if device == "gpu" else CpuOps())
         self.model_path = Path(model_path)

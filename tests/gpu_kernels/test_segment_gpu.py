@@ -101,15 +101,6 @@ def test_onnx_gpu_matches_cpu_and_stays_on_device(u2netp: ModelFiles, gpu_seg: O
         assert np.array_equal(cupy.asnumpy(x), b)
 
 
-@needs_ort_gpu
-def test_onnx_gpu_with_and_without_io_binding_agree(u2netp: ModelFiles, gpu_seg: OnnxSegmenter) -> None:
-    plain = OnnxSegmenter(u2netp.batched, device="gpu", max_batch=4, use_tensorrt=False, io_binding=False)
-    images = [cupy.asarray(c.image) for c in CASES[:3]]
-    for a, b in zip(gpu_seg.segment_batch(images), plain.segment_batch(images), strict=True):
-        assert int(cupy.abs(a.astype(cupy.int16) - b.astype(cupy.int16)).max()) <= 1
-    plain.close()
-
-
 def test_classical_gpu_matches_cpu() -> None:
     gpu, cpu = ClassicalSegmenter(device="gpu"), ClassicalSegmenter()
     for c in CASES[:2] + CASES[4:]:
