@@ -27,9 +27,9 @@ alpha rendered alike and the share of the canvas's true background that it paint
 before/after contact sheet (``lightbox.contact_sheet``: input | mask | cut-out, before then after,
 then ``transparent_png`` over a coloured page).
 
-``review``: the real-photo review set (``bench/review_set.py``, 48 images of 16 photographs
+``review``: the real-photo review set (``bench/review/review_set.py``, 48 images of 16 photographs
 shipped in packages) through lightbox and rembg, a contact sheet to judge by eye and the table of
-the kept verdicts (``bench/review_judgement.toml``); see ``bench/quality_review.py``.
+the kept verdicts (``bench/review/review_judgement.toml``); see ``bench/review/quality_review.py``.
 ``PYTHONPATH=. python bench/bench_quality.py review [--model FILE] [--sheet docs/img/review.png]``
 
 Usage: ``PYTHONPATH=. python bench/bench_quality.py [wb] [mask] [set] --baseline 96ff878 [--png DIR] [--sheet PNG]``
@@ -373,7 +373,7 @@ def main() -> None:
                         help="review: rembg's virtualenv (made from PyPI on first use)")
     parser.add_argument("--no-rembg", action="store_true", help="review: leave rembg out")
     parser.add_argument("--judgement", type=Path, default=None, help="review: the kept verdicts "
-                        "(default bench/review_judgement.toml)")
+                        "(default bench/review/review_judgement.toml)")
     parser.add_argument("--template", type=Path, default=None,
                         help="review: write a judgement file with the current fingerprints to fill in")
     args = parser.parse_args()
@@ -383,7 +383,7 @@ def main() -> None:
 
     before = baseline_tree(args.baseline)
     if "review" in args.parts:
-        from bench.quality_review import JUDGEMENT, bench_review
+        from bench.review.quality_review import JUDGEMENT, bench_review
 
         bench_review(before or Path(__file__).resolve().parents[1], args.model, args.sheet,
                      None if args.no_rembg else args.rembg_venv, args.judgement or JUDGEMENT, args.template)

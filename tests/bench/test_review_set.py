@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.quality_review import JUDGEMENT, fingerprint, fingerprint_iou, framing_consistency, load_judgement
-from bench.review_set import FRAMINGS, PHOTOS, ReviewItem, to_photo
+from bench.review.quality_review import JUDGEMENT, fingerprint, fingerprint_iou, framing_consistency, load_judgement
+from bench.review.review_set import FRAMINGS, PHOTOS, ReviewItem, to_photo
 
 
 def test_every_review_image_has_a_verdict_with_a_reason_for_each_tool() -> None:

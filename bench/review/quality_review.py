@@ -1,5 +1,5 @@
 """``bench_quality.py review``: the real-photo review set through lightbox and rembg, a contact
-sheet to judge by eye, and the table of the kept judgements (``bench/review_judgement.toml``).
+sheet to judge by eye, and the table of the kept judgements (``bench/review/review_judgement.toml``).
 
 Per image: lightbox's default path (u2netp, or ``--model FILE``: another U²-Net ONNX file such
 as u2net; post-processing, pass (a) on white, ``taobao_main``) run with the code of a checkout
@@ -29,8 +29,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-JUDGEMENT = ROOT / "bench" / "review_judgement.toml"
+ROOT = Path(__file__).resolve().parents[2]
+JUDGEMENT = ROOT / "bench" / "review" / "review_judgement.toml"
 
 PIPELINE = """
 import os, sys, time, numpy as np
@@ -73,7 +73,7 @@ def run_rembg(images: dict[str, np.ndarray], venv: Path) -> dict[str, np.ndarray
     does not change between runs."""
     import hashlib
 
-    from bench.review_set import cache_dir
+    from bench.review.review_set import cache_dir
 
     h = hashlib.sha256()
     for key, image in images.items():
@@ -131,7 +131,7 @@ def fingerprint_iou(a: str, b: str) -> float:
 def framing_consistency(items: list[Any], alphas: dict[str, np.ndarray]) -> dict[str, float]:
     """Per photo: the worst IoU, over pairs of its framings, of the masks mapped onto the photo
     and compared where both framings cover it (1.0: the same cut-out wherever they overlap)."""
-    from bench.review_set import to_photo
+    from bench.review.review_set import to_photo
 
     by_photo: dict[str, list[Any]] = {}
     for it in items:
@@ -232,7 +232,7 @@ def write_template(path: Path, items: list[Any], lb: dict[str, np.ndarray], kept
 
 def bench_review(tree: Path, model: Path | None, sheet: Path | None, rembg_venv: Path | None,
                  judgement: Path, template: Path | None, per_page: int = 12, size: int = 150) -> None:
-    from bench.review_set import review_set
+    from bench.review.review_set import review_set
 
     items = review_set()
     images = {it.name: it.image for it in items}
