@@ -62,7 +62,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 import uuid
@@ -75,11 +74,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: E402
+
+from bench.harness import PARTITIONS, baseline_tree, busy_s, create_topics, proc_cpu_s  # noqa: E402
 
 __all__ = ["RunResult", "main"]
 
-PARTITIONS = 4
 PRESETS_FILE = ROOT / "bench" / "presets_64.toml"
 PRESET = "tiny_64"
 LIGHT_WARMUP = 1  # --light: events published before the worker starts (start-up is not measured)
@@ -122,18 +121,6 @@ def tiny_jpegs(count: int = 8, side: int = 64) -> list[bytes]:
         Image.fromarray(img).save(buf, format="JPEG", quality=90)
         out.append(buf.getvalue())
     return out
-
-
-async def create_topics(bootstrap: str, names: dict[str, str]) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        append = {"message.timestamp.type": "LogAppendTime"}
-        await admin.create_topics([
-            NewTopic(names[k], PARTITIONS, 1, topic_configs=append if k in ("output", "dlq") else {})
-            for k in ("input", "backfill", "output", "dlq")])
-    finally:
-        await admin.close()
 
 
 async def publish_backlog(bootstrap: str, topic: str, n: int, images: list[bytes], lighting: str) -> None:
@@ -225,24 +212,8 @@ async def append_times(bootstrap: str, topics: list[str], n: int) -> tuple[list[
 
 
 # ----------------------------------------------------------------------------------- CPU
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) / _TICK
-
-
-def _busy_s() -> float:
-    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(vals[:8]) - vals[3] - vals[4]) / _TICK
-
-
 def _sample(pids: dict[str, int]) -> dict[str, float]:
-    return {"wall": time.monotonic(), "busy": _busy_s(), **{k: _proc_cpu_s(p) for k, p in pids.items()}}
+    return {"wall": time.monotonic(), "busy": busy_s(), **{k: proc_cpu_s(p) for k, p in pids.items()}}
 
 
 # ----------------------------------------------------------------------------------- one run
@@ -530,11 +501,11 @@ def null_worker() -> int:
 
 # ----------------------------------------------------------------------------------- main
 def extract(ref: str, into: Path) -> Path:
-    """``git archive ref`` unpacked into ``into``."""
-    data = subprocess.run(["git", "archive", ref], cwd=ROOT, capture_output=True, check=True).stdout
-    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(into, filter="data")
-    return into
+    """``git archive ref`` unpacked into ``into`` (:func:`bench.harness.baseline_tree`; bench_floor's name)."""
+    tree = baseline_tree(ref, into)
+    if tree is None:
+        raise SystemExit("a baseline needs a git ref")
+    return tree
 
 
 def git(*args: str) -> str:
@@ -593,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         baseline_dir = None
         if {"baseline", "framework-baseline", "adaptive-baseline"} & set(variants):
-            baseline_dir = extract(args.baseline, workdir / "baseline")
+            baseline_dir = baseline_tree(args.baseline, workdir / "baseline")
             print(f"baseline: {args.baseline} = {git('rev-parse', '--short', args.baseline)}", flush=True)
         bootstrap = os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP")
         broker_pid = 0

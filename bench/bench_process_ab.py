@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_peers import PRESETS, compile_packages, run_timed  # noqa: E402
+from bench.harness import add_baseline, baseline_tree  # noqa: E402
 from bench.peers.peer_photos import assemble  # noqa: E402
 
 
@@ -64,13 +65,13 @@ def run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = None) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", default="main", help="git ref of the baseline (default main)")
+    add_baseline(ap)
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--classes", default="start,small", help="comma-separated: start, small, mid, large")
     ap.add_argument("--worker", action="store_true", help="run each tree's lightbox worker through Kafka instead")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "process_ab.json")
     args = ap.parse_args()
-    from bench.bench_overhead import extract, git
+    from bench.bench_overhead import git
 
     if args.rounds < 2:
         raise SystemExit("--rounds must be at least 2 (a standard error needs two differences)")
@@ -90,7 +91,10 @@ def main() -> None:
             kafka = LocalKafka.start()
             stack.callback(kafka.stop)
             bootstrap = kafka.bootstrap
-        trees = {"baseline": extract(args.baseline, Path(tmp) / "baseline"), "current": ROOT}
+        baseline = baseline_tree(args.baseline, Path(tmp) / "baseline")
+        if baseline is None:
+            raise SystemExit("--baseline REF: a git ref to compare with")
+        trees = {"baseline": baseline, "current": ROOT}
         work = Path(tmp) / "out"
         for name, tree in trees.items():
             compile_packages(tree)

@@ -87,7 +87,7 @@ def start_worker(bootstrap: str, topics: dict[str, str], tag: str, out: Path, fi
 def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str], tree: Path = ROOT) -> dict[str, Any]:
     """One whole ``lightbox worker`` run over ``files`` (see the module docstring), of the source
     tree ``tree`` (its folder first on the path; default this checkout)."""
-    from bench.bench_overhead import _proc_cpu_s, create_topics
+    from bench.harness import create_topics, proc_cpu_s
     from lightbox.devservers.launch import terminate
     from lightbox.report import per_event_stage_ms
     from schemas.codec import split_frame
@@ -103,7 +103,7 @@ def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str],
     try:
         got = asyncio.run(_outputs(bootstrap, [topics["output"], topics["dlq"]], len(files),
                                    time.monotonic() + 600, proc))
-        cpu = _proc_cpu_s(proc.pid)
+        cpu = proc_cpu_s(proc.pid)
     finally:
         terminate(proc.pid, 60)  # SIGTERM (a graceful stop), SIGKILL after 60 s
     dead = sum(1 for _, topic, _ in got if topic == topics["dlq"])
