@@ -113,6 +113,8 @@ class Health:
     lanes: dict[str, tuple[float, int]] = field(default_factory=dict)  # lane -> (last progress, queued)
     assigned: bool = False
     model_loaded: bool = False
+    #: more conditions of readiness, each ``() -> (ok, why)`` (the schema registry's reachability)
+    dependencies: list[Callable[[], tuple[bool, str]]] = field(default_factory=list)
 
     def progress(self, lane: str, queued: int) -> None:
         self.lanes[lane] = (self.clock(), queued)
@@ -135,6 +137,10 @@ class Health:
             return False, "model not loaded"
         if not self.assigned:
             return False, "no partitions assigned"
+        for check in list(self.dependencies):
+            ok, why = check()
+            if not ok:
+                return False, why
         return True, "ok"
 
 

@@ -245,6 +245,8 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
         if split:
             backfill_process.check_port(port)
         processor = build_processor(settings, device)
+        if (registry := getattr(processor.codecs.store, "readiness", None)) is not None:
+            obs.health.dependencies.append(registry)  # not ready while the schema registry is unreachable
         live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
         retouch = build_worker(live, processor=processor, observer=obs.telemetry, rules=rules)
         obs.attach(retouch.app, device=device, model=processor.model_version, version=version(),
@@ -328,6 +330,8 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
         obs = Observability(settings)
         device = settings.resolved_device()
         processor = build_processor(settings, device)
+        if (registry := getattr(processor.codecs.store, "readiness", None)) is not None:
+            obs.health.dependencies.append(registry)
         parts = _runner_parts(settings, device, rules, processor)  # the model compiles here
     except StopAtStart as stop:
         print(f"lightbox backfill worker stopped while starting ({stop})", file=sys.stderr)

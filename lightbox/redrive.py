@@ -25,6 +25,7 @@ from typing import Any
 from lightbox.replay import raw_consumer
 from schemas.events import EventCodecs
 from schemas.headers import ATTEMPTS_HEADER
+from streams.registry import default_codecs
 
 __all__ = ["ATTEMPTS_HEADER", "REDRIVE_OF_HEADER", "RedriveFilter", "RedriveResult", "dead_letters", "run_redrive"]
 
@@ -82,7 +83,7 @@ async def dead_letters(bootstrap: str, topic: str, *, since_ms: int | None = Non
 
     from schemas.errors import SchemaInvalid
 
-    codecs = codecs or EventCodecs.create()
+    codecs = codecs or default_codecs()
     async with raw_consumer(bootstrap, security) as consumer:
         cluster = await consumer._client.fetch_all_metadata()
         parts = cluster.partitions_for_topic(topic)
@@ -119,14 +120,14 @@ async def run_redrive(bootstrap: str, dlq_topic: str, input_topic: str, flt: Red
     """Republish the matching dead letters' originals to ``input_topic`` (see the module docstring)."""
     from aiokafka import AIOKafkaProducer
 
-    from streams.security import client_kwargs, preflight
+    from streams.security import client_kwargs, preflight, producer_kwargs
 
     result = RedriveResult(dry_run=dry_run)
     producer = None
     if not dry_run:
         await preflight(bootstrap, kw := client_kwargs(security))
         producer = AIOKafkaProducer(**kw, bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                    linger_ms=5, max_request_size=48 << 20)
+                                    linger_ms=5, max_request_size=48 << 20, **producer_kwargs())
         await producer.start()
     futures = []
     try:

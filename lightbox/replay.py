@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from lightbox.ratelimit import TokenBucket
 from schemas.events import EventCodecs
+from streams.registry import default_codecs
 
 __all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint", "Defaults", "FolderSource",
            "ManifestSource", "PrefixSource", "ReplayError", "ReplayItem", "ReplayProgress", "ReplayResult",
@@ -142,6 +143,12 @@ def _named_item(codecs: EventCodecs, d: Defaults, job: str, index: int, name: st
 
 
 # ------------------------------------------------------------------------------------ sources
+def _backfill_topic() -> str:
+    from streams.settings import Settings
+
+    return Settings().topics.backfill
+
+
 class ManifestSource:
     """A catalog manifest, read with :func:`streams.producer.read_manifest` (the reader ``lightbox
     produce`` uses): one event per row, ``file://`` URIs for local paths (never inline bytes)."""
@@ -152,7 +159,7 @@ class ManifestSource:
         self.path, self.defaults = path.resolve(), defaults
         if not self.path.is_file():
             raise ReplayError(f"{path}: no such manifest file")
-        self.codecs = codecs or EventCodecs.create()
+        self.codecs = codecs or default_codecs(product_topic=_backfill_topic())
         digest = hashlib.sha256()
         with self.path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -188,7 +195,7 @@ class FolderSource:
         self.folder, self.defaults, self.inline = folder.resolve(), defaults, inline
         if not self.folder.is_dir():
             raise ReplayError(f"{folder}: not a folder")
-        self.codecs = codecs or EventCodecs.create()
+        self.codecs = codecs or default_codecs(product_topic=_backfill_topic())
         self.files = list(iter_image_files([self.folder]))
         listing = hashlib.sha256()
         for f in self.files:
@@ -241,7 +248,7 @@ class PrefixSource:
         self.pattern = pattern or None
         self.endpoint = endpoint if self.scheme == "s3" else None
         self.defaults = defaults
-        self.codecs = codecs or EventCodecs.create()
+        self.codecs = codecs or default_codecs(product_topic=_backfill_topic())
         self._keys: list[str] | None = None
         try:
             self.store = open_bucket(self.scheme, self.bucket, endpoint=self.endpoint)
@@ -638,7 +645,7 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
 
     from aiokafka import AIOKafkaProducer
 
-    from streams.security import client_kwargs, preflight
+    from streams.security import client_kwargs, preflight, producer_kwargs
 
     skip, ends = await _already_published(bootstrap, security, topic, job, ckpt.scan_from)
     # what this run publishes lands past today's end: scan from there after an interruption
@@ -672,7 +679,7 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
     save()  # the plan (a time range's offsets) is fixed from now on
     await preflight(bootstrap, kw := client_kwargs(security))
     producer = AIOKafkaProducer(**kw, bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                linger_ms=5, max_request_size=48 << 20)
+                                linger_ms=5, max_request_size=48 << 20, **producer_kwargs())
     await producer.start()
     skipped, exhausted = 0, True
     try:

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from schemas.events import EventCodecs
-from streams.security import client_kwargs, preflight
+from streams.security import client_kwargs, preflight, producer_kwargs
 
 __all__ = ["IMAGE_SUFFIXES", "ImageProducer", "ManifestError", "ManifestRow", "iter_image_files", "new_traceparent",
            "read_manifest", "sku_from_uri"]
@@ -136,11 +136,14 @@ class ImageProducer:
         ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
         self.topic = topic
         self._bootstrap, self._security = bootstrap, client_kwargs(security)
-        self.codecs = codecs or EventCodecs.create()
+        from streams.registry import default_codecs
+
+        self.codecs = codecs or default_codecs(product_topic=topic)
         from aiokafka import AIOKafkaProducer  # here: the file helpers above serve `process` without Kafka
 
         self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                          linger_ms=5, max_request_size=max_request_size, **self._security)
+                                          linger_ms=5, max_request_size=max_request_size, **self._security,
+                                          **producer_kwargs())
 
     async def __aenter__(self) -> ImageProducer:
         try:
