@@ -326,10 +326,11 @@ class RegistrySchemaStore:
         return str(level).upper() if level else None
 
     def ensure_backward(self, subject: str) -> str:
-        """Set BACKWARD on ``subject`` when it has no level of its own; warn when its level is one
-        under which a new version may break readers of old data. Returns the level in force."""
+        """Set BACKWARD on ``subject`` when it has no level of its own or NONE (what Apicurio reports for
+        a subject without one); warn when its level is another under which a new version may break
+        readers of older records. Returns the level in force."""
         level = self.compatibility(subject)
-        if level is None:
+        if level in (None, "NONE"):
             self._call(f"setting BACKWARD on {subject!r}", lambda: self.client.set_compatibility(subject, "BACKWARD"))
             return "BACKWARD"
         if level not in BACKWARD_LEVELS:
