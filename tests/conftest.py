@@ -157,3 +157,24 @@ def _no_default_metrics_port() -> Iterator[None]:
     yield
     if before is None:
         os.environ.pop("LIGHTBOX_METRICS_PORT", None)
+
+
+# -- registry: a real Confluent-compatible schema registry (Apicurio Registry) for the session
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[Any]:
+    """A local Apicurio Registry (``lightbox.registry_local``) on a data folder of its own (so a test can
+    stop and start it with its subjects kept); skipped with the reason when Java or Maven is missing."""
+    import shutil
+
+    from lightbox.registry_local import LocalRegistry, RegistryLaunchError, app_dir
+
+    if shutil.which("java") is None or (shutil.which("mvn") is None and not app_dir().exists()):
+        pytest.skip("the schema registry tests need Java 17+ and, once, Maven (to fetch Apicurio Registry)")
+    try:
+        reg = LocalRegistry.start()
+    except RegistryLaunchError as exc:
+        pytest.skip(f"Apicurio Registry could not be started: {exc}")
+    try:
+        yield reg
+    finally:
+        reg.stop()
