@@ -47,8 +47,14 @@ class UnreadableBatch:
     def line(self) -> str:
         at = f"offset {self.offset}" if self.offset is not None else "its current position"
         return (f"cannot read the record batch of {self.topic} partition {self.partition} at {at}: "
-                f"{type(self.error).__name__}: {self.error}. This partition is paused on this worker (its other "
+                f"{_describe(self.error)}. This partition is paused on this worker (its other "
                 f"partitions go on; nothing past the batch is committed). Fix: {self.fix()}")
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message`` (aiokafka's errors already start their text with their type)."""
+    text, name = str(exc), type(exc).__name__
+    return text if text.startswith(name) else f"{name}: {text}"
 
 
 def find_unreadable(fetcher: Any, error: BaseException) -> tuple[Any, int | None] | None:
@@ -83,7 +89,7 @@ def set_aside(consumer: Any, error: BaseException, reported: set[tuple[str, int,
         fetcher._records.pop(tp, None)
         consumer.pause(tp)
     if found is None:
-        (say or log.critical)(f"cannot read a fetched record batch ({type(error).__name__}: {error}); every "
+        (say or log.critical)(f"cannot read a fetched record batch ({_describe(error)}); every "
                               "partition of this worker is paused; restart it once the cause is fixed")
         return None
     tp, offset = found

@@ -318,7 +318,8 @@ class RegistrySchemaStore:
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         try:
-            level = self._call(f"reading {subject!r}'s compatibility", lambda: self.client.get_compatibility(subject))
+            level = self._call(f"reading the compatibility of subject {subject!r}",
+                               lambda: self.client.get_compatibility(subject))
         except SchemaRegistryError as exc:
             if exc.http_status_code == 404:
                 return None
