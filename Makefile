@@ -15,10 +15,10 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed  ## virtualenv with lightbox and its dev tools
 
 kafka-jars: setup  ## fetch Apache Kafka's jars from Maven Central (once; cached)
-	$(BIN)/python -c "from lightbox.kafka_local import ensure_jars; print(ensure_jars())"
+	$(BIN)/python -c "from lightbox.devservers.kafka_local import ensure_jars; print(ensure_jars())"
 
 s3-jars: setup  ## fetch s3proxy's jars (a local S3 for the tests) from Maven Central (once; cached)
-	$(BIN)/python -c "from lightbox.s3_local import ensure_jars; print(ensure_jars())"
+	$(BIN)/python -c "from lightbox.devservers.s3_local import ensure_jars; print(ensure_jars())"
 
 registry-app: setup  ## fetch Apicurio Registry (a schema registry for the tests) from Maven Central (once; cached)
 	$(BIN)/python -c "from lightbox.registry_local import ensure_app; print(ensure_app())"

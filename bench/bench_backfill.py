@@ -414,7 +414,7 @@ async def main() -> None:
     baseline = BASELINE_ENV if args.baseline_env is None else args.baseline_env
     envs = {"alone": env, "baseline": env | baseline, "candidate": env | args.candidate_env}
 
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
 
     bootstrap = os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP")
     kafka = None if bootstrap else LocalKafka.start()

@@ -61,7 +61,7 @@ from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from lightbox.demo import WorkerProcess
-from lightbox.kafka_local import LocalKafka
+from lightbox.devservers.kafka_local import LocalKafka
 from lightbox.samples import make_catalog
 from schemas.events import EventCodecs
 from streams.producer import ImageProducer

@@ -60,7 +60,7 @@ def main() -> None:
     if os.environ.get("LIGHTBOX_S3_ENDPOINT"):
         endpoint, bucket = os.environ["LIGHTBOX_S3_ENDPOINT"], os.environ.get("LIGHTBOX_S3_BUCKET", "lightbox-test")
     else:
-        from lightbox.s3_local import LocalS3
+        from lightbox.devservers.s3_local import LocalS3
 
         local_s3 = LocalS3.start(buckets=("lightbox-bench",), heap="512m")
         endpoint, bucket = local_s3.endpoint, "lightbox-bench"

@@ -51,9 +51,9 @@ import bench_batching as bb
 import numpy as np
 from plot_stage_breakdown import draw, query_breakdown
 
-from lightbox.kafka_local import LocalKafka
-from lightbox.launch import free_port
-from lightbox.prometheus_local import LocalPrometheus
+from lightbox.devservers.kafka_local import LocalKafka
+from lightbox.devservers.launch import free_port
+from lightbox.devservers.prometheus_local import LocalPrometheus
 from lightbox.samples import make_catalog
 from tests.otlp_receiver import OtlpReceiver
 

@@ -598,7 +598,7 @@ def main(argv: list[str] | None = None) -> int:
         bootstrap = os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP")
         broker_pid = 0
         if not bootstrap:
-            from lightbox.kafka_local import LocalKafka
+            from lightbox.devservers.kafka_local import LocalKafka
 
             kafka = LocalKafka.start(partitions=PARTITIONS)
             bootstrap, broker_pid = kafka.bootstrap, kafka.pid

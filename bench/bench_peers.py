@@ -325,7 +325,7 @@ def main() -> None:
     compile_packages()
     kafka = None
     if "worker" in tools:
-        from lightbox.kafka_local import LocalKafka
+        from lightbox.devservers.kafka_local import LocalKafka
 
         kafka = LocalKafka.start()
     try:

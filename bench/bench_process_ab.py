@@ -85,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="lightbox-ab-") as tmp, contextlib.ExitStack() as stack:
         bootstrap = None
         if args.worker:
-            from lightbox.kafka_local import LocalKafka
+            from lightbox.devservers.kafka_local import LocalKafka
 
             kafka = LocalKafka.start()
             stack.callback(kafka.stop)

@@ -209,7 +209,7 @@ class Soak:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from lightbox.audit import run_audit
     from lightbox.demo import WorkerProcess
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
     from lightbox.samples import make_catalog
     from streams.app import ensure_topics
     from streams.settings import Settings

@@ -6,7 +6,7 @@
         [--out bench/results]
 
 Needs Triton's own environment (Debian's Python 3.11 with nvidia-pytriton, onnxruntime, numpy;
-``LIGHTBOX_TRITON_PYTHON`` or /tmp/tritonenv/bin/python, see ``triton_runner.find_triton_python``).
+``LIGHTBOX_TRITON_PYTHON`` or /tmp/tritonenv/bin/python, see ``lightbox.devservers.triton_local.find_triton_python``).
 
 One request = one photo (skimage's astronaut, coffee, chelsea, rocket, in turn), segmented end to
 end: lightbox's pre-processing, u2netp on ONNX Runtime (same model file, same session options,
@@ -19,7 +19,7 @@ only in where the model runs and who forms the batches:
   to ``max_batch``; the device thread runs pre-processing and the model (``infer_batch``), and
   the worker's output-lane threads (``lightbox.offline.OUTPUT_THREADS``) each image's mask
   refinement, as the worker's ``segment`` and ``refine`` stages do on a CPU.
-- ``triton``: pytriton's ``tritonserver`` (``gpu_kernels/segment/triton_serve.py``, ONNX Runtime
+- ``triton``: pytriton's ``tritonserver`` (``lightbox/devservers/triton_serve.py``, ONNX Runtime
   inside the Python backend, dynamic batcher up to ``max_batch`` with ``--queue-delay-ms``);
   each request is sent by its own client thread (a pool of 64, one :class:`TritonSegmenter`
   each), as a fleet of workers would; pre/post-processing runs in the client threads.
@@ -61,8 +61,9 @@ import numpy as np
 from agents.batching import Batch, BatchingConfig, MicroBatcher
 from gpu_kernels.segment import ensure_u2netp
 from gpu_kernels.segment.onnx_runner import OnnxSegmenter
-from gpu_kernels.segment.triton_runner import TritonSegmenter, TritonServer, find_triton_python
-from lightbox.launch import free_port
+from gpu_kernels.segment.triton_runner import TritonSegmenter
+from lightbox.devservers.launch import free_port
+from lightbox.devservers.triton_local import TritonServer, find_triton_python
 from lightbox.offline import OUTPUT_THREADS  # the worker's output lane: where a CPU model's refinement runs
 
 LOADS = (0.25, 0.5, 0.9, 1.2)

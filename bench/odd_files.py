@@ -286,7 +286,7 @@ def worker_processes(paths: list[Path], out: Path) -> dict[str, str]:
     import uuid
 
     from lightbox.demo import WorkerProcess, collect_outputs
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
     from streams.app import ensure_topics
     from streams.producer import ImageProducer
     from streams.settings import Settings

@@ -64,7 +64,7 @@ def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str],
     """One whole ``lightbox worker`` run over ``files`` (see the module docstring), of the source
     tree ``tree`` (its folder first on the path; default this checkout)."""
     from bench.bench_overhead import PARTITIONS, _proc_cpu_s, create_topics
-    from lightbox.launch import terminate
+    from lightbox.devservers.launch import terminate
     from lightbox.report import per_event_stage_ms
     from schemas.codec import split_frame
     from schemas.events import EventCodecs

@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from lightbox.prometheus_local import LocalPrometheus
+from lightbox.devservers.prometheus_local import LocalPrometheus
 from lightbox.report import ORDER  # pipeline order, for a legend that reads like the pipeline
 
 __all__ = ["draw", "query_breakdown"]

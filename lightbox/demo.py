@@ -81,7 +81,7 @@ async def collect_outputs(bootstrap: str, topics: Sequence[str], expected: int, 
 
 def run_demo(*, out: Path, count: int, presets: list[str], timeout_s: float, console: Console,
              segmenter: str = "model") -> int:
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
     from lightbox.samples import BAD_INPUTS, make_bad_inputs, make_catalog
     from lightbox.show import print_latency_table, save_variants
     from streams.producer import ImageProducer

@@ -73,7 +73,7 @@ def _java_major(line: str) -> int | None:
 
 
 def _maven() -> Check:
-    from lightbox.kafka_local import KAFKA_VERSION, cache_dir
+    from lightbox.devservers.kafka_local import KAFKA_VERSION, cache_dir
 
     lib = cache_dir() / "lib"
     if any(lib.glob(f"kafka_2.13-{KAFKA_VERSION}.jar")):

@@ -568,7 +568,7 @@ class Checkpoint:
 
 
 def default_checkpoint(job: str) -> Path:
-    from lightbox.kafka_local import cache_dir
+    from lightbox.devservers.kafka_local import cache_dir
 
     return cache_dir() / "replay" / f"{job}.json"
 

@@ -1,5 +1,5 @@
-"""Settings, topics, codecs, the Faust app factory and the CLI.
+"""Settings, topics, codecs, the Faust app factory and the Kafka clients.
 
-The pure parts (``settings``, ``fetch``, ``kafka_local``) import neither Faust nor Kafka;
-``app``, ``producer`` and ``cli`` do.
+The pure parts (``settings``, ``codecs``) import neither Faust nor Kafka; ``app``, ``producer``
+and ``consume`` do.
 """

@@ -189,7 +189,7 @@ class TritonSettings(_Section):
 
     url: str = Field("127.0.0.1:8000", description="host:port of the Triton server's HTTP endpoint")
     model: str = Field("u2netp", description="the served model (input 'image', output 'mask'; "
-                                             "gpu_kernels/segment/triton_serve.py); model_spec applies")
+                                             "lightbox/devservers/triton_serve.py); model_spec applies")
     timeout_s: float = Field(60.0, gt=0, description="Triton connection and request timeout")
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from lightbox.kafka_local import LocalKafka
+from lightbox.devservers.kafka_local import LocalKafka
 from lightbox.samples import make_bad_inputs, make_catalog
 from streams.settings import Settings
 
@@ -22,7 +22,7 @@ def kafka_bootstrap() -> Iterator[str]:
     if os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP"):
         yield os.environ["LIGHTBOX_KAFKA_BOOTSTRAP"]
         return
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
 
     kafka = LocalKafka.start()
     try:
@@ -130,7 +130,7 @@ def s3_server() -> Iterator[S3Endpoint]:
                          os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
                          os.environ.get("LIGHTBOX_S3_BUCKET", "lightbox-test"))
         return
-    from lightbox.s3_local import LocalS3
+    from lightbox.devservers.s3_local import LocalS3
 
     s3 = LocalS3.start(buckets=("lightbox-test",))
     try:

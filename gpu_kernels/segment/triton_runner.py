@@ -6,20 +6,15 @@ the same as :class:`~gpu_kernels.segment.onnx_runner.OnnxSegmenter`) and sends o
 batch (``N x 3 x H x W`` float32) to Triton; the model's output comes back and becomes masks here.
 So it differs from the in-process runners only in where the model runs.
 
-The server side is ``gpu_kernels/segment/triton_serve.py`` (pytriton, run with Triton's own
-interpreter; :class:`TritonServer` starts it as a child process for tests and benchmarks). Its
-model takes input ``image`` and returns output ``mask``; Triton's dynamic batcher stacks
-concurrent requests, so each worker sends what it has (``max_batch`` caps one request).
+The server side is ``lightbox/devservers/triton_serve.py`` (pytriton, run with Triton's own
+interpreter; :class:`lightbox.devservers.triton_local.TritonServer` starts it as a child process
+for tests and benchmarks). Its model takes input ``image`` and returns output ``mask``; Triton's
+dynamic batcher stacks concurrent requests, so each worker sends what it has (``max_batch`` caps
+one request).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,80 +26,10 @@ from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.postprocess import MaskPostprocess
 from schemas.errors import ProcessingFailed
 
-__all__ = ["SERVE_SCRIPT", "TritonSegmenter", "TritonServer", "find_triton_python"]
+__all__ = ["TritonSegmenter"]
 
 STAGE = "segment"
-SERVE_SCRIPT = Path(__file__).with_name("triton_serve.py")
 INPUT, OUTPUT = "image", "mask"
-
-
-def find_triton_python() -> tuple[Path | None, str]:
-    """Triton's interpreter (``LIGHTBOX_TRITON_PYTHON``, else /tmp/tritonenv/bin/python) and, when
-    there is none usable, why not."""
-    candidate = Path(os.environ.get("LIGHTBOX_TRITON_PYTHON", "/tmp/tritonenv/bin/python"))
-    if not candidate.is_file():
-        how = ("/usr/bin/python3.11 -m venv /tmp/tritonenv && "
-               "/tmp/tritonenv/bin/pip install nvidia-pytriton onnxruntime numpy")
-        if not Path("/usr/bin/python3.11").is_file():
-            return None, f"no Triton interpreter at {candidate} and no /usr/bin/python3.11 to build one from"
-        return None, f"no Triton interpreter at {candidate}; make one: {how} (or set LIGHTBOX_TRITON_PYTHON)"
-    probe = subprocess.run([str(candidate), "-c", "import pytriton.triton, onnxruntime, numpy"],
-                           capture_output=True, text=True, timeout=120, check=False)
-    if probe.returncode != 0:
-        return None, f"{candidate} lacks nvidia-pytriton/onnxruntime/numpy: {probe.stderr.strip()[-200:]}"
-    return candidate, ""
-
-
-class TritonServer:
-    """``triton_serve.py`` as a child process: started in the constructor, ready when it returns
-    (or :class:`ProcessingFailed` with the tail of its log), stopped by :meth:`close`."""
-
-    def __init__(self, python: Path | str, model_path: Path | str, *, http_port: int, grpc_port: int,
-                 metrics_port: int, model_name: str = "u2netp", max_batch: int = 16, queue_delay_us: int = 5000,
-                 threads: int | None = None, log_path: Path | None = None, start_timeout_s: float = 120.0) -> None:
-        self.url = f"127.0.0.1:{http_port}"
-        self.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        self.model_name = model_name
-        self.log_path = log_path or Path(f"/tmp/lightbox-triton-{http_port}.log")
-        cmd = [str(python), str(SERVE_SCRIPT), str(model_path), "--model-name", model_name,
-               "--max-batch", str(max_batch), "--queue-delay-us", str(queue_delay_us),
-               "--http-port", str(http_port), "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
-        if threads:
-            cmd += ["--threads", str(threads)]
-        self._log = self.log_path.open("wb")
-        self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + start_timeout_s
-        while not self._ready():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                tail = self.log_path.read_text(errors="replace")[-800:]
-                raise ProcessingFailed(f"Triton did not become ready on {self.url}: {tail}", stage=STAGE)
-            time.sleep(0.5)
-
-    def _ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.url}/v2/models/{self.model_name}/ready", timeout=2) as r:
-                return int(r.status) == 200
-        except (urllib.error.URLError, OSError):
-            return False
-
-    def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
-        self._log.close()
-
-    def __enter__(self) -> TritonServer:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class TritonSegmenter(BucketedSegmenter):

@@ -116,7 +116,7 @@ def test_b_broker_sigkill_and_restart_on_the_same_data_dir(kit, tmp_path: Path) 
     takes over; either way nothing is lost."""
     import uuid
 
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
 
     good, bad, presets = kit
     kafka = LocalKafka.start(data_dir=tmp_path / "kafka")
@@ -399,7 +399,7 @@ def test_local_broker_starts_again_on_its_data_dir(tmp_path: Path) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka.structs import TopicPartition
 
-    from lightbox.kafka_local import LocalKafka
+    from lightbox.devservers.kafka_local import LocalKafka
 
     kafka = LocalKafka.start(data_dir=tmp_path / "kafka", partitions=1)
     tp = TopicPartition("kept", 0)

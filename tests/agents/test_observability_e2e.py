@@ -22,7 +22,7 @@ from aiokafka import AIOKafkaConsumer
 
 from gpu_kernels.stages.base import BatchContext, Stage
 from lightbox.demo import WorkerProcess, collect_outputs
-from lightbox.prometheus_local import LocalPrometheus, prometheus_binary
+from lightbox.devservers.prometheus_local import LocalPrometheus, prometheus_binary
 from streams.producer import ImageProducer
 from streams.settings import Settings
 from tests.otlp_receiver import OtlpReceiver, ReceivedSpan

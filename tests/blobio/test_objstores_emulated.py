@@ -36,14 +36,14 @@ SHA = "ab" * 32
 def emulator(request: pytest.FixtureRequest) -> Iterator[tuple[str, Any]]:
     """(scheme, the running server) for each emulator, started once for this module."""
     if request.param == "az":
-        from lightbox.azurite_local import AzuriteLaunchError, LocalAzurite
+        from lightbox.devservers.azurite_local import AzuriteLaunchError, LocalAzurite
 
         try:
             server: Any = LocalAzurite.start(containers=("lightbox", "other"))
         except AzuriteLaunchError as exc:
             pytest.skip(f"Azurite could not start: {exc}")
     else:
-        from lightbox.gcs_local import GcsLaunchError, LocalGcs
+        from lightbox.devservers.gcs_local import GcsLaunchError, LocalGcs
 
         try:
             server = LocalGcs.start(buckets=("lightbox", "other"))
@@ -192,7 +192,7 @@ def test_two_named_instances_keep_their_own_servers(name: str, tmp_path: Path,
     monkeypatch.delenv("LIGHTBOX_AZURITE_STATE_FILE", raising=False)
     monkeypatch.delenv("LIGHTBOX_GCS_STATE_FILE", raising=False)
     monkeypatch.setenv("LIGHTBOX_STATE_DIR", str(tmp_path / "state"))
-    module = "lightbox.azurite_local" if name == "azure" else "lightbox.gcs_local"
+    module = "lightbox.devservers.azurite_local" if name == "azure" else "lightbox.devservers.gcs_local"
     import importlib
 
     mod = importlib.import_module(module)

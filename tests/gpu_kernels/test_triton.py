@@ -1,7 +1,7 @@
 """TritonSegmenter against a real Triton Inference Server (issue 15 item 4).
 
 The server is pytriton's bundled ``tritonserver`` running u2netp through
-``gpu_kernels/segment/triton_serve.py`` in Triton's own environment (Debian's /usr/bin/python3.11 with
+``lightbox/devservers/triton_serve.py`` in Triton's own environment (Debian's /usr/bin/python3.11 with
 nvidia-pytriton: its backend stub fails under other 3.11 builds). Without that environment the
 server tests skip and say how to make one; the unreachable-server test needs only tritonclient.
 CI builds that environment (``.ci/run``) and sets ``LIGHTBOX_TRITON_PYTHON``: then an unusable one
@@ -19,12 +19,13 @@ import numpy as np
 import pytest
 
 from gpu_kernels.segment.onnx_runner import OnnxSegmenter
-from lightbox.launch import free_port
+from lightbox.devservers.launch import free_port
 from schemas.errors import ProcessingFailed
 
 pytest.importorskip("tritonclient.http", reason="tritonclient is not installed (pip install 'lightbox[triton]')")
 
-from gpu_kernels.segment.triton_runner import TritonSegmenter, TritonServer, find_triton_python
+from gpu_kernels.segment.triton_runner import TritonSegmenter
+from lightbox.devservers.triton_local import TritonServer, find_triton_python
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,7 @@ from typing import Any
 import obstore
 import pytest
 
-from lightbox.launch import free_port
+from lightbox.devservers.launch import free_port
 from lightbox.samples import BAD_INPUTS
 from streams.consume import read_events
 from streams.producer import ImageProducer
@@ -234,7 +234,7 @@ def test_compose_worker_processes_from_s3_into_s3(cpu_image: dict[str, Any], kaf
     Kafka and the observability services cannot be pulled here)."""
     from obstore.store import S3Store
 
-    from lightbox.s3_local import LocalS3
+    from lightbox.devservers.s3_local import LocalS3
 
     compose = shutil.which("docker-compose")
     if compose is None:

@@ -222,13 +222,14 @@ def test_compose_takes_credentials_from_an_env_file() -> None:
 
 
 def test_compose_pins_the_versions_the_rest_of_lightbox_uses() -> None:
-    from lightbox.kafka_local import KAFKA_VERSION
-    from lightbox.s3_local import S3PROXY_VERSION
+    from lightbox.devservers.kafka_local import KAFKA_VERSION
+    from lightbox.devservers.s3_local import S3PROXY_VERSION
 
     services = _compose()["services"]
     assert services["kafka"]["image"] == f"apache/kafka:{KAFKA_VERSION}"
     assert services["s3"]["image"] == f"lightbox/s3proxy:{S3PROXY_VERSION}"
-    assert f"<version>{S3PROXY_VERSION}</version>" in (INFRA.parent / "lightbox/data/s3proxy-pom.xml").read_text()
+    pom = INFRA.parent / "lightbox/devservers/data/s3proxy-pom.xml"
+    assert f"<version>{S3PROXY_VERSION}</version>" in pom.read_text()
     for name, svc in services.items():
         image = svc.get("image", "")
         assert not image.endswith(":latest") and (":" in image or "build" in svc), f"{name}: {image!r} is not pinned"

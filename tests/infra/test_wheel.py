@@ -63,8 +63,8 @@ def test_wheel_ships_its_run_time_files(tmp_path: Path) -> None:
     """Every file the code reads at run time is in the wheel, as package data."""
     names = set(zipfile.ZipFile(_build_wheel(tmp_path)).namelist())
     for needed in ("schemas/registry.json", "schemas/product_image_event.avsc", "gpu_kernels/presets.toml",
-                   "lightbox/data/kafka-pom.xml", "lightbox/data/s3proxy-pom.xml", "lightbox/__init__.py",
-                   "blobio/__init__.py"):
+                   "lightbox/devservers/data/kafka-pom.xml", "lightbox/devservers/data/s3proxy-pom.xml",
+                   "lightbox/devservers/triton_serve.py", "lightbox/__init__.py", "blobio/__init__.py"):
         assert needed in names, f"{needed} is not in the wheel"
     assert not any(n.startswith(("tests/", "bench/")) for n in names)
 

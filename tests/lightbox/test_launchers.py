@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lightbox.launch import instance_key, process_start_time, same_process, states
+from lightbox.devservers.launch import instance_key, process_start_time, same_process, states
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 

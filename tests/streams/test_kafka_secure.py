@@ -18,8 +18,8 @@ from aiokafka.errors import KafkaConnectionError
 from pydantic import SecretStr
 
 from lightbox.demo import WorkerProcess
-from lightbox.kafka_local import LocalKafka
-from lightbox.kafka_secure import SecureFiles, secure_setup
+from lightbox.devservers.kafka_local import LocalKafka
+from lightbox.devservers.kafka_secure import SecureFiles, secure_setup
 from streams.consume import read_events, read_records
 from streams.producer import ImageProducer
 from streams.security import KafkaSecurityError, aiokafka_kwargs

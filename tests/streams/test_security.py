@@ -10,7 +10,7 @@ import faust
 import pytest
 from pydantic import SecretStr
 
-from lightbox.kafka_secure import SecureFiles, secure_setup
+from lightbox.devservers.kafka_secure import SecureFiles, secure_setup
 from streams.security import KafkaSecurityError, aiokafka_kwargs, faust_credentials, preflight
 from streams.settings import Settings
 

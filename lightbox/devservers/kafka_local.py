@@ -1,7 +1,7 @@
 """A local single-node Apache Kafka (KRaft broker + controller) without Docker.
 
-The jars come from Maven Central through the packaged ``lightbox/data/kafka-pom.xml`` into a cache folder; the
-broker runs as ``java -cp '<cache>/lib/*' kafka.Kafka server.properties`` on 127.0.0.1 with
+The jars come from Maven Central through the packaged ``lightbox/devservers/data/kafka-pom.xml``
+into a cache folder; the broker runs as ``java -cp '<cache>/lib/*' kafka.Kafka server.properties`` on 127.0.0.1 with
 free ports and a temporary data dir. Used by ``lightbox kafka up|down|status`` and by the
 pytest session fixture. Imports no Kafka client: readiness is read from the broker's log and
 its listening socket.
@@ -11,7 +11,7 @@ The cluster id lives with the data dir (``<data_dir>/cluster.id``), so a broker 
 its topics, offsets and committed group offsets intact.
 
 ``lightbox kafka up`` keeps what it started in a state file per instance (``--name``, else the
-data folder, else ``default``; :mod:`lightbox.launch`): ``down`` stops only the process that state
+data folder, else ``default``; :mod:`lightbox.devservers.launch`): ``down`` stops only the process that state
 started (pid and start time), and an ``up`` on a folder or port another instance holds says so.
 """
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from lightbox.kafka_secure import client_env, secure_setup
-from lightbox.launch import (
+from lightbox.devservers.kafka_secure import client_env, secure_setup
+from lightbox.devservers.launch import (
     EmulatorProcess,
     InstanceBusy,
     cache_root,
@@ -62,7 +62,7 @@ __all__ = [
 
 KAFKA_VERSION = "4.4.0"
 # package data, so an installed wheel can fetch Kafka too (a regular install unpacks it as a file)
-POM = Path(str(resources.files("lightbox") / "data" / "kafka-pom.xml"))
+POM = Path(str(resources.files("lightbox.devservers") / "data" / "kafka-pom.xml"))
 READY_LINE = "Kafka Server started"
 
 
@@ -150,9 +150,9 @@ class LocalKafka(EmulatorProcess):
     controller_port: int
     data_dir: str
     owns_data_dir: bool = True
-    secure: bool = False  # a SASL_SSL listener (lightbox.kafka_secure); clients need client_env()
-    started: int | None = None  # the broker process's start time (lightbox.launch.process_start_time)
-    name: str = "default"  # the instance key its state is kept under (lightbox.launch.instance_key)
+    secure: bool = False  # a SASL_SSL listener (lightbox.devservers.kafka_secure); clients need client_env()
+    started: int | None = None  # the broker process's start time (lightbox.devservers.launch.process_start_time)
+    name: str = "default"  # the instance key its state is kept under (lightbox.devservers.launch.instance_key)
 
     @property
     def bootstrap(self) -> str:
@@ -300,7 +300,7 @@ def cluster_id(data_dir: Path) -> str:
 
 
 def read_state(key: str = "default") -> LocalKafka | None:
-    """The broker instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    """The broker instance ``key`` (:func:`lightbox.devservers.launch.instance_key`) started, if recorded."""
     return LocalKafka.read_state(key)
 
 

@@ -1,4 +1,4 @@
-"""What makes the local broker (:mod:`lightbox.kafka_local`) a secured one: a SASL_SSL listener.
+"""What makes the local broker (:mod:`lightbox.devservers.kafka_local`) a secured one: a SASL_SSL listener.
 
 At first start in a data folder it writes, under ``<data>/secure/``:
 
@@ -111,7 +111,8 @@ def secure_setup(data_dir: Path, port: int, controller_port: int) -> tuple[str, 
             _write_private(path, secrets.token_hex(24).encode())  # hex: nothing the --add-scram syntax parses
         passwords[user] = path.read_text().strip()
     props = "\n".join([
-        "# -- secure: SASL_SSL for clients and brokers, mutual TLS for the controller (lightbox.kafka_secure)",
+        "# -- secure: SASL_SSL for clients and brokers, mutual TLS for the controller "
+        "(lightbox.devservers.kafka_secure)",
         f"listeners=SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         f"advertised.listeners=SASL_SSL://127.0.0.1:{port}",
         "inter.broker.listener.name=SASL_SSL",

@@ -5,7 +5,7 @@ needs Debian's /usr/bin/python3.11; pyenv's 3.11.7 fails at model load)::
 
     /usr/bin/python3.11 -m venv /tmp/tritonenv
     /tmp/tritonenv/bin/pip install nvidia-pytriton onnxruntime numpy
-    /tmp/tritonenv/bin/python gpu_kernels/segment/triton_serve.py MODEL.onnx --http-port 8000
+    /tmp/tritonenv/bin/python lightbox/devservers/triton_serve.py MODEL.onnx --http-port 8000
 
 pytriton's bundled ``tritonserver`` has only the Python backend, so the model runs in an ONNX
 Runtime session inside the bound Python function; Triton's dynamic batcher (``--max-batch``,

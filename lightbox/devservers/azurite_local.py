@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from pathlib import Path
 
-from lightbox.launch import EmulatorProcess, cache_root, free_port, instance_key
+from lightbox.devservers.launch import EmulatorProcess, cache_root, free_port, instance_key
 
 __all__ = ["AZURITE_VERSION", "AzuriteLaunchError", "LocalAzurite", "clear_state", "ensure_azurite", "read_state"]
 
@@ -155,7 +155,7 @@ class LocalAzurite(EmulatorProcess):
 
 
 def read_state(key: str = "default") -> LocalAzurite | None:
-    """The server instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    """The server instance ``key`` (:func:`lightbox.devservers.launch.instance_key`) started, if recorded."""
     return LocalAzurite.read_state(key)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from lightbox.launch import free_port, tail
+from lightbox.devservers.launch import free_port, tail
 
 __all__ = ["LocalPrometheus", "PrometheusLaunchError", "prometheus_binary"]
 

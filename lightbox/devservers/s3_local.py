@@ -1,7 +1,7 @@
 """A local S3-compatible server (s3proxy on its filesystem backend) without Docker.
 
-The jars come from Maven Central through the packaged ``lightbox/data/s3proxy-pom.xml`` into a cache folder
-(like Kafka's, see ``lightbox/kafka_local.py``); the server runs as ``java -cp '<cache>/lib/*'
+The jars come from Maven Central through the packaged ``lightbox/devservers/data/s3proxy-pom.xml`` into a cache folder
+(like Kafka's, see ``lightbox/devservers/kafka_local.py``); the server runs as ``java -cp '<cache>/lib/*'
 org.gaul.s3proxy.Main --properties s3proxy.conf`` on 127.0.0.1 with a free port, SigV2/V4 authentication
 and a temporary data folder. A bucket is a folder under that folder (``buckets=`` creates them at start).
 Used by ``lightbox s3 up|down|status`` and by the pytest session fixture.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from lightbox.launch import (
+from lightbox.devservers.launch import (
     EmulatorProcess,
     InstanceBusy,
     cache_root,
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 S3PROXY_VERSION = "2.6.0"
-POM = Path(str(resources.files("lightbox") / "data" / "s3proxy-pom.xml"))
+POM = Path(str(resources.files("lightbox.devservers") / "data" / "s3proxy-pom.xml"))
 REGION = "us-east-1"
 
 LOGBACK = """\
@@ -110,8 +110,8 @@ class LocalS3(EmulatorProcess):
     secret_key: str
     owns_data_dir: bool = True
     buckets: list[str] = field(default_factory=list)
-    started: int | None = None  # the server process's start time (lightbox.launch.process_start_time)
-    name: str = "default"  # the instance key its state is kept under (lightbox.launch.instance_key)
+    started: int | None = None  # the server process's start time (lightbox.devservers.launch.process_start_time)
+    name: str = "default"  # the instance key its state is kept under (lightbox.devservers.launch.instance_key)
 
     @property
     def endpoint(self) -> str:
@@ -187,7 +187,7 @@ class LocalS3(EmulatorProcess):
 
 
 def read_state(key: str = "default") -> LocalS3 | None:
-    """The server instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    """The server instance ``key`` (:func:`lightbox.devservers.launch.instance_key`) started, if recorded."""
     return LocalS3.read_state(key)
 
 

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lightbox.launch import EmulatorProcess, cache_root, free_port, instance_key
+from lightbox.devservers.launch import EmulatorProcess, cache_root, free_port, instance_key
 
 __all__ = ["FAKE_GCS_VERSION", "GcsLaunchError", "LocalGcs", "clear_state", "ensure_fake_gcs", "read_state"]
 
@@ -148,7 +148,7 @@ class LocalGcs(EmulatorProcess):
 
 
 def read_state(key: str = "default") -> LocalGcs | None:
-    """The server instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    """The server instance ``key`` (:func:`lightbox.devservers.launch.instance_key`) started, if recorded."""
     return LocalGcs.read_state(key)
 
 

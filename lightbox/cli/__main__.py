@@ -1,0 +1,5 @@
+"""``python -m lightbox.cli``: the ``lightbox`` command."""
+
+from lightbox.cli import main
+
+main()
