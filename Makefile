@@ -21,7 +21,7 @@ s3-jars: setup  ## fetch s3proxy's jars (a local S3 for the tests) from Maven Ce
 	$(BIN)/python -c "from lightbox.devservers.s3_local import ensure_jars; print(ensure_jars())"
 
 registry-app: setup  ## fetch Apicurio Registry (a schema registry for the tests) from Maven Central (once; cached)
-	$(BIN)/python -c "from lightbox.registry_local import ensure_app; print(ensure_app())"
+	$(BIN)/python -c "from lightbox.devservers.registry_local import ensure_app; print(ensure_app())"
 
 test: setup kafka-jars s3-jars  ## the whole suite; starts its own Kafka broker; GPU tests skip without a GPU
 	$(BIN)/pytest -q -p no:cacheprovider

@@ -23,7 +23,8 @@ from typing import Any
 from aiokafka.errors import CorruptRecordException, UnsupportedCodecError
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-__all__ = ["UNREADABLE", "UnreadableBatch", "find_unreadable", "lightbox_transport", "set_aside"]
+__all__ = ["UNREADABLE", "UnreadableBatch", "find_unreadable", "lightbox_transport", "set_aside",
+           "taken_before"]
 
 log = logging.getLogger("lightbox.fetch")
 
@@ -77,6 +78,21 @@ def _tp_in_message(records: Any, text: str) -> Any:
     return None
 
 
+def taken_before(error: BaseException) -> dict[Any, list[Any]]:
+    """The records of other partitions that the failed ``fetched_records`` call had already taken
+    when ``error`` was raised (aiokafka's fetcher moved their positions past them, and the error
+    dropped them): found in that call's frame, so that they are handed on, not lost."""
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "fetched_records":
+            drained = frame.f_locals.get("drained")
+            if isinstance(drained, dict):
+                return dict(drained)
+        tb = tb.tb_next
+    return {}
+
+
 def set_aside(consumer: Any, error: BaseException, reported: set[tuple[str, int, int | None]],
               say: Callable[[str], None] | None = None) -> UnreadableBatch | None:
     """Pause the partition whose batch raised ``error`` on an aiokafka ``consumer``, drop what was
@@ -125,7 +141,7 @@ def lightbox_transport(isolation_level: str = "read_committed") -> type[faust_ai
                 if not hasattr(self, "_reported"):
                     self._reported = set()
                 set_aside(consumer, exc, self._reported)
-                return {}
+                return taken_before(exc)  # the other partitions' records the failed call had taken
 
     class Consumer(faust_aiokafka.Consumer):
         def _new_consumer_thread(self) -> faust_aiokafka.AIOKafkaConsumerThread:

@@ -162,11 +162,11 @@ def _no_default_metrics_port() -> Iterator[None]:
 # -- registry: a real Confluent-compatible schema registry (Apicurio Registry) for the session
 @pytest.fixture(scope="session")
 def schema_registry() -> Iterator[Any]:
-    """A local Apicurio Registry (``lightbox.registry_local``) on a data folder of its own (so a test can
+    """A local Apicurio Registry (``lightbox.devservers.registry_local``) on a data folder of its own (so a test can
     stop and start it with its subjects kept); skipped with the reason when Java or Maven is missing."""
     import shutil
 
-    from lightbox.registry_local import LocalRegistry, RegistryLaunchError, app_dir
+    from lightbox.devservers.registry_local import LocalRegistry, RegistryLaunchError, app_dir
 
     if shutil.which("java") is None or (shutil.which("mvn") is None and not app_dir().exists()):
         pytest.skip("the schema registry tests need Java 17+ and, once, Maven (to fetch Apicurio Registry)")

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from lightbox.cli import demo, doctor, events, process, produce, replay, servers, worker
+from lightbox.cli import demo, doctor, events, process, produce, registry, replay, servers, worker
 from lightbox.cli.common import err
 
 __all__ = ["app", "main"]
@@ -56,6 +56,8 @@ def _local_secure_env() -> None:
 app.add_typer(servers.kafka_app, name="kafka")
 for _store in servers.OBJECT_STORES:
     app.add_typer(servers.object_store_app(_store), name=_store.command)
+app.add_typer(registry.registry_app, name="registry")
+app.add_typer(registry.schemas_app, name="schemas")
 app.command()(doctor.doctor)
 app.command()(worker.worker)
 app.command("backfill-worker")(worker.backfill_worker)

@@ -27,7 +27,7 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from PIL import Image
 
 from lightbox.demo import WorkerProcess
-from lightbox.launch import free_port
+from lightbox.devservers.launch import free_port
 from streams.app import ensure_topics
 from streams.consume import read_events
 from streams.registry import event_codecs
@@ -47,17 +47,19 @@ def _env(s: Settings, registry_url: str, **more: str) -> dict[str, str]:
             "LIGHTBOX_BACKFILL_ENABLED": "false", "LIGHTBOX_SCHEMA_REGISTRY_URL": registry_url, **more}
 
 
-def _jpeg(i: int) -> bytes:
+def _png(i: int) -> bytes:
+    """A small product shot as an uncompressed PNG: the batch compresses well, so every codec is used
+    (a producer sends a batch uncompressed when compressing does not make it smaller)."""
     img = Image.new("RGB", (96, 72), "white")
     img.paste((40 * (i % 6), 90, 200 - 10 * (i % 9)), (20, 14, 76, 58))
     buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=90)
+    img.save(buf, "PNG", compress_level=0)
     return buf.getvalue()
 
 
 def _event(i: int, **more: Any) -> dict[str, Any]:
-    return {"event_id": str(uuid.uuid4()), "sku": f"SKU-{i}", "image_id": f"{i}.jpg", "merchant_id": "m",
-            "source": {"data": _jpeg(i)}, "content_type": "image/jpeg", "presets": ["thumb_webp"],
+    return {"event_id": str(uuid.uuid4()), "sku": f"SKU-{i}", "image_id": f"{i}.png", "merchant_id": "m",
+            "source": {"data": _png(i)}, "content_type": "image/png", "presets": ["thumb_webp"],
             "retouch": {"background": "WHITE", "lighting": "AUTO", "segmentation": "AUTO"}, "priority": 0,
             "created_at": int(time.time() * 1000), **more}
 

@@ -72,7 +72,7 @@ def test_standard_serializer_events_with_unrelated_ids_are_read_and_outputs_deco
 
 
 def compatibility(registry: Any, subject: str) -> str:
-    from lightbox.registry_local import _request
+    from lightbox.devservers.registry_local import _request
 
     got = _request(f"{registry.api_url}/config/{subject}")
     assert isinstance(got, dict)

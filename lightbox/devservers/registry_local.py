@@ -2,7 +2,7 @@
 
 Apicurio Registry's Quarkus build comes from Maven Central (``io.apicurio:apicurio-registry-app``,
 ``tar.gz`` classifier ``all``, fetched once with ``mvn dependency:get``) and is unpacked into the
-cache folder (like Kafka's jars, :mod:`lightbox.launch`). It runs as ``java -jar
+cache folder (like Kafka's jars, :mod:`lightbox.devservers.launch`). It runs as ``java -jar
 apicurio-registry-app-<v>-runner.jar`` on 127.0.0.1 with:
 
 - its Confluent REST API under ``/apis/ccompat/v7`` (what ``LIGHTBOX_SCHEMA_REGISTRY_URL`` points at);
@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from lightbox.launch import (
+from lightbox.devservers.launch import (
     EmulatorProcess,
     InstanceBusy,
     cache_root,
@@ -123,8 +123,8 @@ class LocalRegistry(EmulatorProcess):
     port: int
     data_dir: str
     owns_data_dir: bool = True
-    started: int | None = None  # the server process's start time (lightbox.launch.process_start_time)
-    name: str = "default"  # the instance key its state is kept under (lightbox.launch.instance_key)
+    started: int | None = None  # the server process's start time (launch.process_start_time)
+    name: str = "default"  # the instance key its state is kept under (launch.instance_key)
     heap: str = "384m"
 
     @property
@@ -219,7 +219,7 @@ class LocalRegistry(EmulatorProcess):
 
 
 def read_state(key: str = "default") -> LocalRegistry | None:
-    """The registry instance ``key`` (:func:`lightbox.launch.instance_key`) started, if recorded."""
+    """The registry instance ``key`` (:func:`~lightbox.devservers.launch.instance_key`) recorded, if any."""
     return LocalRegistry.read_state(key)
 
 

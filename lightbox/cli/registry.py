@@ -9,41 +9,31 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
+
+from lightbox.cli.common import console, err
+from lightbox.cli.servers import DataDirOption, InstanceName, _down, _instance, _status
 
 __all__ = ["registry_app", "schemas_app"]
-
-console = Console()
-err = Console(stderr=True)
 
 registry_app = typer.Typer(help="A local Confluent-compatible schema registry (Apicurio Registry) for development "
                                 "and tests; no Docker.", no_args_is_help=True)
 schemas_app = typer.Typer(help="lightbox's schemas in a schema registry (LIGHTBOX_SCHEMA_REGISTRY_URL): register "
                                "them, or check a producer's schema before it ships.", no_args_is_help=True)
 
-Name = Annotated[str | None, typer.Option(help="instance name (default: from --data-dir, else 'default')")]
-DataDir = Annotated[Path | None, typer.Option(help="data folder: its database keeps subjects and ids across "
-                                                   "restarts (default: a new temporary one, removed by `down`)")]
-
-
-def _key(name: str | None, data_dir: Path | None) -> str:
-    from lightbox.launch import instance_key
-
-    try:
-        return instance_key(name, data_dir)
-    except ValueError as exc:
-        err.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
+MODULE = "lightbox.devservers.registry_local"
 
 
 @registry_app.command("up")
 def registry_up(port: Annotated[int | None, typer.Option(help="HTTP port (default: a free one)")] = None,
-                data_dir: DataDir = None, name: Name = None) -> None:
+                data_dir: Annotated[Path | None, typer.Option(help="data folder: its database keeps subjects and "
+                                                                   "ids across restarts (default: a new temporary "
+                                                                   "one, removed by `down`)")] = None,
+                name: InstanceName = None) -> None:
     """Fetch Apicurio Registry with Maven (once), start it on 127.0.0.1 in the background with
     canonical hashing and BACKWARD compatibility, and print the LIGHTBOX_SCHEMA_REGISTRY_URL to set."""
-    from lightbox.registry_local import LocalRegistry, RegistryLaunchError, read_state
+    from lightbox.devservers.registry_local import LocalRegistry, RegistryLaunchError, read_state
 
-    key = _key(name, data_dir)
+    key = _instance(name, data_dir)
     state = read_state(key)
     if state is not None and state.alive():
         console.print(f"already running: [bold]{state.api_url}[/] (pid {state.pid}, instance {key!r})")
@@ -58,42 +48,22 @@ def registry_up(port: Annotated[int | None, typer.Option(help="HTTP port (defaul
     reg.save_state()
     console.print(f"schema registry up at [bold]{reg.api_url}[/] in {time.monotonic() - t0:.1f} s (pid {reg.pid}, "
                   f"instance {key!r}, BACKWARD, log {reg.log_file})")
-    console.print("point lightbox (worker, produce, tail, ...) at it with:")
+    console.print("point lightbox (worker, produce, tail, ...) and your clients at it:")
     for k, v in reg.env().items():
         console.print(f"export {k}={v}", soft_wrap=True)
 
 
 @registry_app.command("down")
-def registry_down(name: Name = None, data_dir: DataDir = None) -> None:
+def registry_down(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
     """Stop the registry this instance's `lightbox registry up` started (that very process only)
     and remove its temporary data."""
-    from lightbox.registry_local import clear_state, read_state
-
-    key = _key(name, data_dir)
-    state = read_state(key)
-    if state is None:
-        console.print(f"no local schema registry recorded for instance {key!r}")
-        return
-    stopped = state.stop()
-    clear_state(key)
-    console.print(f"stopped the schema registry (pid {state.pid}, instance {key!r})" if stopped else
-                  f"the schema registry of instance {key!r} (pid {state.pid}) was no longer running; its state "
-                  "cleared")
+    _down("registry", MODULE, _instance(name, data_dir), "schema registry", "the schema registry")
 
 
 @registry_app.command("status")
-def registry_status(name: Name = None, data_dir: DataDir = None) -> None:
+def registry_status(name: InstanceName = None, data_dir: DataDirOption = None) -> None:
     """Say whether the local registry runs, and its URL. Exit code 1 when it does not."""
-    from lightbox.registry_local import read_state
-
-    key = _key(name, data_dir)
-    state = read_state(key)
-    if state is not None and state.alive():
-        console.print(f"running at [bold]{state.api_url}[/] (pid {state.pid}, instance {key!r}, "
-                      f"data {state.data_dir})")
-        return
-    console.print(f"not running (instance {key!r})")
-    raise typer.Exit(1)
+    _status("registry", MODULE, _instance(name, data_dir), lambda state: state.api_url)
 
 
 Kind = Annotated[str, typer.Option(help="which lightbox event the file is a version of: product (the input), "
