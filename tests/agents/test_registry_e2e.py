@@ -2,7 +2,8 @@
 broker, confluent-kafka's producer and consumer with its AvroSerializer and AvroDeserializer.
 
 - events a standard producer writes in each compression codec, framed with registry ids that are
-  not lightbox's, are all processed; a compatible v2 registered mid-stream loses nothing;
+  not lightbox's, are all processed; a compatible v2 registered mid-stream loses nothing; the records
+  of an aborted transaction are not (read_committed);
 - the registry down for about 30 s mid-stream dead-letters nothing, /readyz says why, the stream resumes;
 - every output, read by the standard deserializer, equals what lightbox decodes it as;
 - a refused registry password stops the worker with one line naming the credential;
@@ -74,6 +75,17 @@ def _send(s: Settings, codec: str, values: list[tuple[str, bytes]], partition: i
     assert producer.flush(30) == 0
 
 
+def _aborted(s: Settings, values: list[bytes]) -> None:
+    """Records of a transaction the producer aborts."""
+    producer = Producer({"bootstrap.servers": s.kafka.bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:6]}"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for value in values:
+        producer.produce(s.topics.input, value=value, key=b"SKU-aborted")
+    producer.flush(30)
+    producer.abort_transaction(30)
+
+
 def _read_standard(s: Settings, registry_url: str, expected: int, timeout_s: float) -> dict[str, list[Any]]:
     """Every record of the output and dead-letter topics through confluent-kafka's consumer and
     AvroDeserializer: {topic: [(raw value, decoded)]}."""
@@ -117,6 +129,7 @@ def test_standard_clients_every_codec_a_v2_and_a_registry_outage(settings: Setti
     ctx = SerializationContext(settings.topics.input, MessageField.VALUE)
     v1 = serializer(url, PRODUCT)
     sent: dict[str, str] = {}  # event id -> what
+    _aborted(settings, [v1(_event(90 + k), ctx) for k in range(2)])  # read_committed: never processed
     try:
         for n, codec in enumerate(CODECS):
             events = [_event(2 * n + k) for k in range(2)]
