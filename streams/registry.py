@@ -35,12 +35,13 @@ from urllib.parse import urlsplit, urlunsplit
 import fastavro
 
 from schemas.codec import Schema, record_name
-from schemas.errors import FatalError, SchemaInvalid
+from schemas.errors import RegistryError, RegistryRefused, RegistryRejected, RegistryUnavailable, SchemaInvalid
 from schemas.events import SUBJECTS, EventCodecs
 from streams.settings import SchemaRegistrySettings, Settings
 
 __all__ = ["BACKWARD_LEVELS", "RegistryError", "RegistryRefused", "RegistryRejected", "RegistrySchemaStore",
-           "RegistryUnavailable", "client_config", "event_codecs", "redact", "registry_store", "subject_name"]
+           "RegistryUnavailable", "client_config", "default_codecs", "describe", "event_codecs", "redact",
+           "registry_store", "subject_name"]
 
 log = logging.getLogger("lightbox.registry")
 
@@ -48,22 +49,6 @@ T = TypeVar("T")
 
 #: compatibility levels under which a reader on the new version reads data written with the old ones
 BACKWARD_LEVELS = {"BACKWARD", "BACKWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"}
-
-
-class RegistryError(RuntimeError):
-    """The registry answered, and the answer means lightbox cannot go on as configured."""
-
-
-class RegistryRefused(FatalError):
-    """The registry refused lightbox's credential (401/403). Not retried: the worker stops."""
-
-
-class RegistryRejected(RegistryError):
-    """The registry refused one of lightbox's schemas (incompatible, invalid, not registered)."""
-
-
-class RegistryUnavailable(RegistryError):
-    """The registry stayed unreachable (or answered 5xx) for longer than a command waits."""
 
 
 def redact(url: str) -> str:
@@ -366,6 +351,16 @@ def default_codecs(*, product_topic: str | None = None) -> EventCodecs:
     input topic by default)."""
     settings = Settings()
     return event_codecs(settings, topics={"product": product_topic} if product_topic else None)
+
+
+def describe(codecs: EventCodecs) -> str | None:
+    """One line on where ids come from, for a start-up message (None with the file store)."""
+    store = codecs.store
+    if not isinstance(store, RegistrySchemaStore):
+        return None
+    outs = ", ".join(f"{c.reader_name.rsplit('.', 1)[-1]} id {c.writer_id} under {c.subject!r}"
+                     for c in (codecs.processed, codecs.dead_letter))
+    return f"schema registry {store.url}: inputs read by their ids; outputs framed as {outs}"
 
 
 def registry_store(cfg: SchemaRegistrySettings, *, patience_s: float | None = None) -> RegistrySchemaStore:

@@ -83,12 +83,16 @@ def main() -> None:
 
     # aiokafka warns about topics that do not exist *yet* (they are created a moment later)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    from schemas.errors import RegistryError, RegistryRefused
     from streams.security import KafkaSecurityError
 
     try:
         app()
     except KafkaSecurityError as exc:  # a refused password, an untrusted certificate, a missing setting
         err.print(f"[red]kafka security:[/] {exc}", soft_wrap=True)
+        raise SystemExit(2) from None
+    except (RegistryError, RegistryRefused) as exc:  # refused credential, rejected schema, registry away
+        err.print(f"[red]schema registry:[/] {exc}", soft_wrap=True)
         raise SystemExit(2) from None
     finally:
         # The command is over and closed what it opened; the interpreter's last full collection at

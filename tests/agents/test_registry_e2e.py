@@ -29,6 +29,7 @@ from PIL import Image
 
 from lightbox.demo import WorkerProcess
 from lightbox.devservers.launch import free_port
+from schemas.codec import split_frame
 from streams.app import ensure_topics
 from streams.consume import read_events
 from streams.registry import event_codecs
@@ -165,6 +166,7 @@ def test_standard_clients_every_codec_a_v2_and_a_registry_outage(settings: Setti
     processed = {d["source_event_id"]: d for _, d in got[settings.topics.output]}
     assert set(processed) == set(sent), {sent[i] for i in set(sent) - set(processed)}
     assert "schema registry" in log and "unreachable" in log and "reachable again after" in log, log[-3000:]
+    assert f"outputs framed as ProcessedImageEvent id {split_frame(got[settings.topics.output][0][0])[0]} " in log
     # what the standard deserializer reads is what lightbox reads from the same bytes
     ours = asyncio.run(_lightbox_read(settings, url, len(sent)))
     theirs = {d["event_id"]: d for _, d in got[settings.topics.output]}
