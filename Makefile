@@ -41,8 +41,13 @@ lint: setup  ## ruff + mypy + the import layers (pyproject [tool.importlinter])
 demo: setup kafka-jars  ## local broker, sample catalog, one worker, latency table, images in out/demo
 	$(BIN)/lightbox demo --out out/demo
 
-bench: setup  ## CPU benchmarks (ratios against baselines run in the same process)
-	for b in bench/bench_*.py; do echo "== $$b"; PYTHONPATH=. $(BIN)/python $$b || exit 1; done
+bench: setup  ## the quick CPU suite (bench/README.md): each bench at a small size, under 10 minutes
+	PYTHONPATH=. $(BIN)/python bench/bench_retouch.py --width 1000 --height 750 --repeat 2 --out bench/results/bench_retouch.json
+	PYTHONPATH=. $(BIN)/python bench/bench_decode.py --n 8 --n-large 1 --rounds 1
+	PYTHONPATH=. $(BIN)/python bench/bench_segment.py --batches 1 4 --json bench/results/bench_segment.json
+	PYTHONPATH=. $(BIN)/python bench/bench_compliance.py --segmenter classical --count 8 --no-cutouts
+	PYTHONPATH=. $(BIN)/python bench/bench_tone.py
+	PYTHONPATH=. $(BIN)/python bench/bench_batching.py --quick --seconds 4 --capacity-events 8 --images 4 --warmup 2
 
 image:  ## build lightbox:cpu and lightbox:gpu with Docker (on local base stand-ins where no registry answers)
 	infra/images/build.sh

@@ -90,7 +90,7 @@ class BackfillConsumer:
         try:
             await consumer.commit(todo)
         except Exception as exc:  # a rebalance under way: the next owner redoes those (same outputs)
-            log.warning("backfill lane: commit failed (%s); uncommitted inputs will be processed again",
+            log.warning("backfill tier: commit failed (%s); uncommitted inputs will be processed again",
                         type(exc).__name__)
             return
         self._committed.update(todo)
@@ -116,7 +116,9 @@ class BackfillConsumer:
         return out
 
     async def run(self) -> None:
-        from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener
+        from aiokafka import ConsumerRebalanceListener
+
+        from streams.clients import new_consumer
 
         kafka, backfill = self.kafka, self.backfill
         outer = self
@@ -134,9 +136,8 @@ class BackfillConsumer:
             async def on_partitions_assigned(self, assigned: Any) -> None:
                 pass
 
-        consumer = self._consumer = AIOKafkaConsumer(
-            **aiokafka_kwargs(kafka), bootstrap_servers=kafka.bootstrap, group_id=self.group_id,
-            client_id=self.client_id, enable_auto_commit=False, auto_offset_reset="earliest",
+        consumer = self._consumer = await new_consumer(
+            kafka.bootstrap, security=aiokafka_kwargs(kafka), group_id=self.group_id, client_id=self.client_id,
             # small fetches: a paused partition's fetched records are dropped and fetched again on
             # resume (aiokafka), and the loop pauses and resumes many times a second; the brokers
             # still return a first record larger than this whole (Kafka's KIP-74), so inline images pass
@@ -181,7 +182,7 @@ class BackfillConsumer:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("backfill lane: the consumer loop failed")
+            log.exception("backfill tier: the consumer loop failed")
             raise
 
     async def close(self) -> None:

@@ -52,7 +52,7 @@ import struct
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["LiveSignal", "check_port", "lower_priority", "one_opencv_thread", "spawn", "stop", "watch"]
@@ -148,13 +148,11 @@ def lower_priority(nice: int, idle: bool) -> None:
             os.kill(os.getpid(), signal.SIGTERM)
 
 
-def spawn(overrides: Mapping[str, Any], loglevel: str, live: LiveSignal, metrics_port: int,
-          flags: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+def spawn(overrides: Mapping[str, Any], loglevel: str, live: LiveSignal, metrics_port: int) -> subprocess.Popen[bytes]:
     """Start the backfill child (``python -m agents.worker backfill-worker``) with this process's
     environment plus the command line's ``overrides`` (settings names), its metrics on
     ``metrics_port`` (0: off), reading the worker's live work from ``live``, on one OpenCV
-    thread (unless ``OPENCV_FOR_THREADS_NUM`` is set); ``flags``: more of the child's command line
-    (:meth:`agents.tiers.BackfillRules.flags`)."""
+    thread (unless ``OPENCV_FOR_THREADS_NUM`` is set)."""
     env = dict(os.environ)
     env.update({f"LIGHTBOX_{key.upper()}": str(value) for key, value in overrides.items()})
     env["LIGHTBOX_METRICS_PORT"] = str(metrics_port)
@@ -162,7 +160,7 @@ def spawn(overrides: Mapping[str, Any], loglevel: str, live: LiveSignal, metrics
     env[LIVE_FD_ENV] = str(live.fd)
     env.setdefault(OPENCV_THREADS_ENV, "1")
     env.setdefault("OPENBLAS_NUM_THREADS", "1")  # as `lightbox` sets it for itself (before numpy starts)
-    return subprocess.Popen([sys.executable, "-m", "agents.worker", "backfill-worker", "--loglevel", loglevel, *flags],
+    return subprocess.Popen([sys.executable, "-m", "agents.worker", "backfill-worker", "--loglevel", loglevel],
                             env=env, pass_fds=(live.fd,))
 
 

@@ -22,13 +22,14 @@ from agents.interfaces import Processor, RunnerConfig
 from agents.records import InRecord, OutRecord
 from agents.tiers import BACKFILL, LIVE
 from agents.watermark import Ticket
+from gpu_kernels.stages.base import LANES
 from schemas.errors import FatalError
 
-__all__ = ["BACKFILL", "LANES", "LIVE", "TIERS", "Intake", "Item", "Pair", "Sent", "log_ids", "lower_thread_priority",
-           "make_intake", "prepare_each", "record_of", "tier_of"]
+__all__ = ["BACKFILL", "LIVE", "RUNNER_LANES", "TIERS", "Intake", "Item", "Pair", "Sent", "log_ids",
+           "lower_thread_priority", "make_intake", "prepare_each", "record_of", "tier_of"]
 
 TIERS = (LIVE, BACKFILL)  # live first wherever both wait
-LANES = ("prepare", "decode", "device", "output")  # the runner's lanes, each with its threads
+RUNNER_LANES = ("prepare", *LANES)  # the runner's lanes, each with its threads: prepare, then the pipeline's
 
 
 @dataclass(eq=False, slots=True)

@@ -65,8 +65,8 @@ from agents.batching import Batch, MicroBatcher
 from agents.delivery import Delivery
 from agents.intake import (
     BACKFILL,
-    LANES,
     LIVE,
+    RUNNER_LANES,
     Intake,
     Item,
     Pair,
@@ -131,7 +131,7 @@ class BatchRunner:
         self._device_started: Callable[[Sequence[Pair]], None] | None = getattr(batcher, "device_started", None)
         self._output_q: asyncio.Queue[tuple[list[Pair], Any]] = asyncio.Queue(cfg.queue_depth)
         self._wake = asyncio.Event()
-        self._calls: dict[str, int] = dict.fromkeys(LANES, 0)  # lane calls handed to threads, not yet back
+        self._calls: dict[str, int] = dict.fromkeys(RUNNER_LANES, 0)  # lane calls handed to threads, not yet back
 
     # -- public ------------------------------------------------------------------------------
     @property

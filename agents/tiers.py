@@ -49,12 +49,12 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Generic, Literal, TypeVar
 
 from agents.batching import Batch, MicroBatcher
 
-__all__ = ["BACKFILL", "DEFAULT_RULES", "LIVE", "BackfillGate", "BackfillRules", "TierBatcher", "pause_backfill"]
+__all__ = ["BACKFILL", "LIVE", "BackfillGate", "TierBatcher", "pause_backfill"]
 
 T = TypeVar("T")
 Tier = Literal["live", "backfill"]
@@ -90,24 +90,6 @@ class BackfillGate:
             self._last_live = now
         cap = limit if not live_active and now - self._last_live >= self.idle_s else min(limit, self.busy_cap)
         return max(0, cap - held)
-
-
-@dataclass(frozen=True)
-class BackfillRules:
-    """When a closed backfill batch is released (see the module docstring). Not settings: a worker
-    always runs the defaults; the backfill benchmark (bench/backfill_worker.py) compares them with
-    the earlier rules. ``pipelined=False``: every released batch through the device first;
-    ``wait_for_live=False``: no wait for live inputs."""
-
-    pipelined: bool = True
-    wait_for_live: bool = True
-
-    def flags(self) -> list[str]:
-        """The command-line flags that give a backfill child process the same rules."""
-        return ([] if self.pipelined else ["--no-pipelined"]) + ([] if self.wait_for_live else ["--no-wait-for-live"])
-
-
-DEFAULT_RULES = BackfillRules()  # what every worker runs
 
 
 class TierBatcher(Generic[T]):

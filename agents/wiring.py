@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from agents.batching import BatchingConfig, MicroBatcher
 from agents.process import BatchProcessor
 from agents.runner import Pair, RunnerConfig
-from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
+from agents.tiers import TierBatcher
 from blobio.fetch import Fetcher, FetchPolicy
 from blobio.store import make_store
 from gpu_kernels.backends import Retoucher, Segmenter
@@ -42,7 +42,7 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
 
     classical = make_segmenter("classical", device)
     if seg.segmenter == "classical":
-        return None, classical, str(getattr(classical, "version", "classical"))
+        return None, classical, classical.version
     from gpu_kernels.segment import make_model_segmenter
     from gpu_kernels.segment.model import resolve_model
 
@@ -67,7 +67,7 @@ def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segm
                                          cuda_graphs=seg.cuda_graphs,
                                          max_batch=settings.batching.max_batch if device == "gpu" else None)  # CPU: 1
     runtime = "" if choice.runtime == "fp32" else f"+{choice.runtime}"  # events name the runtime when not fp32
-    return model, classical, f"{getattr(model, 'version', 'model')}{runtime}"
+    return model, classical, f"{model.version}{runtime}"
 
 
 def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:
@@ -138,13 +138,11 @@ def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: in
                         stage_timeout_s=settings.runner.stage_timeout_s)
 
 
-def tier_batcher(settings: Settings, batching: BatchingConfig,
-                 rules: BackfillRules = DEFAULT_RULES) -> TierBatcher[Pair]:
+def tier_batcher(settings: Settings, batching: BatchingConfig) -> TierBatcher[Pair]:
     """The runner's batcher: live and backfill tiers (agents/tiers.py), live buckets by the event's priority."""
     return TierBatcher(MicroBatcher(batching), MicroBatcher(backfill_batching(settings, batching)),
                        tier_of=lambda pair: pair[0].tier, priority_of=_priority,
-                       backfill_share=settings.backfill.device_share, wait_for_live=rules.wait_for_live,
-                       pipelined=rules.pipelined,
+                       backfill_share=settings.backfill.device_share,
                        fill_to=min(settings.backfill.fill_to, batching.max_batch),
                        nbytes_of=lambda pair: pair[1].nbytes, memory_budget_bytes=batching.memory_budget_bytes)
 

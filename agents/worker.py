@@ -53,7 +53,7 @@ from agents.observe import REFRESH_S, Observability, version
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
 from agents.supervision import StopAtStart
-from agents.tiers import DEFAULT_RULES, BackfillRules, TierBatcher
+from agents.tiers import TierBatcher
 from agents.wiring import backfill_consumer, batching_config, build_processor, kafka_sink, runner_config, tier_batcher
 from streams.app import create_app, input_topic, live_lag
 from streams.settings import Settings
@@ -104,7 +104,7 @@ def _exit_after(seconds: float, code: Callable[[], int]) -> None:
 
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None,
-                 observer: RunnerObserver | None = None, rules: BackfillRules = DEFAULT_RULES) -> RetouchWorker:
+                 observer: RunnerObserver | None = None) -> RetouchWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
     One runner, two tiers: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
@@ -116,7 +116,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     worker = RetouchWorker(app)
     device = settings.resolved_device()
     proc = processor or build_processor(settings, device)
-    config, tiers = _runner_parts(settings, device, rules, proc)
+    config, tiers = _runner_parts(settings, device, proc)
     worker.tiers = tiers
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
     worker.live_work = functools.partial(_live_work, worker, settings, last_live)
@@ -165,14 +165,14 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     return worker
 
 
-def _runner_parts(settings: Settings, device: str, rules: BackfillRules,
+def _runner_parts(settings: Settings, device: str,
                   processor: BatchProcessor) -> tuple[RunnerConfig, TierBatcher[Pair]]:
     """The runner's configuration and its tiers' batcher, as every worker process builds them; the
     processor's model is told how many device threads will call it."""
     batching = batching_config(settings, device)
     config = runner_config(settings, batching, processor.pipeline.side_by_side)
     processor.pipeline.device_callers(config.device_threads)
-    return config, tier_batcher(settings, batching, rules)
+    return config, tier_batcher(settings, batching)
 
 
 def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
@@ -215,12 +215,10 @@ def _stopping(runner: BatchRunner, who: str, drained: bool) -> None:
 
 
 # ------------------------------------------------------------------------ lightbox worker
-def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
-               rules: BackfillRules = DEFAULT_RULES) -> int:
+def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) -> int:
     """``lightbox worker``: build everything before joining the group, start the backfill child if
     the backfill tier runs in one, run the Faust worker until it stops; the exit code.
-    ``overrides``: the command line's settings, passed on to the child's environment; ``rules``:
-    the backfill release rules (the defaults but in the backfill benchmark), the child's too.
+    ``overrides``: the command line's settings, passed on to the child's environment.
     A :class:`~streams.security.KafkaSecurityError` propagates (a configuration error: exit 2)."""
     import logging.config
 
@@ -248,7 +246,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
         if (registry := getattr(processor.codecs.store, "readiness", None)) is not None:
             obs.health.dependencies.append(registry)  # not ready while the schema registry is unreachable
         live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
-        retouch = build_worker(live, processor=processor, observer=obs.telemetry, rules=rules)
+        retouch = build_worker(live, processor=processor, observer=obs.telemetry)
         obs.attach(retouch.app, device=device, model=processor.model_version, version=version(),
                    backfill=retouch.backfill)
     except StopAtStart as stop:
@@ -276,7 +274,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str,
 
     if (ids := describe(processor.codecs)) is not None:
         say(ids)
-    child = _start_backfill_child(retouch, settings, overrides, loglevel, port, say, rules) if split else None
+    child = _start_backfill_child(retouch, settings, overrides, loglevel, port, say) if split else None
     code: Any = 0
     try:
         runner = Worker(retouch.app, loglevel=loglevel.upper(), quiet=True, logging_config=logs)
@@ -300,12 +298,12 @@ def _say(settings: Settings) -> Callable[[str], None]:
 
 
 def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides: Mapping[str, Any], loglevel: str,
-                          port: int, say: Callable[[str], None], rules: BackfillRules) -> Any:
+                          port: int, say: Callable[[str], None]) -> Any:
     """Start the backfill child, fail-stop when it ends by itself, share the live work with it."""
     backfill_process.one_opencv_thread()
     live_work = backfill_process.LiveSignal.create()
-    child = backfill_process.spawn(overrides, loglevel, live_work, port, rules.flags())
-    say(f"backfill lane: process {child.pid} ({settings.topics.backfill}), {settings.describe_backfill_process()}")
+    child = backfill_process.spawn(overrides, loglevel, live_work, port)
+    say(f"backfill tier: process {child.pid} ({settings.topics.backfill}), {settings.describe_backfill_process()}")
 
     @retouch.app.timer(interval=1.0)  # type: ignore[untyped-decorator]
     async def watch_backfill() -> None:
@@ -320,7 +318,7 @@ def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides:
 
 
 # ---------------------------------------------------------------------- the backfill child
-def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules = DEFAULT_RULES) -> int:
+def run_backfill_worker(settings: Settings, loglevel: str) -> int:
     """The backfill tier alone, at the lower CPU priority, until SIGTERM/SIGINT (0) or a fail-stop (70)."""
     backfill_process.lower_priority(settings.backfill.nice, settings.backfill.sched_idle)  # before any thread
     import logging.config
@@ -336,7 +334,7 @@ def run_backfill_worker(settings: Settings, loglevel: str, rules: BackfillRules 
         processor = build_processor(settings, device)
         if (registry := getattr(processor.codecs.store, "readiness", None)) is not None:
             obs.health.dependencies.append(registry)
-        parts = _runner_parts(settings, device, rules, processor)  # the model compiles here
+        parts = _runner_parts(settings, device, processor)  # the model compiles here
     except StopAtStart as stop:
         print(f"lightbox backfill worker stopped while starting ({stop})", file=sys.stderr)
         if obs is not None:
@@ -419,16 +417,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m agents.worker", description="the backfill child of a worker")
     parser.add_argument("command", choices=[BACKFILL_COMMAND])
     parser.add_argument("--loglevel", "-l", default=None, help="default: LIGHTBOX_LOG_LEVEL")
-    parser.add_argument("--no-pipelined", action="store_true", help=argparse.SUPPRESS)  # BackfillRules.flags
-    parser.add_argument("--no-wait-for-live", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
     from streams.security import KafkaSecurityError
 
     try:
         settings = Settings()
-        rules = BackfillRules(pipelined=not args.no_pipelined, wait_for_live=not args.no_wait_for_live)
-        return run_backfill_worker(settings, args.loglevel or settings.observe.log_level, rules)
+        return run_backfill_worker(settings, args.loglevel or settings.observe.log_level)
     except KafkaSecurityError as exc:
         print(f"kafka security: {exc}", file=sys.stderr)
         return 2

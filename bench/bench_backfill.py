@@ -11,17 +11,13 @@ on fresh topics and a fresh worker (``lightbox worker``, device cpu), with Poiss
 * ``alone`` — live traffic only;
 * ``baseline`` — a backlog of ``--backlog-factor`` (10) × as many images as the live window
   publishes waits on the backfill topic first, and the worker runs the previous backfill policy
-  (``BASELINE_ENV``: the backfill lane shares the live prepare/output threads at the same CPU
-  priority, takes up to ``backfill_in_flight`` inputs whenever no live work is queued; and
-  ``BASELINE_RULES``: a backfill batch is released only once every released batch has left the
-  device, which is no setting: the worker is started by ``bench/backfill_worker.py`` with its flags);
+  (``BASELINE_ENV``: the backfill tier shares the live prepare/output threads at the same CPU
+  priority, takes up to ``backfill_in_flight`` inputs whenever no live work is queued);
 * ``candidate`` — the same backlog, the worker's default backfill settings (or ``--candidate-env``).
 
 ``--baseline-env`` replaces the first policy with other settings (``--baseline-env ""``: the
-defaults), to compare two settings side by side, e.g. ``--baseline-env LIGHTBOX_BACKFILL_PROCESS=false``;
-``LIGHTBOX_BACKFILL_PIPELINED=false`` and ``LIGHTBOX_BACKFILL_WAIT_FOR_LIVE=false`` in either
-``--*-env`` become the launcher's ``--no-pipelined`` and ``--no-wait-for-live``
-(the lane in the worker's process) against the defaults (on a CPU worker on Linux, the lane in a
+defaults), to compare two settings side by side, e.g. ``--baseline-env LIGHTBOX_BACKFILL_PROCESS=false``
+(the backfill tier in the worker's process) against the defaults (on a CPU worker on Linux, the tier in a
 process of its own). The CPU use
 per phase is the machine's (cores busy), the worker process's (a backfill process apart), the
 backfill process's, the local broker's and this bench's; ``worker_runqueue`` is how long the
@@ -66,8 +62,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_batching as bb  # its /proc CPU meters
 
+from bench.harness import busy_s, proc_cpu_s
 from lightbox.demo import WorkerProcess
 from schemas.events import EventCodecs
 from streams.app import ensure_topics
@@ -78,22 +74,11 @@ PRESET = "thumb_webp"
 ROOT = Path(".")  # the images' folder: file:// is allowed only under it (set in main)
 BROKER_PID = 0  # the local broker's process (its CPU use per phase), 0: an outside broker
 #: the first policy: backfill shares the live threads (in the worker's process) at the same
-#: priority, fills its window whenever no live work is queued, and waits for every released batch
-#: to leave the device
+#: priority and fills its window whenever no live work is queued
 BASELINE_ENV = {"LIGHTBOX_BACKFILL_THREADS": "0", "LIGHTBOX_BACKFILL_NICE": "0", "LIGHTBOX_BACKFILL_IDLE_MS": "0",
-                "LIGHTBOX_BACKFILL_BUSY_IN_FLIGHT": "0", "LIGHTBOX_BACKFILL_PIPELINED": "false",
-                "LIGHTBOX_BACKFILL_FILL_TO": "0", "LIGHTBOX_BACKFILL_PROCESS": "false"}
-#: the backfill release rules are no settings: these names in a phase's environment become the
-#: flags of the worker's launcher (bench/backfill_worker.py, agents.tiers.BackfillRules)
-RULE_FLAGS = {"LIGHTBOX_BACKFILL_PIPELINED": "--no-pipelined", "LIGHTBOX_BACKFILL_WAIT_FOR_LIVE": "--no-wait-for-live"}
-LAUNCHER = Path(__file__).resolve().parent / "backfill_worker.py"
-
-
-def launcher(extra_env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """A phase's environment without the rule names, and the launcher's command line with their flags."""
-    env = {k: v for k, v in extra_env.items() if k not in RULE_FLAGS}
-    flags = [flag for name, flag in RULE_FLAGS.items() if extra_env.get(name, "true").lower() in ("false", "0", "no")]
-    return env, [sys.executable, str(LAUNCHER), *flags]
+                "LIGHTBOX_BACKFILL_BUSY_IN_FLIGHT": "0", "LIGHTBOX_BACKFILL_FILL_TO": "0",
+                "LIGHTBOX_BACKFILL_PROCESS": "false"}
+WORKER = [sys.executable, "-m", "lightbox.cli", "worker"]
 MODES = ("alone", "baseline", "candidate")
 
 
@@ -265,7 +250,7 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
     if backlog:
         async with ImageProducer(bootstrap, s.topics.backfill) as prod:
             backfill_ids = await publish_many(prod, images, backlog, "BF")
-    env, command = launcher(extra_env)
+    env, command = extra_env, WORKER
     worker = WorkerProcess(worker_env(s, env), data / f"{name}.log", command=command,
                            args=os.environ.get("BENCH_WORKER_ARGS", "").split()).start()
     result: dict[str, Any] = {"phase": name, "env": extra_env}
@@ -287,16 +272,16 @@ async def phase(name: str, bootstrap: str, data: Path, images: list[Path], args:
             pid = worker.proc.pid if worker.proc else 0
             others = {"backfill_process": children(pid), "broker": [BROKER_PID] if BROKER_PID else [],
                       "bench": [os.getpid()]}
-            busy0, worker0, sched0 = bb._busy_s(), bb._proc_cpu_s(pid), sched_s(pid)
-            others0 = {k: sum(bb._proc_cpu_s(p) for p in pids) for k, pids in others.items()}
+            busy0, worker0, sched0 = busy_s(), proc_cpu_s(pid), sched_s(pid)
+            others0 = {k: sum(proc_cpu_s(p) for p in pids) for k, pids in others.items()}
             sent = await poisson(prod, images, rate, args.seconds, random.Random(args.seed), t0)
             window = time.monotonic() - t0
-            busy = (bb._busy_s() - busy0) / window  # cores busy on average, the whole machine
+            busy = (busy_s() - busy0) / window  # cores busy on average, the whole machine
             result["cpu"] = {"machine_busy": busy, "machine_idle": (os.cpu_count() or 1) - busy,
-                             "worker": (bb._proc_cpu_s(pid) - worker0) / window,
+                             "worker": (proc_cpu_s(pid) - worker0) / window,
                              # the worker's threads, runnable but waiting for a core (cores' worth)
                              "worker_runqueue": runqueue_wait(sched0, sched_s(pid)) / window,
-                             **{k: (sum(bb._proc_cpu_s(p) for p in pids) - others0[k]) / window
+                             **{k: (sum(proc_cpu_s(p) for p in pids) - others0[k]) / window
                                 for k, pids in others.items()}}
             bf_after = sum(1 for _, sid, _ in out.rows if sid in bf_set)
             await wait_for(out, [sid for _, sid in sent], 120)
@@ -400,7 +385,7 @@ async def main() -> None:
                     help="extra worker settings for the candidate, e.g. LIGHTBOX_BACKFILL_NICE=19")
     ap.add_argument("--baseline-env", type=env_arg, default=None,
                     help="the baseline's worker settings instead of the first policy (BASELINE_ENV), to compare "
-                         "two settings side by side, e.g. LIGHTBOX_BACKFILL_PIPELINED=true")
+                         "two settings side by side, e.g. LIGHTBOX_BACKFILL_PROCESS=true")
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--out", type=Path, default=Path("out/bench_backfill"))
     args = ap.parse_args()

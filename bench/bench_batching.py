@@ -38,13 +38,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,9 +55,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from bench.harness import (
+    CpuMeter,
+    OutputReader,
+    create_topics,
+    git_state,
+    percentiles,
+    poisson_schedule,
+    run_env,
+    run_topics,
+)
 from lightbox.demo import WorkerProcess
 from lightbox.devservers.kafka_local import LocalKafka
 from lightbox.samples import make_catalog
@@ -109,116 +115,6 @@ class RunResult:
     timestamp_types: list[int] = field(default_factory=list)
 
 
-# ------------------------------------------------------------------------------------ plumbing
-async def create_topics(bootstrap: str, names: dict[str, str]) -> None:
-    """The run's four topics; the output's timestamps are the brokers' append times."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        append = {"message.timestamp.type": "LogAppendTime"}
-        await admin.create_topics([
-            NewTopic(names[k], PARTITIONS, 1, topic_configs=append if k == "output" else {})
-            for k in ("input", "backfill", "output", "dlq")])
-    finally:
-        await admin.close()
-
-
-class OutputReader:
-    """Reads a run's output and dead-letter topics from the start, in the background."""
-
-    def __init__(self, bootstrap: str, output: str, dlq: str, codecs: EventCodecs) -> None:
-        self.codecs, self.output = codecs, output
-        self.consumer = AIOKafkaConsumer(output, dlq, bootstrap_servers=bootstrap, group_id=None,
-                                         enable_auto_commit=False, auto_offset_reset="earliest",
-                                         max_partition_fetch_bytes=64 << 20, fetch_max_bytes=128 << 20)
-        self.processed: dict[str, dict[str, Any]] = {}  # source event id -> figures
-        self.dead: list[str | None] = []
-        self.changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await self.consumer.start()
-        self._task = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        while True:
-            batch = await self.consumer.getmany(timeout_ms=100, max_records=200)
-            for records in batch.values():
-                for r in records:
-                    if r.topic == self.output:
-                        ev = self.codecs.processed.decode(r.value)
-                        decode = next((s for s in ev["spans"] if s["stage"] == "decode"), None)
-                        self.processed[ev["source_event_id"]] = {
-                            "appended_ms": r.timestamp, "timestamp_type": r.timestamp_type,
-                            "worker_latency_ms": ev["latency_us"] / 1000,
-                            "batch": decode["batch_size"] if decode else 0}
-                    else:
-                        self.dead.append(self.codecs.dead_letter.decode(r.value)["source_event_id"])
-            if batch:
-                self.changed.set()
-
-    async def wait_for(self, ids: set[str], timeout_s: float, alive: Any) -> bool:
-        """Until every id in ``ids`` has an output (or a dead letter), the worker dies, or timeout."""
-        deadline = time.monotonic() + timeout_s
-        while not ids <= (self.processed.keys() | set(self.dead)):
-            if time.monotonic() > deadline or not alive():
-                return False
-            self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), 1.0)
-        return True
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        await self.consumer.stop()
-
-
-def percentiles(values: Sequence[float]) -> dict[str, float]:
-    if not values:
-        return {"p50": float("nan"), "p90": float("nan"), "p99": float("nan"), "max": float("nan"), "n": 0}
-    a = np.asarray(values, dtype=float)
-    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "max": float(a.max()), "n": int(a.size)}
-
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _proc_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and its reaped children (0 if gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return sum(int(f) for f in fields[11:15]) / _TICK  # utime stime cutime cstime
-
-
-def _busy_s() -> float:
-    """CPU seconds all cores spent not idle since boot."""
-    vals = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return (sum(vals[:8]) - vals[3] - vals[4]) / _TICK  # minus idle and iowait; guest is in user
-
-
-class CpuMeter:
-    """CPU used between construction and :meth:`read` by the worker, and by everything else."""
-
-    def __init__(self, worker_pid: int, broker_pid: int) -> None:
-        self.pids = {"worker": worker_pid, "broker": broker_pid, "bench": os.getpid()}
-        self.start = self._sample()
-
-    def _sample(self) -> dict[str, float]:
-        return {"wall": time.monotonic(), "busy": _busy_s(), **{k: _proc_cpu_s(p) for k, p in self.pids.items()}}
-
-    def read(self) -> dict[str, float]:
-        end = self._sample()
-        d = {k: end[k] - self.start[k] for k in end}
-        others = d["busy"] - d["worker"] - d["broker"] - d["bench"]
-        return {"worker_s": d["worker"], "broker_s": d["broker"], "bench_s": d["bench"],
-                "other_cores": max(0.0, others) / max(1e-3, d["wall"])}
-
-
 # ------------------------------------------------------------------------------------ one run
 @dataclass(frozen=True)
 class Bench:
@@ -238,14 +134,10 @@ async def one_run(b: Bench, config: str, schedule: Sequence[tuple[float, int]], 
                   offered: float | None, closed_loop: bool = False) -> RunResult:
     """A fresh worker on fresh topics; ``schedule``: (seconds after start, image index) per event."""
     tag = f"{config}-{'cap' if load is None else int(load * 100)}-{uuid.uuid4().hex[:6]}"
-    topics = {k: f"bench.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
-    await create_topics(b.bootstrap, topics)
-    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": b.bootstrap, "LIGHTBOX_GROUP_ID": f"bench-{tag}",
-           "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
-           "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
-           "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(b.workdir / "data" / tag),
-           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": b.segmenter, "LIGHTBOX_MAX_BATCH": str(MAX_BATCH),
-           "LIGHTBOX_WORKER_ID": f"bench-{tag}", "LIGHTBOX_METRICS_PORT": "0", **CONFIGS[config]}
+    topics = run_topics(tag)
+    await create_topics(b.bootstrap, topics, PARTITIONS)
+    env = run_env(b.bootstrap, topics, tag, b.workdir / "data" / tag, partitions=PARTITIONS,
+                  LIGHTBOX_SEGMENTER=b.segmenter, LIGHTBOX_MAX_BATCH=str(MAX_BATCH), **CONFIGS[config])
     worker = WorkerProcess(env, b.workdir / "logs" / f"{tag}.log").start()
     codecs = EventCodecs.create()
     reader = OutputReader(b.bootstrap, topics["output"], topics["dlq"], codecs)
@@ -348,28 +240,6 @@ def megapixels(files: list[Path]) -> float:
         with Image.open(f) as im:
             sizes.append(im.size[0] * im.size[1] / 1e6)
     return float(np.mean(sizes))
-
-
-def git_state() -> dict[str, Any]:
-    """The commit the workers ran, and whether the worker's code differed from it."""
-    root = Path(__file__).resolve().parents[1]
-
-    def git(*a: str) -> str:
-        return subprocess.run(["git", *a], cwd=root, capture_output=True, text=True, check=False).stdout.strip()
-
-    dirty = git("status", "--porcelain", "--", "agents", "streams", "gpu_kernels", "schemas")
-    return {"commit": git("rev-parse", "HEAD"), "worker_code_dirty": bool(dirty)}
-
-
-def poisson_schedule(rate: float, seconds: float, n_images: int, seed: int) -> list[tuple[float, int]]:
-    """Arrival times (s) of a Poisson process of ``rate``/s over ``seconds``, conditioned on its
-    expected count ``n = round(rate * seconds)`` (so the offered rate is the nominal one even in
-    short windows): given ``n`` arrivals, a Poisson process's times are ``n`` sorted uniform
-    draws. Each arrival gets a random image index."""
-    rng = np.random.default_rng(seed)
-    n = max(1, round(rate * seconds))
-    times = np.sort(rng.uniform(0.0, seconds, size=n))
-    return [(float(t), int(i)) for t, i in zip(times, rng.integers(0, n_images, size=n), strict=True)]
 
 
 # ------------------------------------------------------------------------------------ report

@@ -7,8 +7,8 @@ photo's frame), fill, white border; then the counts per preset. ``--png DIR`` wr
 amazon_main canvas and its mask (for looking at them).
 
 Usage: ``PYTHONPATH=. python bench/bench_compliance.py [--segmenter classical model] [--png DIR]
-[--tree DIR]``; ``--tree`` runs another checkout's code (e.g. the commit before a change:
-``git worktree add --detach /tmp/base COMMIT``) with this script, for before/after counts.
+[--baseline REF]``; ``--baseline`` runs that commit's code (``git archive``:
+``bench.harness.baseline_tree``) with this script instead of this tree's, for before/after counts.
 """
 
 from __future__ import annotations
@@ -117,13 +117,19 @@ def main() -> int:
     ap.add_argument("--png", type=Path, default=None)
     ap.add_argument("--count", type=int, default=24)
     ap.add_argument("--no-cutouts", action="store_true", help="only the sample catalog")
-    ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1],
-                    help="the checkout whose code runs (default: this one)")
+    ap.add_argument("--baseline", default="", metavar="REF",
+                    help="git ref whose code runs instead of this tree's (default: this tree)")
     args = ap.parse_args()
-    sys.path.insert(0, str(args.tree.resolve()))
+    root = Path(__file__).resolve().parents[1]
+    if args.baseline:
+        sys.path.insert(0, str(root))
+        from bench.harness import baseline_tree
+
+        root = baseline_tree(args.baseline) or root
+    sys.path.insert(0, str(root))
     from lightbox.samples import make_catalog
 
-    print(f"code: {args.tree.resolve()}")
+    print(f"code: {root}")
     with tempfile.TemporaryDirectory() as tmp:
         catalog = [(p.name, p.read_bytes()) for p in make_catalog(Path(tmp), args.count)]
     extra = [] if args.no_cutouts else cutouts()

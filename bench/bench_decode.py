@@ -1,8 +1,9 @@
-"""Decode + resize throughput on this CPU: DALI cpu vs Pillow vs simplejpeg + OpenCV.
+"""Decode + resize throughput on this CPU: DALI cpu vs Pillow vs simplejpeg + OpenCV, and what
+DALI buys a CPU worker's decoder.
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. .venv/bin/python bench/bench_decode.py [--n 32] [--threads 2] [--out PATH]
+    PYTHONPATH=. .venv/bin/python bench/bench_decode.py [--n 32] [--threads 2] [--rounds 3] [--out PATH]
 
 Catalog set: skimage photos (coffee, astronaut, chelsea, rocket) upscaled to catalog sizes
 1200x1200 and 1200x900, light noise added so they compress like photos, JPEG q90; each
@@ -12,6 +13,11 @@ Large set: 6000x4000 (24 MP) sources to 800 px: full decode + resize vs reduced-
 Prints img/s and ratios; writes them as JSON to ``--out``. The machine's 1-minute load
 average goes into the JSON: on a shared 2-core box the multi-threaded DALI numbers drop
 first when other jobs run.
+Decoder set (``decoder`` in the JSON): the CPU worker's decoder (libjpeg-turbo + Pillow, no DALI)
+against the same decoder routing through DALI's CPU operators (``DaliDecoder("cpu", dali=True)``),
+at ``max_side=1440`` (the largest preset side: catalog photos decode at full size, where DALI and
+libjpeg-turbo do the same work), on the catalog JPEGs and 8-bit PNGs of 1000x750; ``--rounds``
+rounds alternate the two, the best round of each is reported with the ratio no-DALI / DALI.
 """
 
 from __future__ import annotations
@@ -32,9 +38,10 @@ import simplejpeg
 from PIL import Image
 from skimage import data
 
-from gpu_kernels.codec import DaliDecoder
+from gpu_kernels.codec import DaliDecoder, make_decoder
 
 TARGET = 800
+DECODER_MAX_SIDE = 1440
 
 
 def make_jpegs(sizes: Sequence[tuple[int, int]], n: int, seed: int = 0) -> list[bytes]:
@@ -131,6 +138,38 @@ def timed(fn: Callable[[Sequence[bytes]], list[np.ndarray]], blobs: Sequence[byt
     return len(blobs) / best
 
 
+def pngs(n: int) -> list[bytes]:
+    """``n`` 8-bit PNGs of 1000x750 from the photos."""
+    out = []
+    for blob in make_jpegs([(1000, 750)], n, seed=2):
+        buf = io.BytesIO()
+        Image.fromarray(simplejpeg.decode_jpeg(blob)).save(buf, "PNG", compress_level=6)
+        out.append(buf.getvalue())
+    return out
+
+
+def decoder_rates(catalog: list[bytes], png: list[bytes], rounds: int) -> dict[str, dict[str, float]]:
+    """The CPU worker's decoder with and without DALI's CPU operators: best img/s of ``rounds``."""
+    def rate(decoder: DaliDecoder, blobs: list[bytes]) -> float:
+        start = time.perf_counter()
+        out = decoder.decode_batch(blobs, max_side=DECODER_MAX_SIDE)
+        assert all(isinstance(a, np.ndarray) for a in out), [a for a in out if not isinstance(a, np.ndarray)]
+        return len(blobs) / (time.perf_counter() - start)
+
+    results: dict[str, dict[str, float]] = {}
+    with make_decoder("cpu") as plain, DaliDecoder("cpu", dali=True) as dali:
+        for name, blobs in (("jpeg 1200px q90", catalog), ("png 1000x750", png)):
+            rate(plain, blobs[:2]), rate(dali, blobs[:2])  # warm-up (DALI builds its pipeline)
+            best = {"no-dali": 0.0, "dali": 0.0}
+            for _ in range(rounds):
+                best["no-dali"] = max(best["no-dali"], rate(plain, blobs))
+                best["dali"] = max(best["dali"], rate(dali, blobs))
+            results[name] = {**best, "ratio no-dali/dali": best["no-dali"] / best["dali"]}
+            print(f"  {name:18s} no-DALI {best['no-dali']:6.1f} img/s   DALI cpu {best['dali']:6.1f} img/s   "
+                  f"ratio {best['no-dali'] / best['dali']:.2f}")
+    return results
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--n", type=int, default=32, help="catalog-size JPEGs (default 32)")
@@ -139,6 +178,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32, help="DALI batch size")
     ap.add_argument("--out", type=Path, default=Path("bench/results/bench_decode.json"))
     ap.add_argument("--repeat", type=int, default=1, help="best of N runs (default 1)")
+    ap.add_argument("--rounds", type=int, default=3, help="decoder set: alternating rounds (default 3)")
     args = ap.parse_args()
     global REPEAT
     REPEAT = max(1, args.repeat)
@@ -180,6 +220,9 @@ def main() -> None:
     for k, v in big.items():
         print(f"  {k:24s} {v:7.2f} img/s  {v / big['full_decode_then_cv2']:.2f}x full decode")
 
+    print(f"decoder: the CPU worker's decoder with and without DALI at max_side {DECODER_MAX_SIDE}")
+    decoder = decoder_rates(catalog, pngs(max(2, args.n // 2)), args.rounds)
+
     result = {
         "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform()},
         "threads": args.threads,
@@ -198,6 +241,7 @@ def main() -> None:
             "img_per_s": big,
             "ratio_vs_full_decode": {k: v / big["full_decode_then_cv2"] for k, v in big.items()},
         },
+        "decoder": decoder,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

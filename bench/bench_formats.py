@@ -2,10 +2,10 @@
 
 Usage (from the repository root)::
 
-    PYTHONPATH=. .venv/bin/python bench/bench_formats.py [--tree DIR ...] [--out PATH]
+    PYTHONPATH=. .venv/bin/python bench/bench_formats.py [--baseline REF] [--out PATH]
 
 Writes the mixed-format folder and the probe files (``tests/corpus.py``) once, then for each
-``--tree`` (a checkout of lightbox; default: this one) decodes them with that tree's
+tree (this one, and the commit ``--baseline REF`` names, ``git archive``d) decodes them with that tree's
 ``DaliDecoder("cpu")``, each probe in a fresh subprocess so its CPU time (``resource.getrusage``)
 and peak RSS (``VmHWM`` after a reset through ``/proc/self/clear_refs``; ``ru_maxrss`` starts at
 the parent's peak after exec) are its own:
@@ -87,10 +87,14 @@ def run_tree(tree: Path, files: list[Path], one_process: bool) -> list[dict[str,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tree", action="append", type=Path, help="a lightbox checkout (repeatable)")
+    ap.add_argument("--baseline", default="", metavar="REF",
+                    help="git ref of a tree to run beside this one (default: none; bench.harness)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    trees = args.tree or [Path.cwd()]
+    from bench.harness import ROOT, baseline_tree
+
+    base = baseline_tree(args.baseline)
+    trees = [base, ROOT] if base is not None else [ROOT]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "mixed").mkdir()

@@ -1,7 +1,8 @@
 """u2netp on this CPU, every model runtime side by side: speed at batch 1 and 4, and gate scores.
 
-Runtimes: ONNX Runtime fp32 (the baseline), OpenVINO f32 / bf16, PyTorch fp32 / bf16 (and fp16
-where oneDNN has it), each timed on the same prepared ``(B, 3, 320, 320)`` batch (the model call
+Runtimes: every CPU runtime of the table (``schemas/segment_runtimes.py``) this machine has:
+ONNX Runtime fp32 (the baseline) and INT8, OpenVINO f32 / bf16 / checked bf16, PyTorch fp32 /
+bf16 / fp16 where oneDNN has them; each timed on the same prepared ``(B, 3, 320, 320)`` batch (the model call
 alone: pre/post-processing is the same code for all), in interleaved rounds: each round runs
 every runtime once per batch size, in a rotated order, so a machine shared with other work
 disturbs them alike. Reported: median wall ms per image and median CPU ms per image (this
@@ -35,27 +36,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 BATCHES = (1, 4)
 
 
-def build(names: list[str], model: Path, threads: int, max_batch: int, compile_torch: bool) -> dict[str, Any]:
-    from gpu_kernels.segment import OnnxSegmenter
-    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter, openvino_available, supports_bf16
-    from gpu_kernels.segment.torch_runner import torch_cpu_supports
+def build(model: Path, threads: int, max_batch: int, compile_torch: bool, cache_dir: Path | None) -> dict[str, Any]:
+    """Every CPU runtime of the table (schemas/segment_runtimes.py) this machine has, as the
+    runtime choice builds it; with ``compile_torch`` also torch.compile'd torch fp32 / bf16."""
+    from gpu_kernels.segment import machine
+    from gpu_kernels.segment.fetch_model import model_cache_dir
+    from gpu_kernels.segment.model import U2NETP
+    from gpu_kernels.segment.runtime import BuildContext
+    from gpu_kernels.segment.runtime import build as build_runtime
+    from schemas.segment_runtimes import RUNTIMES
 
-    segs: dict[str, Any] = {}
-    for name in names:
-        if name == "ort-fp32":
-            segs[name] = OnnxSegmenter(model, threads=threads, max_batch=max_batch)
-        elif name.startswith("openvino-") and openvino_available():
-            precision = name.removeprefix("openvino-")
-            if precision != "bf16" or supports_bf16():
-                segs[name] = OpenVinoSegmenter(model, precision=precision,  # type: ignore[arg-type]
-                                               threads=threads, max_batch=max_batch)
-        elif name.startswith("torch-"):
-            precision = name.removeprefix("torch-").removesuffix("+compile")
-            if torch_cpu_supports(precision):
-                from gpu_kernels.segment.torch_runner import TorchSegmenter
+    ctx = BuildContext(model, U2NETP, "cpu", threads, max_batch, False, (cache_dir or model_cache_dir()) / "variants",
+                       {})
+    segs: dict[str, Any] = {row.name: build_runtime(row, ctx) for row in RUNTIMES if machine.available(row, "cpu")}
+    for precision in ("fp32", "bf16") if compile_torch else ():
+        if machine.torch_cpu_supports(precision):
+            from gpu_kernels.segment.torch_runner import TorchSegmenter
 
-                segs[name] = TorchSegmenter(model, precision=precision, threads=threads, max_batch=max_batch,
-                                            compile=name.endswith("+compile") and compile_torch)
+            segs[f"torch-{precision}+compile"] = TorchSegmenter(model, precision=precision, threads=threads,
+                                                               max_batch=max_batch, compile=True)
     return segs
 
 
@@ -92,22 +91,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from gpu_kernels.segment import ensure_u2netp
-    from gpu_kernels.segment.onnx_runner import usable_cores
+    from gpu_kernels.segment.machine import torch_available, usable_cores
     from gpu_kernels.segment.runtime import gate_images, make_model_segmenter, run_gate
-    from gpu_kernels.segment.torch_runner import torch_available
 
     threads = args.threads or usable_cores()
     model = ensure_u2netp().batched
-    names = ["ort-fp32", "openvino-f32", "openvino-bf16", "torch-fp32", "torch-bf16", "torch-fp16"]
-    if args.compile:
-        names += ["torch-fp32+compile", "torch-bf16+compile"]
-    segs = build(names, model, threads, max(BATCHES), args.compile)
+    segs = build(model, threads, max(BATCHES), args.compile, args.cache_dir)
     print(f"runtimes: {', '.join(segs)}; threads {threads}; {args.rounds} interleaved rounds", flush=True)
     times = timed_rounds(segs, args.rounds)
     rows = []
     for b in BATCHES:
-        base_w = float(np.median([w for w, _ in times[("ort-fp32", b)]]))
-        base_c = float(np.median([c for _, c in times[("ort-fp32", b)]]))
+        base_w = float(np.median([w for w, _ in times[("fp32", b)]]))
+        base_c = float(np.median([c for _, c in times[("fp32", b)]]))
         for name in segs:
             w = float(np.median([t[0] for t in times[(name, b)]]))
             c = float(np.median([t[1] for t in times[(name, b)]]))
@@ -115,16 +110,16 @@ def main(argv: list[str] | None = None) -> int:
                          "speed_vs_ort_fp32_wall": round(base_w / w, 2), "speed_vs_ort_fp32_cpu": round(base_c / c, 2)})
     gates: dict[str, Any] = {}
     imgs = gate_images()[: args.gate_n]
-    ref = segs["ort-fp32"]
+    ref = segs["fp32"]
     for name, seg in segs.items():
-        if name != "ort-fp32":
+        if name != "fp32":
             gates[name] = asdict(run_gate(name, seg, ref, imgs))
     for seg in segs.values():
         seg.close()
     t0 = time.perf_counter()
     auto_seg, choice = make_model_segmenter(model, runtime="auto", threads=threads, cache_dir=args.cache_dir)
     auto_seg.close()
-    picked = {"ort-fp32" if choice.runtime == "fp32" else choice.runtime}
+    picked = {choice.runtime}
     goal = {}
     for b in BATCHES:
         row = next((r for r in rows if r["batch"] == b and r["runtime"] in picked), None)

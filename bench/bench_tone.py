@@ -16,12 +16,11 @@ Measures, for pass (a) of the CPU retoucher (``keep`` background, default config
   and Retinex act on both, so this isolates what exposure could not restore), and against the
   original photo itself, beside the input's.
 
-``--before TREE`` runs the same scenes through the code of another checkout (a subprocess with
-``PYTHONPATH=TREE``); ``--png DIR`` writes input / before / after strips of the products and
-photos.
+``--baseline REF`` runs the same scenes through the code of another commit (``git archive``, a
+subprocess with ``PYTHONPATH`` at it; ``bench.harness.baseline_tree``); ``--png DIR`` writes
+input / before / after strips of the products and photos.
 
-Usage: ``git worktree add --detach /tmp/tone_base <commit>;
-PYTHONPATH=. python bench/bench_tone.py --before /tmp/tone_base [--png DIR]``
+Usage: ``PYTHONPATH=. python bench/bench_tone.py [--baseline main] [--png DIR]``
 """
 
 from __future__ import annotations
@@ -114,13 +113,16 @@ def product_measures(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--before", type=Path, help="a checkout of the code to compare with")
+    parser.add_argument("--baseline", default="", metavar="REF",
+                        help="git ref of the code to compare with (default: none; bench.harness)")
     parser.add_argument("--png", type=Path, help="write input | before | after strips here")
     args = parser.parse_args()
     items = tone_scenes()
     runs = {"after": run_here(items)}
-    if args.before:
-        runs = {"before": run_tree(args.before, items), **runs}
+    if args.baseline:
+        from bench.harness import baseline_tree
+
+        runs = {"before": run_tree(baseline_tree(args.baseline) or Path("."), items), **runs}
     names = list(runs)
     print("products on white (subject pixels): dE2000 median/p95, newly clipped share, median colour")
     for key, (image, mask) in items.items():

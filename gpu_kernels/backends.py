@@ -16,16 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from gpu_kernels.array import Array
 from gpu_kernels.presets import Preset
 from schemas.errors import LightboxError
 
+if TYPE_CHECKING:
+    from gpu_kernels.segment.bucketed import Unrefined
+
 __all__ = [
     "Array",
     "Decoder",
     "Encoder",
+    "ModelSegmenter",
     "RetouchOptions",
     "Retoucher",
     "Segmenter",
@@ -69,6 +73,28 @@ class Segmenter(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class ModelSegmenter(Segmenter, Protocol):
+    """A segmenter that runs a model (every runtime's, ``gpu_kernels.segment.bucketed.BucketedSegmenter``):
+    what the pipeline and the runtime gate use beyond :class:`Segmenter`."""
+
+    model_s: float  # wall seconds spent inside the model so far (the model alone)
+    streams: int  # images one call runs side by side (1: one at a time)
+
+    def infer_batch(self, images: Sequence[Array]) -> list[Array | Unrefined | LightboxError]:
+        """:meth:`segment_batch` up to the model's probabilities: the mask refinement of each
+        :class:`Unrefined` is left to run later, on any thread."""
+        ...
+
+    def set_callers(self, n: int, *, lone_latency: bool) -> None:
+        """``n`` threads call the model at once; ``lone_latency``: a lone call still takes every thread."""
+        ...
+
+    def prepare(self) -> None:
+        """Compile what those callers will run on, now (a model that cannot load fails here)."""
+        ...
 
 
 @runtime_checkable

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from gpu_kernels.backends import Decoder, Encoder, Retoucher, Segmenter
+from gpu_kernels.backends import Decoder, Encoder, ModelSegmenter, Retoucher, Segmenter
 from gpu_kernels.stages.base import (
     LANES,
     BatchContext,
@@ -146,7 +146,7 @@ class RetouchPipeline:
     def side_by_side(self) -> int:
         """How many device-lane calls the model runs at once to good effect: OpenVINO on a CPU,
         its streams (2); 1 for every other model or none."""
-        return max(1, int(getattr(self.segmenter, "streams", 1)))
+        return max(1, self.segmenter.streams) if isinstance(self.segmenter, ModelSegmenter) else 1
 
     def device_callers(self, n: int, *, lone_latency: bool = True) -> None:
         """Tell the model that ``n`` threads run the device lane at once (``lightbox process`` and
@@ -155,12 +155,9 @@ class RetouchPipeline:
         (the worker: latency at light load) not when no other call is about, without it (``process``:
         throughput only) always. A model that compiles per use (OpenVINO) compiles what those calls
         run on now: a model that cannot load fails here, at start-up, not on the first image."""
-        callers = getattr(self.segmenter, "callers", None)  # a model with streams (not in the Segmenter protocol)
-        if callers is not None:
-            callers.concurrent, callers.lone_latency = n > 1, lone_latency
-        prepare = getattr(self.segmenter, "prepare", None)  # compile what those calls run on, now
-        if prepare is not None:
-            prepare()
+        if isinstance(self.segmenter, ModelSegmenter):
+            self.segmenter.set_callers(n, lone_latency=lone_latency)
+            self.segmenter.prepare()
 
     @property
     def versions(self) -> dict[str, str]:

@@ -96,6 +96,25 @@ class AuditReport:
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ok": self.ok}
 
+    def lines(self, shown: int = 20) -> list[tuple[str, bool]]:
+        """The report as text: ``(line, is_a_problem)`` per line; lists cut at ``shown`` items."""
+        same = "" if not self.duplicates else " (byte-identical)" if self.duplicates_identical else " (NOT identical)"
+        out = [(f"inputs {self.inputs}  processed {self.processed}  dead letters {self.dead_letters}  "
+                f"missing {len(self.missing)}  duplicates {self.duplicates}{same}", False)]
+        if self.error_codes:
+            out.append(("dead letters by code: " + ", ".join(f"{k} {v}" for k, v in self.error_codes.items()), False))
+        for title, items in (("missing", self.missing), ("differing duplicates", self.conflicts),
+                             ("dead letters whose original differs from the input", self.original_mismatches)):
+            if items:
+                more = f" … ({len(items)} in all)" if len(items) > shown else ""
+                out.append((f"{title}: {', '.join(items[:shown])}{more}", True))
+        if self.bad_digests:
+            out.append((f"{self.bad_digests} processed events whose bytes do not match their sha256", True))
+        if self.outside_range or self.unreadable_outputs:
+            out.append((f"({self.outside_range} outputs of inputs outside the range, "
+                        f"{self.unreadable_outputs} unreadable outputs)", False))
+        return out
+
 
 def _sha(data: bytes | None) -> str:
     return hashlib.sha256(data or b"").hexdigest()

@@ -103,6 +103,31 @@ def write_contact_sheet(
     return out
 
 
+def contact_sheet_of_files(paths: Sequence[Path], out_png: Path, *, segmenter: str = "model",
+                           limit: int = 24, max_side: int = 1024) -> tuple[Path, int, list[tuple[Path, str]]]:
+    """The sheet of the first ``limit`` image files under ``paths`` (files and folders), decoded at
+    ``max_side`` on the CPU and segmented by ``segmenter`` ("model": u2netp, or "classical"):
+    ``(the written path, its rows, [(file, why) for each file that did not decode])``. Raises
+    :class:`ProcessingFailed` when no file decodes."""
+    from gpu_kernels.codec import make_decoder
+    from gpu_kernels.segment import make_segmenter
+    from streams.producer import iter_image_files
+
+    files = list(iter_image_files(paths))[:limit]
+    with make_decoder("cpu") as decoder:
+        decoded = decoder.decode_batch([f.read_bytes() for f in files], max_side=max_side)
+    good = [(f, im) for f, im in zip(files, decoded, strict=True) if not isinstance(im, Exception)]
+    skipped = [(f, str(im)) for f, im in zip(files, decoded, strict=True) if isinstance(im, Exception)]
+    if not good:
+        raise ProcessingFailed("contact sheet: no decodable images", stage="contact_sheet")
+    seg = make_segmenter("model" if segmenter == "model" else "classical", "cpu")
+    try:
+        path = write_contact_sheet([im for _, im in good], out_png, segmenter=seg, labels=[f.name for f, _ in good])
+    finally:
+        seg.close()
+    return path, len(good), skipped
+
+
 def main(argv: list[str] | None = None) -> int:
     from gpu_kernels.segment import make_segmenter
     from gpu_kernels.segment.samples import sample_catalog

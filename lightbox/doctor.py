@@ -182,17 +182,20 @@ def _runtimes() -> Check:
     """Which model runtimes this installation has, and what ``auto`` picked here (from the cached
     gate verdicts; nothing is run)."""
     from gpu_kernels.segment.fetch_model import model_cache_dir
+    from gpu_kernels.segment.machine import INSTALL
     from gpu_kernels.segment.runtime import available_runtimes, cached_auto_choice
+    from schemas.segment_runtimes import family
     from streams.settings import Settings
 
     settings = Settings()
     device = settings.resolved_device()
     names = available_runtimes(device)
     detail = f"{device}: {', '.join(names) or 'none'}"
-    fix = "" if "torch" in names else "pip install 'lightbox[torch]' adds the PyTorch runtimes (~5 GB)"
+    fix = "" if "torch" in names else f"{INSTALL['torch']} adds the PyTorch runtimes (~5 GB)"
     if device == "gpu":
-        return Check("model runtimes", "ok" if names else "missing", detail + "; auto: fp32 (ONNX Runtime) when it "
-                     "has CUDA, else torch", fix if names else "pip install 'lightbox[gpu]' or 'lightbox[torch]'")
+        auto = family("auto", "gpu")
+        return Check("model runtimes", "ok" if names else "missing", f"{detail}; auto: {auto.summary if auto else ''}",
+                     fix if names else "pip install 'lightbox[gpu]' or 'lightbox[torch]'")
     model = model_cache_dir() / "u2netp" / "u2netp.batched.onnx"
     if not model.is_file():
         return Check("model runtimes", "ok", detail + "; auto: not measured yet (no cached model)", fix)
@@ -207,15 +210,15 @@ def _backfill() -> Check:
     settings = Settings()
     device = settings.resolved_device()
     if not settings.backfill.enabled:
-        return Check("backfill lane", "ok", "off (LIGHTBOX_BACKFILL_ENABLED=false)")
+        return Check("backfill tier", "ok", "off (LIGHTBOX_BACKFILL_ENABLED=false)")
     if not settings.resolved_backfill_process(device):
         where = "the device queue puts live first" if device == "gpu" else "threads at a lower CPU priority"
-        return Check("backfill lane", "ok", f"in the worker's process ({device}: {where})")
+        return Check("backfill tier", "ok", f"in the worker's process ({device}: {where})")
     detail = f"a process of its own beside each worker, {settings.describe_backfill_process()}"
     if settings.backfill.sched_idle and not hasattr(os, "SCHED_IDLE"):
-        return Check("backfill lane", "warn", detail + "; no idle scheduling class on this system",
+        return Check("backfill tier", "warn", detail + "; no idle scheduling class on this system",
                      "live work is then kept first by the CPU priority alone")
-    return Check("backfill lane", "ok", detail)
+    return Check("backfill tier", "ok", detail)
 
 
 def _broker(bootstrap: str, timeout_s: float = 2.0) -> Check:

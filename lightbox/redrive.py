@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lightbox.replay import raw_consumer
 from schemas.events import EventCodecs
 from schemas.headers import ATTEMPTS_HEADER
+from streams import clients
 from streams.registry import default_codecs
 
 __all__ = ["ATTEMPTS_HEADER", "REDRIVE_OF_HEADER", "RedriveFilter", "RedriveResult", "dead_letters", "run_redrive"]
@@ -82,13 +82,13 @@ async def dead_letters(bootstrap: str, topic: str, *, since_ms: int | None = Non
     from aiokafka import TopicPartition
 
     from schemas.errors import SchemaInvalid
+    from streams.clients import topic_partitions
 
     codecs = codecs or default_codecs()
-    async with raw_consumer(bootstrap, security) as consumer:
-        cluster = await consumer._client.fetch_all_metadata()
-        parts = cluster.partitions_for_topic(topic)
-        if not parts:
-            return
+    parts = (await topic_partitions(bootstrap, [topic], security)).get(topic)
+    if not parts:
+        return
+    async with clients.consumer(bootstrap, security=security) as consumer:
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         ends = await consumer.end_offsets(tps)
         starts = await consumer.beginning_offsets(tps)
@@ -118,16 +118,12 @@ async def run_redrive(bootstrap: str, dlq_topic: str, input_topic: str, flt: Red
                       dry_run: bool = False, security: Mapping[str, Any] | None = None,
                       on_progress: Callable[[int, int], None] | None = None) -> RedriveResult:
     """Republish the matching dead letters' originals to ``input_topic`` (see the module docstring)."""
-    from aiokafka import AIOKafkaProducer
-
-    from streams.security import client_kwargs, preflight, producer_kwargs
+    from streams.clients import new_producer
 
     result = RedriveResult(dry_run=dry_run)
     producer = None
     if not dry_run:
-        await preflight(bootstrap, kw := client_kwargs(security))
-        producer = AIOKafkaProducer(**kw, bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                    linger_ms=5, max_request_size=48 << 20, **producer_kwargs())
+        producer = await new_producer(bootstrap, security)
         await producer.start()
     futures = []
     try:

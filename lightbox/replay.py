@@ -15,10 +15,11 @@ Sources (each yields items in a fixed order, so a job can stop and continue):
   ``lightbox-replay-of: topic:partition:offset`` header naming the original.
 
 Every published record carries ``lightbox-replay-job`` (the job id: a hash of the source and the
-target topic) and ``lightbox-replay-seq`` (``lane:seq``: the item's place in its source — the
-row or file index in lane 0, or the source partition and offset).
+target topic) and ``lightbox-replay-position`` (``part:seq``: the item's place in its source — the
+row or file index in part 0, or the source partition and offset; records of earlier versions carry
+it as ``lightbox-replay-seq``, which is still read).
 
-Resume, without gaps or repeats. The checkpoint file (JSON, replaced atomically) keeps per lane
+Resume, without gaps or repeats. The checkpoint file (JSON, replaced atomically) keeps per part
 the first ``seq`` not yet acknowledged by the brokers (every item before it is), the plan fixed
 at the first run (rows, files, a prefix's sorted listing — in a file beside the checkpoint — or the
 concrete offset ranges a time range resolved to), and per target partition the offset from which
@@ -47,14 +48,18 @@ from typing import Any, Protocol
 
 from lightbox.ratelimit import TokenBucket
 from schemas.events import EventCodecs
+from streams import clients
 from streams.registry import default_codecs
+from streams.settings import DEFAULT_PRESETS
 
-__all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint", "Defaults", "FolderSource",
-           "ManifestSource", "PrefixSource", "ReplayError", "ReplayItem", "ReplayProgress", "ReplayResult",
-           "ReplaySource", "TopicSource", "default_checkpoint", "job_id", "raw_consumer", "run_replay"]
+__all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_POSITION_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint",
+           "Defaults", "FolderSource", "ManifestSource", "PrefixSource", "ReplayError", "ReplayItem", "ReplayProgress",
+           "ReplayResult", "ReplaySource", "TopicSource", "default_checkpoint", "job_id", "replay_position",
+           "run_replay"]
 
 REPLAY_JOB_HEADER = "lightbox-replay-job"
-REPLAY_SEQ_HEADER = "lightbox-replay-seq"
+REPLAY_POSITION_HEADER = "lightbox-replay-position"
+REPLAY_SEQ_HEADER = "lightbox-replay-seq"  # the position header of earlier versions: read, no longer written
 REPLAY_OF_HEADER = "lightbox-replay-of"
 CHECKPOINT_VERSION = 1
 _NS = uuid.UUID("1b0f1c7e-5d0a-4f43-8d5e-3c9a4b2e7f61")
@@ -68,7 +73,7 @@ class ReplayError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class ReplayItem:
-    lane: int
+    part: int
     seq: int
     key: bytes | None
     value: bytes
@@ -79,7 +84,7 @@ class ReplayItem:
 class Defaults:
     """Presets and options for items that do not name their own."""
 
-    presets: tuple[str, ...] = ("taobao_main", "jd_main", "amazon_main")
+    presets: tuple[str, ...] = DEFAULT_PRESETS
     merchant_id: str = "catalog"
     background: str = "WHITE"
     lighting: str = "AUTO"
@@ -102,7 +107,7 @@ class ReplaySource(Protocol):
         ...
 
     def items(self, job: str, plan: Plan, cursor: Mapping[int, int]) -> AsyncIterator[ReplayItem]:
-        """The items from ``cursor`` on (per lane, the first seq to publish), in order."""
+        """The items from ``cursor`` on (per part, the first seq to publish), in order."""
         ...
 
 
@@ -111,9 +116,9 @@ def job_id(spec: Mapping[str, Any], topic: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def _event_id(job: str, lane: int, seq: int) -> str:
+def _event_id(job: str, part: int, seq: int) -> str:
     """Deterministic: the same job publishes the same event ids on any run."""
-    return str(uuid.uuid5(_NS, f"{job}|{lane}|{seq}"))
+    return str(uuid.uuid5(_NS, f"{job}|{part}|{seq}"))
 
 
 def _now_ms() -> int:
@@ -401,14 +406,14 @@ class TopicSource:
     async def plan(self, state: Path | None = None) -> Plan:
         from aiokafka import TopicPartition
 
-        async with raw_consumer(self.bootstrap, self.security) as consumer:
-            known = await _partitions(consumer, self.topic)
-            if not known:
-                raise ReplayError(f"topic {self.topic!r} does not exist on {self.bootstrap}")
-            wanted = self.partitions or sorted(known)
-            unknown = [p for p in wanted if p not in known]
-            if unknown:
-                raise ReplayError(f"topic {self.topic!r} has no partition(s) {unknown} (it has {sorted(known)})")
+        known = await _partitions(self.bootstrap, self.security, self.topic)
+        if not known:
+            raise ReplayError(f"topic {self.topic!r} does not exist on {self.bootstrap}")
+        wanted = self.partitions or sorted(known)
+        unknown = [p for p in wanted if p not in known]
+        if unknown:
+            raise ReplayError(f"topic {self.topic!r} has no partition(s) {unknown} (it has {sorted(known)})")
+        async with clients.consumer(self.bootstrap, security=self.security) as consumer:
             tps = [TopicPartition(self.topic, p) for p in wanted]
             first = await consumer.beginning_offsets(tps)
             last = await consumer.end_offsets(tps)
@@ -433,7 +438,7 @@ class TopicSource:
         todo = {p: r for p, r in todo.items() if r[0] < r[1]}
         if not todo:
             return
-        async with raw_consumer(self.bootstrap, self.security) as consumer:
+        async with clients.consumer(self.bootstrap, security=self.security) as consumer:
             tps = {p: TopicPartition(self.topic, p) for p in todo}
             consumer.assign(list(tps.values()))
             for p, (s, _) in todo.items():
@@ -446,7 +451,8 @@ class TopicSource:
                         if span is None or r.offset >= span[1]:
                             continue
                         kept = [(k, bytes(v or b"")) for k, v in (r.headers or ())
-                                if k not in (REPLAY_JOB_HEADER, REPLAY_SEQ_HEADER, REPLAY_OF_HEADER, "traceparent",
+                                if k not in (REPLAY_JOB_HEADER, REPLAY_POSITION_HEADER, REPLAY_SEQ_HEADER,
+                                             REPLAY_OF_HEADER, "traceparent",
                                              "tracestate")]
                         of = f"{tp.topic}:{tp.partition}:{r.offset}".encode()
                         yield ReplayItem(tp.partition, r.offset, r.key, r.value or b"",
@@ -456,36 +462,19 @@ class TopicSource:
                         del todo[p]
 
 
-@contextlib.asynccontextmanager
-async def raw_consumer(bootstrap: str, security: Mapping[str, Any] | None) -> AsyncIterator[Any]:
-    """A started consumer with no group (assign and seek it yourself); nothing is committed."""
-    from aiokafka import AIOKafkaConsumer
+async def _partitions(bootstrap: str, security: Mapping[str, Any] | None, topic: str) -> set[int] | None:
+    """The topic's partitions, from a fresh metadata request (None: no such topic)."""
+    from streams.clients import topic_partitions
 
-    from streams.security import client_kwargs, preflight
-
-    await preflight(bootstrap, kw := client_kwargs(security))
-    consumer = AIOKafkaConsumer(**kw, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", max_partition_fetch_bytes=64 << 20,
-                                fetch_max_bytes=128 << 20)
-    await consumer.start()
-    try:
-        yield consumer
-    finally:
-        await consumer.stop()
-
-
-async def _partitions(consumer: Any, topic: str) -> set[int] | None:
-    """The topic's partitions, from a fresh metadata request (an unassigned consumer has none cached)."""
-    cluster = await consumer._client.fetch_all_metadata()
-    found: set[int] | None = cluster.partitions_for_topic(topic)
-    return found
+    found = (await topic_partitions(bootstrap, [topic], security)).get(topic)
+    return set(found) if found else None
 
 
 # ------------------------------------------------------------------------------------ progress
 class ReplayProgress:
-    """Per lane, which items the brokers acknowledged; pure.
+    """Per part, which items the brokers acknowledged; pure.
 
-    ``cursor[lane]``: every item of the lane before it is acknowledged (or was found published).
+    ``cursor[part]``: every item of the part before it is acknowledged (or was found published).
     ``scan_from[partition]``: on the target topic, no record of this job past the cursor sits
     below it (a partition's records keep their send order: idempotent producer)."""
 
@@ -493,33 +482,33 @@ class ReplayProgress:
         self.cursor: dict[int, int] = dict(cursor or {})
         self.scan_from: dict[int, int] = dict(scan_from or {})
         self.done = 0
-        self._lanes: dict[int, OrderedDict[int, bool]] = {}
+        self._parts: dict[int, OrderedDict[int, bool]] = {}
         self._uncovered: dict[tuple[int, int], tuple[int, int]] = {}  # acked past the cursor: where
         self._covered_end: dict[int, int] = {}
 
     @property
     def pending(self) -> int:
-        return sum(sum(1 for d in q.values() if not d) for q in self._lanes.values())
+        return sum(sum(1 for d in q.values() if not d) for q in self._parts.values())
 
-    def sent(self, lane: int, seq: int) -> None:
-        self._lanes.setdefault(lane, OrderedDict())[seq] = False
+    def sent(self, part: int, seq: int) -> None:
+        self._parts.setdefault(part, OrderedDict())[seq] = False
 
-    def acked(self, lane: int, seq: int, where: tuple[int, int] | None = None) -> None:
+    def acked(self, part: int, seq: int, where: tuple[int, int] | None = None) -> None:
         """``where``: (partition, offset) the record got; ``None`` for an item found already published."""
-        queue = self._lanes[lane]
+        queue = self._parts[part]
         if queue.get(seq, True):
-            raise ValueError(f"ReplayProgress.acked: lane {lane} seq {seq} was not sent or is acknowledged already")
+            raise ValueError(f"ReplayProgress.acked: part {part} seq {seq} was not sent or is acknowledged already")
         queue[seq] = True
         self.done += 1
         if where is not None:
-            self._uncovered[(lane, seq)] = where
+            self._uncovered[(part, seq)] = where
         while queue:
             head, ok = next(iter(queue.items()))
             if not ok:
                 break
             queue.popitem(last=False)
-            self.cursor[lane] = head + 1
-            at = self._uncovered.pop((lane, head), None)
+            self.cursor[part] = head + 1
+            at = self._uncovered.pop((part, head), None)
             if at is not None:
                 self._covered_end[at[0]] = max(self._covered_end.get(at[0], -1), at[1] + 1)
 
@@ -586,17 +575,27 @@ class ReplayResult:
     note: str | None = None  # what the source left out (e.g. non-image objects under a prefix)
 
 
+def replay_position(headers: Mapping[str, bytes]) -> tuple[int, int] | None:
+    """``(part, seq)`` of a replayed record from its headers (the current header, else the one of
+    earlier versions), or None when it has neither or it does not parse."""
+    raw = headers.get(REPLAY_POSITION_HEADER) or headers.get(REPLAY_SEQ_HEADER)
+    part, sep, seq = (raw or b"").decode(errors="replace").partition(":")
+    if not sep or not part.isdigit() or not seq.isdigit():
+        return None
+    return int(part), int(seq)
+
+
 async def _already_published(bootstrap: str, security: Mapping[str, Any] | None, topic: str, job: str,
                              scan_from: Mapping[int, int]) -> tuple[set[tuple[int, int]], dict[int, int]]:
-    """(lane, seq) of this job's records on ``topic`` from ``scan_from`` to the end, and the end
+    """(part, seq) of this job's records on ``topic`` from ``scan_from`` to the end, and the end
     offset of every partition of ``topic`` now."""
     from aiokafka import TopicPartition
 
     found: set[tuple[int, int]] = set()
-    async with raw_consumer(bootstrap, security) as consumer:
-        known = await _partitions(consumer, topic)
-        if not known:
-            raise ReplayError(f"target topic {topic!r} does not exist on {bootstrap} (`lightbox worker` creates it)")
+    known = await _partitions(bootstrap, security, topic)
+    if not known:
+        raise ReplayError(f"target topic {topic!r} does not exist on {bootstrap} (`lightbox worker` creates it)")
+    async with clients.consumer(bootstrap, security=security) as consumer:
         tps = {p: TopicPartition(topic, p) for p in sorted(known)}
         end_offsets = await consumer.end_offsets(list(tps.values()))
         ends = {p: end_offsets[tp] for p, tp in tps.items()}
@@ -610,9 +609,8 @@ async def _already_published(bootstrap: str, security: Mapping[str, Any] | None,
             for records in batch.values():
                 for r in records:
                     headers = dict(r.headers or ())
-                    if headers.get(REPLAY_JOB_HEADER) == job.encode():
-                        lane, _, seq = headers.get(REPLAY_SEQ_HEADER, b"").decode().partition(":")
-                        found.add((int(lane), int(seq)))
+                    if headers.get(REPLAY_JOB_HEADER) == job.encode() and (at := replay_position(headers)):
+                        found.add(at)
             for p in list(todo):
                 if await consumer.position(tps[p]) >= ends[p]:
                     todo.discard(p)
@@ -643,9 +641,7 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
         return ReplayResult(job, total, ckpt.published, 0, 0, ckpt.complete, path, dry_run=dry_run,
                             note=ckpt.plan.get("note"))
 
-    from aiokafka import AIOKafkaProducer
-
-    from streams.security import client_kwargs, preflight, producer_kwargs
+    from streams.clients import new_producer
 
     skip, ends = await _already_published(bootstrap, security, topic, job, ckpt.scan_from)
     # what this run publishes lands past today's end: scan from there after an interruption
@@ -666,20 +662,18 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
         if on_progress is not None:
             on_progress(base + progress.done, total)
 
-    def on_sent(lane: int, seq: int, fut: asyncio.Future[Any]) -> None:
+    def on_sent(part: int, seq: int, fut: asyncio.Future[Any]) -> None:
         slots.release()
         sends.discard(fut)
         if fut.cancelled() or fut.exception() is not None:
             failure.append(fut.exception() or asyncio.CancelledError())
             return
         meta = fut.result()
-        progress.acked(lane, seq, (meta.partition, meta.offset))
+        progress.acked(part, seq, (meta.partition, meta.offset))
         report()
 
     save()  # the plan (a time range's offsets) is fixed from now on
-    await preflight(bootstrap, kw := client_kwargs(security))
-    producer = AIOKafkaProducer(**kw, bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                linger_ms=5, max_request_size=48 << 20, **producer_kwargs())
+    producer = await new_producer(bootstrap, security)
     await producer.start()
     skipped, exhausted = 0, True
     try:
@@ -689,9 +683,9 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
             if stop is not None and stop.is_set():
                 exhausted = False
                 break
-            progress.sent(item.lane, item.seq)
-            if (item.lane, item.seq) in skip:
-                progress.acked(item.lane, item.seq)
+            progress.sent(item.part, item.seq)
+            if (item.part, item.seq) in skip:
+                progress.acked(item.part, item.seq)
                 skipped += 1
                 report()
                 continue
@@ -701,10 +695,10 @@ async def run_replay(source: ReplaySource, *, bootstrap: str, topic: str, rate: 
                     await sleep(wait)
             await slots.acquire()
             headers = [*item.headers, (REPLAY_JOB_HEADER, job.encode()),
-                       (REPLAY_SEQ_HEADER, f"{item.lane}:{item.seq}".encode())]
+                       (REPLAY_POSITION_HEADER, f"{item.part}:{item.seq}".encode())]
             fut = await producer.send(topic, item.value, key=item.key, headers=headers)
             sends.add(fut)
-            fut.add_done_callback(lambda f, lane=item.lane, seq=item.seq: on_sent(lane, seq, f))
+            fut.add_done_callback(lambda f, part=item.part, seq=item.seq: on_sent(part, seq, f))
             if clock() - last_save >= checkpoint_every_s:
                 save()
                 last_save = clock()

@@ -78,11 +78,12 @@ def live_lag(app: faust.App, topic: str, handed: dict[Any, int]) -> int:
 
 async def _admin(kafka: KafkaSettings, timeout_s: float) -> Any:
     """A started admin client; retries the connection for ``timeout_s`` (the broker may be starting)."""
-    from aiokafka.admin import AIOKafkaAdminClient
     from aiokafka.errors import KafkaConnectionError
 
+    from streams.clients import new_admin
+
     security = aiokafka_kwargs(kafka)
-    admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap, **security)
+    admin = new_admin(kafka.bootstrap, security)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while True:

@@ -7,15 +7,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import TopicPartition
 
 from schemas.codec import record_name, split_frame
 from schemas.errors import SchemaInvalid
 from schemas.events import EventCodecs
+from streams import clients
 from streams.registry import default_codecs
-from streams.security import client_kwargs, preflight
 
 __all__ = ["RawRecord", "read_events", "read_records"]
 
@@ -42,11 +40,9 @@ async def read_events(bootstrap: str, topics: Sequence[str], *, from_beginning: 
     codecs = codecs or default_codecs()
     # No group: the consumer reads every partition of the topics (and picks up topics that
     # appear later), from the start or the end, and commits nothing.
-    await preflight(bootstrap, kw := client_kwargs(security))
-    consumer = AIOKafkaConsumer(*topics, **kw, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest" if from_beginning else "latest",
-                                max_partition_fetch_bytes=64 << 20, fetch_max_bytes=128 << 20,
-                                metadata_max_age_ms=2000)
+    consumer = await clients.new_consumer(bootstrap, *topics, security=security,
+                                          auto_offset_reset="earliest" if from_beginning else "latest",
+                                          metadata_max_age_ms=2000)
     await consumer.start()
     try:
         seen, last = 0, time.monotonic()
@@ -89,19 +85,11 @@ async def read_records(bootstrap: str, topics: Sequence[str], *, from_offset: in
     Offsets ``[from_offset, to_offset)`` apply to each partition; ``[since_ms, until_ms)`` to
     record timestamps (the read starts at the first offset at or after ``since_ms``). ``security``
     as for :func:`read_events`."""
-    await preflight(bootstrap, kw := client_kwargs(security))
-    admin = AIOKafkaAdminClient(**kw, bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        described = await admin.describe_topics(list(topics))
-    finally:
-        await admin.close()
-    tps = [TopicPartition(t["topic"], p["partition"]) for t in described if t["error_code"] == 0
-           for p in sorted(t["partitions"], key=lambda p: int(p["partition"]))]
+    found = await clients.topic_partitions(bootstrap, topics, security)
+    tps = [TopicPartition(t, p) for t in topics for p in found.get(t, [])]
     if not tps:
         return []
-    consumer = AIOKafkaConsumer(**kw, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                max_partition_fetch_bytes=64 << 20, fetch_max_bytes=128 << 20)
+    consumer = await clients.new_consumer(bootstrap, security=security)
     await consumer.start()
     try:
         consumer.assign(tps)

@@ -22,10 +22,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from schemas.events import EventCodecs
-from streams.security import client_kwargs, preflight, producer_kwargs
+from streams.security import client_kwargs
 
 __all__ = ["IMAGE_SUFFIXES", "ImageProducer", "ManifestError", "ManifestRow", "iter_image_files", "new_traceparent",
-           "read_manifest", "sku_from_uri"]
+           "read_manifest", "rows_to_publish", "sku_from_uri"]
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp"}
 
@@ -128,6 +128,18 @@ def new_traceparent() -> str:
     return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
 
 
+def rows_to_publish(paths: Sequence[str], manifests: Sequence[Path] = ()) -> list[tuple[ManifestRow, Path]]:
+    """What ``lightbox produce`` publishes: one row per image file under the local ``paths`` (SKU =
+    the file name without suffix), per URI among them, and per row of each manifest; each with
+    the folder its relative paths start from. Raises ``FileNotFoundError`` or :class:`ManifestError`."""
+    local = [p for p in paths if "://" not in p]
+    rows = [(ManifestRow(sku=f.stem, source=str(f.resolve())), f.parent) for f in iter_image_files(local)]
+    rows += [(ManifestRow(sku=sku_from_uri(u), source=u), Path.cwd()) for u in paths if "://" in u]
+    for m in manifests:
+        rows += [(row, m.parent) for row in read_manifest(m)]
+    return rows
+
+
 class ImageProducer:
     def __init__(self, bootstrap: str, topic: str = "lightbox.images.v1", *,
                  codecs: EventCodecs | None = None, max_request_size: int = 48 << 20,
@@ -136,21 +148,16 @@ class ImageProducer:
         ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
         self.topic = topic
         self._bootstrap, self._security = bootstrap, client_kwargs(security)
+        self._max_request_size = max_request_size
         from streams.registry import default_codecs
 
         self.codecs = codecs or default_codecs(product_topic=topic)
-        from aiokafka import AIOKafkaProducer  # here: the file helpers above serve `process` without Kafka
-
-        self._producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                                          linger_ms=5, max_request_size=max_request_size, **self._security,
-                                          **producer_kwargs())
+        self._producer: Any = None
 
     async def __aenter__(self) -> ImageProducer:
-        try:
-            await preflight(self._bootstrap, self._security)
-        except BaseException:
-            await self._producer.stop()  # never started; closes it quietly
-            raise
+        from streams.clients import new_producer  # here: the file helpers above serve `process` without Kafka
+
+        self._producer = await new_producer(self._bootstrap, self._security, max_request_size=self._max_request_size)
         await self._producer.start()
         return self
 

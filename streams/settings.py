@@ -24,10 +24,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["FLAT", "PIPELINE_VERSION", "BackfillSettings", "BatchingSettings", "FetchSettings", "KafkaSettings",
-           "LimitSettings", "ObserveSettings", "RunnerSettings", "SchemaRegistrySettings", "SegmentSettings",
-           "Settings", "StoreSettings", "TopicSettings", "TritonSettings", "WorkerSettings"]
+from schemas import segment_runtimes
 
+__all__ = ["DEFAULT_PRESETS", "FLAT", "PIPELINE_VERSION", "BackfillSettings", "BatchingSettings", "FetchSettings",
+           "KafkaSettings", "LimitSettings", "ObserveSettings", "RunnerSettings", "SchemaRegistrySettings",
+           "SegmentSettings", "Settings", "StoreSettings", "TopicSettings", "TritonSettings", "WorkerSettings"]
+
+DEFAULT_PRESETS: tuple[str, ...] = ("taobao_main", "jd_main", "amazon_main")  # an event's presets when none are named
 PIPELINE_VERSION = "0.2.0"  # bump whenever output bytes change: replays then get new event ids
 
 
@@ -171,15 +174,19 @@ class SegmentSettings(_Section):
                                                   "(gpu_kernels.segment.model.KNOWN_SPECS)")
     model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
                                                              "overrides: input_size, mean, std, ...)")
-    runtime: Literal["auto", "fp32", "int8", "openvino", "openvino-bf16", "openvino-checked", "openvino-f32", "fp16",
-                     "torch", "torch-fp32", "torch-bf16", "torch-fp16"] = Field(
-        "auto", description="segment model runtime. CPU: auto picks the fastest of OpenVINO, INT8 and PyTorch "
-                            "(when installed) that passes the fidelity gate against fp32 masks and is faster, else "
-                            "fp32 (ONNX Runtime); openvino-bf16/-checked/-f32, int8 and torch-* by name are not gated; "
-                            "torch takes bf16/fp16 only through the gate; GPU: auto is fp32 (ONNX Runtime with "
-                            "CUDA, else torch), fp16 is a gated half-precision model")
+    runtime: str = Field("auto", description="segment model runtime (schemas/segment_runtimes.py): "
+                                             + segment_runtimes.summary()
+                                             + ". A runtime by name is not gated; auto, openvino, torch and fp16 "
+                                               "choose through the fidelity gate against fp32 masks")
     threads: int | None = Field(None, ge=1, description="model threads on CPU (default: the usable cores)")
     cuda_graphs: bool = Field(False, description="GPU: capture one CUDA graph per batch bucket (ONNX Runtime)")
+
+    @field_validator("runtime")
+    @classmethod
+    def _known_runtime(cls, name: str) -> str:
+        if name not in segment_runtimes.NAMES:
+            raise ValueError(f"unknown segment runtime {name!r}; one of: {', '.join(segment_runtimes.NAMES)}")
+        return name
 
 
 class TritonSettings(_Section):

@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError, KafkaTimeoutError
 
 from streams.app import max_message_bytes
+from streams.clients import new_producer
 from streams.records import Outgoing
 from streams.security import aiokafka_kwargs, preflight, producer_kwargs
 from streams.settings import KafkaSettings, TopicSettings
@@ -38,9 +39,8 @@ class KafkaSink:
         by_topic = await max_message_bytes(self.kafka, list(self.topics.values()))
         request_max = max(by_topic.values())
         self.limits = {kind: by_topic[topic] for kind, topic in self.topics.items()}
-        self._producer = AIOKafkaProducer(**security, **producer_kwargs(self.kafka),
-            bootstrap_servers=self.kafka.bootstrap, acks="all", enable_idempotence=True,
-            linger_ms=5, max_request_size=request_max,
+        self._producer = await new_producer(
+            self.kafka.bootstrap, security, max_request_size=request_max, **producer_kwargs(self.kafka),
             max_batch_size=min(16384, *by_topic.values()),  # batched small records stay under every limit
             request_timeout_ms=int(min(self.delivery_timeout_s, 30.0) * 1000),
             client_id=self.client_id)

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_kernels.codec.dali_decode import DaliDecoder, ReduceMode, orient, reduced_size
+from gpu_kernels.codec.dali_decode import DaliDecoder, ReduceMode, reduced_size
 from gpu_kernels.codec.encode import CpuEncoder, EncodeSettings, NvJpegEncoder, flatten_alpha
+from gpu_kernels.codec.orient import orient
 from gpu_kernels.codec.sniff import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_FRAMES,

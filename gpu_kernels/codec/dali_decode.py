@@ -83,6 +83,7 @@ import numpy as np
 
 from gpu_kernels.array import Array
 from gpu_kernels.codec.opencv_decode import OPENCV_FORMATS, decode_opencv
+from gpu_kernels.codec.orient import orient
 from gpu_kernels.codec.pillow_decode import decode_first_frame, icc_profile, is_srgb, refusal, safe_reason
 from gpu_kernels.codec.sniff import (
     DEFAULT_MAX_BYTES,
@@ -96,7 +97,7 @@ from gpu_kernels.codec.sniff import (
 )
 from schemas.errors import DecodeFailed, LightboxError
 
-__all__ = ["DaliDecoder", "ReduceMode", "orient", "reduced_size"]
+__all__ = ["DaliDecoder", "ReduceMode", "reduced_size"]
 
 STAGE = "decode"
 ReduceMode = Literal["auto", "dct", "resize", "off"]
@@ -128,27 +129,6 @@ def reduced_size(info: ImageInfo, max_side: int | None) -> tuple[int, int] | Non
         max_side if h == longer else max(1, round(h * scale)),
         max_side if w == longer else max(1, round(w * scale)),
     )
-
-
-_ORIENT_OPS: dict[int, Callable[[np.ndarray], np.ndarray]] = {
-    1: lambda a: a,
-    2: lambda a: a[:, ::-1],
-    3: lambda a: a[::-1, ::-1],
-    4: lambda a: a[::-1],
-    5: lambda a: a.transpose(1, 0, 2),
-    6: lambda a: np.rot90(a, -1),
-    7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),
-    8: lambda a: np.rot90(a, 1),
-}
-
-
-def orient(image: np.ndarray, orientation: int) -> np.ndarray:
-    """Apply EXIF ``orientation`` (1..8) to an ``(H, W, C)`` image; returns a contiguous array.
-
-    Same convention as Pillow's ``ImageOps.exif_transpose``: 6 = rotate 90° clockwise,
-    8 = 90° counter-clockwise, 3 = 180°, 2/4 = mirror, 5/7 = transpose/transverse.
-    """
-    return np.ascontiguousarray(_ORIENT_OPS.get(orientation, _ORIENT_OPS[1])(image))
 
 
 class DaliDecoder:

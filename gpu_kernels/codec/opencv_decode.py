@@ -17,6 +17,7 @@ import os
 
 import numpy as np
 
+from gpu_kernels.codec.orient import orient
 from gpu_kernels.codec.pillow_decode import refusal, safe_reason
 from gpu_kernels.codec.sniff import ImageInfo, fingerprint
 from schemas.errors import DecodeFailed
@@ -38,8 +39,6 @@ def decode_opencv(blob: bytes, info: ImageInfo, max_pixels: int) -> np.ndarray:
     """Decode ``blob`` (a format in :data:`OPENCV_FORMATS`) to ``(H, W, 3|4)`` uint8."""
     os.environ.setdefault("OPENCV_IO_MAX_IMAGE_PIXELS", str(max_pixels))  # before OpenCV's first decode
     import cv2  # lazily: the package imports NumPy only
-
-    from gpu_kernels.codec.dali_decode import orient
 
     if info.format not in OPENCV_FORMATS:
         raise _failed(info, blob, f"OpenCV does not read {info.format}")

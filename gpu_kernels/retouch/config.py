@@ -49,9 +49,3 @@ class RetouchConfig:
             raise ValueError(f"sample_side must be >= 8; got {self.sample_side}")
         if self.sample not in ("area", "strided"):
             raise ValueError(f"sample must be 'area' or 'strided'; got {self.sample!r}")
-
-    @classmethod
-    def legacy(cls) -> RetouchConfig:
-        """The previous round's path (strided 256-pixel sample, per-pixel arithmetic, the whole
-        image coloured): for side-by-side benchmarks only."""
-        return cls(sample_side=256, sample="strided", tables=False, crop_to_presets=False)

@@ -9,8 +9,8 @@ Two implementations of :class:`gpu_kernels.backends.Segmenter`, each on CPU (Num
 - :class:`ClassicalSegmenter`: border-colour model + morphology, for near-uniform backgrounds;
   the fallback when no model is configured.
 
-Pick one with :func:`make_segmenter`, once, at worker start-up. The model's runtime (ONNX
-Runtime fp32, OpenVINO, INT8, FP16) is chosen behind a fidelity gate (``segment.runtime``).
+Pick one with :func:`make_segmenter`, once, at worker start-up. The model's runtime (one of the
+table :mod:`schemas.segment_runtimes`) is chosen behind a fidelity gate (``segment.runtime``).
 """
 
 from __future__ import annotations
@@ -69,8 +69,8 @@ def make_segmenter(
     ``kind="model"``: ``model_path`` (with ``spec``, default U2NETP), or, when None, the
     cached u2netp with a symbolic batch (fetched on first use; may raise FetchFailed).
     ``kind="classical"``: the border-colour segmenter; ``model_path``/``spec`` must be None.
-    ``runtime``: the model's runtime ("fp32", "auto", "openvino", "int8", "fp16"; see
-    ``gpu_kernels.segment.runtime``); anything but fp32 goes through :func:`make_model_segmenter`.
+    ``runtime``: the model's runtime (a name of :mod:`schemas.segment_runtimes`); anything but
+    fp32 goes through :func:`make_model_segmenter`.
     ``options`` go to the constructor (``max_batch``, ``threads``, ``post``, ``config``, ...).
     """
     if kind == "classical":

@@ -230,6 +230,14 @@ class BucketedSegmenter:
         # the faint ring bilinear enlargement spreads past the edge is background
         return ops.zero_below(ops.resize_u8(alpha, h, w), ENLARGE_FLOOR)
 
+    def set_callers(self, n: int, *, lone_latency: bool) -> None:
+        """``n`` threads run the model at once (a runtime with :class:`Callers` uses it)."""
+        if self.callers is not None:
+            self.callers.concurrent, self.callers.lone_latency = n > 1, lone_latency
+
+    def prepare(self) -> None:
+        """Compile what the callers will run on, now (a runtime that compiles per use overrides it)."""
+
     def close(self) -> None:
         """Release the runtime; the segmenter cannot be used afterwards."""
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +29,7 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets, plan_chunks
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
+from gpu_kernels.segment.machine import usable_cores
 from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops
 from gpu_kernels.segment.postprocess import MaskPostprocess
@@ -39,8 +39,7 @@ from schemas.errors import ProcessingFailed
 if TYPE_CHECKING:
     import onnxruntime as ort
 
-__all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "cpu_flags_line", "cpu_session_options",
-           "plan_chunks", "usable_cores"]
+__all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "cpu_session_options", "plan_chunks"]
 
 STAGE = "segment"
 DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 16}  # on CPU batching does not pay (u2netp on 2 cores: time grows with the batch)
@@ -79,23 +78,6 @@ def ort_errors() -> tuple[type[BaseException], ...]:
 def graph_errors() -> tuple[type[BaseException], ...]:
     """What building a bucket's CUDA graph may raise (it then runs the plain way)."""
     return (ProcessingFailed, *ort_errors())
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-@functools.cache
-def cpu_flags_line() -> str:
-    """The ``flags`` line of ``/proc/cpuinfo`` (the CPU's instruction sets), "" where there is none;
-    read once per process."""
-    with contextlib.suppress(OSError):
-        return next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
-    return ""
 
 
 def cpu_session_options(threads: int | None = None) -> ort.SessionOptions:

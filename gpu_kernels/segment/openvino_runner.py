@@ -50,14 +50,16 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, Callers, batch_buckets
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
+from gpu_kernels.segment.machine import openvino_available, usable_cores
 from gpu_kernels.segment.model import U2NETP, ModelSpec, output_to_probability
-from gpu_kernels.segment.onnx_runner import cpu_flags_line, usable_cores
 from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.postprocess import MaskPostprocess
 from gpu_kernels.segment.variants import batch_copy
 from schemas.errors import ProcessingFailed
 
-__all__ = ["RECHECK_UNSURE", "OpenVinoSegmenter", "openvino_available", "supports_bf16", "unsure_share"]
+# openvino_available: kept importable from here for bench/bench_startup.py (the probe is in machine.py)
+__all__ = ["RECHECK_UNSURE", "OpenVinoSegmenter", "openvino_available", "openvino_module", "shared_core",
+           "unsure_share"]
 
 STAGE = "segment"
 Precision = Literal["f32", "bf16", "f16"]
@@ -75,15 +77,7 @@ def unsure_share(prob: np.ndarray) -> np.ndarray:
     return np.asarray(unsure / np.maximum(subject, 0.01 * n), dtype=np.float64)
 
 
-def openvino_available() -> bool:
-    try:
-        _openvino()
-    except ImportError:
-        return False
-    return True
-
-
-def _openvino() -> Any:
+def openvino_module() -> Any:
     """The ``openvino`` package without its model converter: ``import openvino`` also imports
     ``openvino.tools.ovc`` (``convert_model``, ~50 ms of argparse and friends at every start),
     which lightbox never calls: it reads ONNX files directly. The package's ``__init__`` skips the
@@ -112,22 +106,7 @@ def shared_core() -> Any:
     next candidate is built before the last one is dropped) leave the thread on a freed stack, and
     its next signal, SIGTERM included, killed the process with SIGSEGV. One ``Core`` for the
     whole process installs one stack per thread and keeps it."""
-    return _openvino().Core()
-
-
-@functools.cache
-def supports_bf16() -> bool:
-    """Whether OpenVINO's CPU plugin can run bf16 natively: on Linux from the CPU's flags
-    (AVX512-BF16 or AMX-BF16, the instructions the plugin needs), else its reported optimisation
-    capabilities (asking the plugin costs ~50 ms at every start)."""
-    flags = cpu_flags_line()
-    if flags:
-        return bool({"avx512_bf16", "amx_bf16"} & set(flags.split()))
-    try:
-        caps = shared_core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-    except (ImportError, RuntimeError):
-        return False
-    return "BF16" in [str(c).upper() for c in caps]
+    return openvino_module().Core()
 
 
 def _batch_of_one(model: Path, cache: Path) -> Path:

@@ -1,44 +1,25 @@
 """Which runtime runs the segmentation model: chosen once at start-up, behind a fidelity gate.
 
-A faster runtime only replaces ONNX Runtime fp32 when its masks match fp32's on the gate set
-(real photographs from scikit-image and composites of them, :func:`gate_images`): mean IoU of
-the alpha masks (alpha >= 128) at least :data:`GATE_MEAN_IOU` and every image at least
-:data:`GATE_WORST_IOU`. The runtimes:
+The runtimes and the names that choose among them are one table,
+:mod:`schemas.segment_runtimes`; this module builds a row (:func:`build`) and runs a family's
+choice (:func:`make_model_segmenter`): each candidate available here (:mod:`~gpu_kernels.segment.machine`)
+is judged against ONNX Runtime fp32 on the gate set (real photographs from scikit-image and
+composites of them, :func:`gate_images`): mean IoU of the alpha masks (alpha >= 128) at least
+:data:`GATE_MEAN_IOU` and every image at least :data:`GATE_WORST_IOU`; the family's rule picks one
+of those that passed, else its fallback is used.
 
-- ``fp32``: ONNX Runtime, float32 (CPU or GPU; the reference).
-- ``openvino``: OpenVINO on the CPU, bf16 inference where the CPU has it (gated), else f32.
-- ``int8``: ONNX Runtime on a static QDQ INT8 copy calibrated on :func:`calibration_images`
-  (a set disjoint from the gate set).
-- ``openvino-checked``: OpenVINO bf16 that runs an image again at f32 when its bf16 probability
-  map is unsure over much of the subject (``OpenVinoSegmenter(recheck=...)``); where the CPU has
-  bf16. Gated in ``auto`` and ``openvino``.
-- ``openvino-bf16``, ``openvino-f32``, ``openvino-checked`` by name: that OpenVINO runtime,
-  ungated (for measurements).
-- ``fp16``: GPU only, a float16 copy on the CUDA/TensorRT provider (gated on the GPU).
-- ``torch``: PyTorch (the ``[torch]`` extra), the model built from the same ONNX file
-  (``torch_runner``). On the CPU: bf16 (autocast) where oneDNN has it and it passes the gate,
-  else fp32; on the GPU: fp16 (autocast) when it passes the gate, else fp32.
-- ``torch-fp32``, ``torch-bf16``, ``torch-fp16``: that PyTorch precision, ungated.
-- ``auto``: on the CPU, the fastest of openvino-bf16, openvino-checked, openvino-f32, int8 and (when torch is
-  installed) torch-bf16 / torch-fp16 (where oneDNN has them) and torch-fp32 that passes the
-  gate and is at least :data:`MIN_SPEEDUP` faster than fp32 in the same interleaved run, else
-  fp32; on the GPU, fp32, or ``torch`` when ONNX Runtime has no CUDA provider and torch has CUDA.
-
-A runtime asked for by name is used as asked, except ``openvino``, which takes bf16 when it passes
-the gate, else the checked bf16 when that passes, else f32. Gate verdicts are cached
+A runtime asked for by name (not a family) is used as asked, ungated. Gate verdicts are cached
 (``model_cache_dir()/gate.json``) per model sha256, runtime, library versions, CPU and thread
-count, so the gate runs once per machine.
+count, so the gate runs once per machine; once every candidate of ``auto`` has a verdict, a start
+decides from them without loading a candidate that would not be chosen.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-import importlib.metadata
 import json
 import logging
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -47,22 +28,21 @@ from typing import Any
 
 import numpy as np
 
-from gpu_kernels.backends import Segmenter
+from gpu_kernels.backends import ModelSegmenter, Segmenter
+from gpu_kernels.segment import machine
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.model import U2NETP, ModelSpec
-from gpu_kernels.segment.onnx_runner import OnnxSegmenter, cpu_flags_line, usable_cores
 from gpu_kernels.segment.variants import derived_path, make_fp16, make_int8
+from schemas import segment_runtimes as table
 from schemas.errors import ProcessingFailed
 
 __all__ = [
     "GATE_MEAN_IOU",
     "GATE_WORST_IOU",
-    "MIN_SPEEDUP",
-    "RUNTIMES",
-    "TORCH_RUNTIMES",
     "GateResult",
     "RuntimeChoice",
     "available_runtimes",
+    "build",
     "cached_auto_choice",
     "calibration_images",
     "gate_images",
@@ -75,12 +55,7 @@ log = logging.getLogger(__name__)
 
 GATE_MEAN_IOU = 0.97
 GATE_WORST_IOU = 0.90
-MIN_SPEEDUP = 1.10
 GATE_VERSION = 4  # bump when the gate set, the rule, the candidates or the mask post-processing change
-RUNTIMES: tuple[str, ...] = ("auto", "fp32", "openvino", "openvino-bf16", "openvino-checked", "openvino-f32", "int8",
-                              "fp16")
-TORCH_RUNTIMES = ("torch", "torch-fp32", "torch-bf16", "torch-fp16")
-RUNTIMES += TORCH_RUNTIMES
 GATE_PHOTOS = ("coffee", "chelsea", "astronaut", "rocket", "camera", "coins", "clock", "immunohistochemistry")
 
 
@@ -158,7 +133,7 @@ def run_gate(runtime: str, candidate: Segmenter, reference: Segmenter, images: S
     model_alone = _model_s(reference) is not None and _model_s(candidate) is not None
 
     def clock(seg: Segmenter) -> float:
-        return float(getattr(seg, "model_s")) if model_alone else time.process_time()  # noqa: B009
+        return float(_model_s(seg) or 0.0) if model_alone else time.process_time()
 
     ious, t_ref, t_cand = [], [], []
     for img in images:
@@ -177,8 +152,7 @@ def run_gate(runtime: str, candidate: Segmenter, reference: Segmenter, images: S
 def _model_s(seg: Segmenter) -> float | None:
     """The model's own wall time so far, on the CPU only: on a GPU the call may return before the
     device has finished, so there the whole call's time is compared (as before)."""
-    got = getattr(seg, "model_s", None)
-    return float(got) if isinstance(got, (int, float)) and getattr(seg, "device", "cpu") == "cpu" else None
+    return float(seg.model_s) if isinstance(seg, ModelSegmenter) and seg.device == "cpu" else None
 
 
 def _host(a: Any) -> np.ndarray:
@@ -197,16 +171,6 @@ class RuntimeChoice:
         return {"runtime": self.runtime, "reason": self.reason, "gates": [asdict(g) for g in self.gates]}
 
 
-@functools.cache
-def _machine(torch: bool) -> tuple[list[str], str]:
-    """The runtime versions and the CPU (its flags) a verdict holds for; once per process."""
-    versions = []
-    for package in ("onnxruntime", "onnxruntime-gpu", "openvino", *(("torch",) if torch else ())):
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):  # not imported: ~0.3 s at start
-            versions.append(importlib.metadata.version(package))
-    return versions, cpu_flags_line() or platform.processor() or platform.machine()
-
-
 class _GateCache:
     """Verdicts in a JSON file, keyed by everything that could change them."""
 
@@ -219,7 +183,7 @@ class _GateCache:
 
     @staticmethod
     def key(model_sha: str, runtime: str, threads: int) -> str:
-        raw = json.dumps([GATE_VERSION, model_sha, runtime, threads, *_machine(runtime.startswith("torch"))])
+        raw = json.dumps([GATE_VERSION, model_sha, runtime, threads, *machine.machine_key(runtime.startswith("torch"))])
         return f"{runtime}:{hashlib.sha256(raw.encode()).hexdigest()[:16]}"
 
     def get(self, key: str) -> GateResult | None:
@@ -245,53 +209,174 @@ class _GateCache:
             tmp.replace(self.path)
 
 
-Factory = Callable[[], Segmenter]
+
+@dataclass(frozen=True)
+class BuildContext:
+    """What every runtime of one start is built with."""
+
+    model_path: Path
+    spec: ModelSpec
+    device: str  # "cpu" or "gpu"
+    threads: int  # CPU model threads (0 on the GPU)
+    max_batch: int | None
+    cuda_graphs: bool
+    variants_dir: Path
+    options: dict[str, Any]  # the GPU runners' extra options (OnnxSegmenter's; PyTorch takes its own)
 
 
-def _cpu_candidates(model_path: Path, spec: ModelSpec, threads: int, max_batch: int | None,
-                    variants_dir: Path) -> dict[str, Factory]:
-    from gpu_kernels.segment.openvino_runner import (
-        RECHECK_UNSURE,
-        OpenVinoSegmenter,
-        openvino_available,
-        supports_bf16,
-    )
+def build(row: table.SegmentRuntime, b: BuildContext) -> Segmenter:
+    """The segmenter of runtime ``row`` on ``b.device``: its engine's runner at its precision."""
+    gpu = b.device == "gpu"
+    if row.engine == "onnxruntime":
+        from gpu_kernels.segment.onnx_runner import OnnxSegmenter
 
-    out: dict[str, Factory] = {}
-    if openvino_available():
-        if supports_bf16():
-            out["openvino-bf16"] = lambda: OpenVinoSegmenter(model_path, spec, precision="bf16", threads=threads,
-                                                             max_batch=max_batch)
-            out["openvino-checked"] = lambda: OpenVinoSegmenter(model_path, spec, precision="bf16", threads=threads,
-                                                                max_batch=max_batch, recheck=RECHECK_UNSURE)
-        out["openvino-f32"] = lambda: OpenVinoSegmenter(model_path, spec, precision="f32", threads=threads,
-                                                        max_batch=max_batch)
+        path = b.model_path
+        if row.precision != "fp32":
+            path = derived_path(b.model_path, row.precision, b.variants_dir)
+            if not path.is_file():
+                if row.precision == "int8":
+                    make_int8(b.model_path, path, b.spec, calibration_images())
+                else:
+                    make_fp16(b.model_path, path)
+        if gpu:
+            return OnnxSegmenter(path, b.spec, device="gpu", max_batch=b.max_batch, cuda_graphs=b.cuda_graphs,
+                                 **b.options)
+        return OnnxSegmenter(path, b.spec, threads=b.threads, max_batch=b.max_batch)
+    if row.engine == "openvino":
+        from gpu_kernels.segment.openvino_runner import RECHECK_UNSURE, OpenVinoSegmenter
 
-    def int8() -> Segmenter:
-        path = derived_path(model_path, "int8", variants_dir)
-        if not path.is_file():
-            make_int8(model_path, path, spec, calibration_images())
-        return OnnxSegmenter(path, spec, threads=threads, max_batch=max_batch)
+        return OpenVinoSegmenter(b.model_path, b.spec, precision=row.precision,  # type: ignore[arg-type]
+                                 threads=b.threads,
+                                 max_batch=b.max_batch, recheck=RECHECK_UNSURE if row.recheck else None)
+    from gpu_kernels.segment.torch_runner import TorchSegmenter
 
-    out["int8"] = int8
-    out.update(_torch_candidates(model_path, spec, threads, max_batch))
+    if gpu:
+        torch_opts = {k: b.options[k] for k in ("device_id", "compile", "channels_last", "post") if k in b.options}
+        return TorchSegmenter(b.model_path, b.spec, device="gpu", precision=row.precision,
+                              max_batch=b.max_batch, cuda_graphs=b.cuda_graphs, **torch_opts)
+    return TorchSegmenter(b.model_path, b.spec, device="cpu", precision=row.precision,
+                          threads=b.threads, max_batch=b.max_batch)
+
+
+def _reference(b: BuildContext) -> Segmenter:
+    """ONNX Runtime fp32, what every candidate is judged against: on the GPU when ONNX Runtime has
+    CUDA there (TensorRT off: the reference is plain fp32), else on the CPU."""
+    from gpu_kernels.segment.onnx_runner import OnnxSegmenter
+
+    if b.device == "gpu" and machine.ort_has_cuda():
+        return OnnxSegmenter(b.model_path, b.spec, device="gpu", use_tensorrt=False)
+    return OnnxSegmenter(b.model_path, b.spec, threads=b.threads or machine.usable_cores(), max_batch=b.max_batch
+                         if b.device == "cpu" else None)
+
+
+def _row(name: str, device: str) -> table.SegmentRuntime:
+    """The runtime ``name`` on ``device``, or a :class:`ProcessingFailed` that says what to use
+    or install instead."""
+    row = table.runtime(name)
+    if row is None:
+        raise ProcessingFailed(f"unknown segment runtime {name!r}; known: {', '.join(table.NAMES)}", stage="segment")
+    if device not in row.devices:
+        where = "the GPU" if row.devices == ("gpu",) else "the CPU"
+        raise ProcessingFailed(f"the {name} runtime is for {where}; on the {device.upper()} use "
+                               f"{', '.join(table.names_for(device))}", stage="segment")
+    if not machine.available(row, device):
+        if not _engine_installed(row.engine):
+            why = f"it needs {row.engine}: {machine.INSTALL[row.engine]}"
+        else:
+            why = f"{row.engine} has no CUDA here" if device == "gpu" else "this CPU lacks the instructions it needs"
+        raise ProcessingFailed(f"segment runtime {name} is not available on this machine ({why})", stage="segment")
+    return row
+
+
+def _engine_installed(engine: str) -> bool:
+    return {"onnxruntime": machine.ort_available, "openvino": machine.openvino_available,
+            "torch": machine.torch_available}[engine]()
+
+
+def _key(sha: str, name: str, b: BuildContext) -> str:
+    return _GateCache.key(sha, name, b.threads) if b.device == "cpu" else _GateCache.key(sha, f"{name}-gpu", 0)
+
+
+def _factories(names: Sequence[str], b: BuildContext) -> dict[str, Callable[[], Segmenter]]:
+    """The builders of the candidates ``names`` that are available here, in order."""
+    out: dict[str, Callable[[], Segmenter]] = {}
+    for name in names:
+        row = table.runtime(name)
+        if row is not None and machine.available(row, b.device):
+            out[name] = lambda row=row: build(row, b)  # type: ignore[misc]
     return out
 
 
-def _torch_candidates(model_path: Path, spec: ModelSpec, threads: int, max_batch: int | None) -> dict[str, Factory]:
-    """torch-bf16 / torch-fp16 where oneDNN has them natively, and torch-fp32; none without torch."""
-    from gpu_kernels.segment.torch_runner import torch_cpu_supports
+def _choose(fam: table.RuntimeFamily, b: BuildContext, gates: _GateCache,
+            images: Callable[[], Sequence[np.ndarray]]) -> tuple[Segmenter, RuntimeChoice]:
+    """The one gate-and-choose flow: judge each available candidate (its cached verdict, else the
+    gate against fp32), pick by the family's rule, else its first available fallback."""
+    asked = "" if fam.name == "auto" else f"asked for {fam.name}; "
+    sha = sha256_file(b.model_path) if fam.candidates else ""
+    all_key = _key(sha, "candidates" if fam.name == "auto" else f"candidates-{fam.name}", b)
+    results: list[GateResult] = []
+    known = [gates.get(_key(sha, n, b)) for n in gates.names(all_key) or ()] if fam.rule == "fastest" else []
+    if known and all(r is not None for r in known):  # every candidate judged before: none loaded to decide
+        results = [r for r in known if r is not None]
+        if _pick(fam, results) is None:
+            return _fallback(fam, b, gates, images, results, asked)
+    factories = _factories(fam.candidates, b)
+    results, reference, gate_set = [], None, None
+    for name, factory in factories.items():
+        result = gates.get(_key(sha, name, b))
+        if result is None:
+            try:
+                seg = factory()
+            except ProcessingFailed as exc:
+                log.warning("segment runtime %s unavailable: %s", name, exc)
+                continue
+            reference = reference or _reference(b)
+            if gate_set is None:
+                gate_set = list(images())
+                if reference.device == "gpu":
+                    import cupy
 
-    def factory(precision: str) -> Factory:
-        return lambda: _torch_segmenter(model_path, spec, "cpu", precision, threads=threads, max_batch=max_batch)
+                    gate_set = [cupy.asarray(im) for im in gate_set]
+            log.info("judging segment runtime %s against fp32 on %d images (once per machine and model; "
+                     "the verdict is kept in %s)", name, len(gate_set), gates.path)
+            result = run_gate(name, seg, reference, gate_set, mean_min=gates.gate[0], worst_min=gates.gate[1])
+            seg.close()
+            gates.put(_key(sha, name, b), result)
+        results.append(result)
+    if reference is not None:
+        reference.close()
+    if fam.rule == "fastest" and len(results) == len(factories):
+        gates.put(all_key, list(factories))
+    best = _pick(fam, results)
+    if best is None:
+        return _fallback(fam, b, gates, images, results, asked)
+    why = f"{best.speedup:.2f}x fp32" if fam.min_speedup else f"IoU mean {best.mean_iou}, worst {best.worst_iou}"
+    return factories[best.runtime](), RuntimeChoice(best.runtime, f"{asked}passed the gate, {why}", results)
 
-    return {f"torch-{p}": factory(p) for p in ("bf16", "fp16", "fp32") if torch_cpu_supports(p)}
+
+def _pick(fam: table.RuntimeFamily, results: Sequence[GateResult]) -> GateResult | None:
+    passed = [r for r in results if r.passed and r.speedup >= fam.min_speedup]
+    if fam.rule == "first":
+        return next((r for n in fam.candidates for r in passed if r.runtime == n), None)
+    return min(passed, key=lambda r: r.ms_per_image, default=None)
 
 
-def _torch_segmenter(model_path: Path, spec: ModelSpec, device: str, precision: str, **options: Any) -> Segmenter:
-    from gpu_kernels.segment.torch_runner import TorchSegmenter
-
-    return TorchSegmenter(model_path, spec, device=device, precision=precision, **options)
+def _fallback(fam: table.RuntimeFamily, b: BuildContext, gates: _GateCache, images: Callable[[], Sequence[np.ndarray]],
+              results: list[GateResult], asked: str) -> tuple[Segmenter, RuntimeChoice]:
+    why = "no faster runtime passed the gate" if fam.candidates else f"the {b.device.upper()} default"
+    for name in fam.fallback:
+        sub = table.family(name, b.device)
+        if sub is not None:
+            if any(machine.available(r, b.device) for n in (*sub.candidates, *sub.fallback)
+                   if (r := table.runtime(n)) is not None):
+                seg, choice = _choose(sub, b, gates, images)
+                return seg, RuntimeChoice(choice.runtime, f"{asked}{why}: {choice.reason}", choice.gates)
+            continue
+        row = table.runtime(name)
+        if row is not None and machine.available(row, b.device):
+            return build(row, b), RuntimeChoice(name, f"{asked}{why}", results)
+    row = _row(fam.fallback[0], b.device)  # raises: says what to install
+    return build(row, b), RuntimeChoice(row.name, f"{asked}{why}", results)
 
 
 def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: str = "cpu",
@@ -300,130 +385,44 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
                          images: Callable[[], Sequence[np.ndarray]] = gate_images,
                          gate: tuple[float, float] = (GATE_MEAN_IOU, GATE_WORST_IOU),
                          **gpu_options: Any) -> tuple[Segmenter, RuntimeChoice]:
-    """The model segmenter for ``device`` with the runtime chosen as the module docstring says.
+    """The model segmenter for ``device`` with runtime ``runtime`` (a name of
+    :mod:`schemas.segment_runtimes`), chosen as the module docstring says.
 
     ``cache_dir``: where derived models and gate verdicts live (default ``model_cache_dir()``).
     ``images``: the gate set (tests pass a smaller one). ``gate``: (mean, worst) IoU minimums;
     cached verdicts keep the IoUs, so a changed gate re-judges them without running the model.
-    ``gpu_options`` go to OnnxSegmenter.
+    ``gpu_options`` go to the GPU runner.
     """
-    if runtime not in RUNTIMES:
-        raise ProcessingFailed(f"unknown segment runtime {runtime!r}; known: {RUNTIMES}", stage="segment")
-    cache_root = cache_dir or model_cache_dir()
-    gates = _GateCache(cache_root / "gate.json", gate)
-    model_path = Path(model_path)
-    if device in ("gpu", "cuda"):
-        return _gpu_segmenter(model_path, spec, runtime, max_batch, cuda_graphs, cache_root, gates, images,
-                              gpu_options)
-    if runtime == "fp16":
-        raise ProcessingFailed("the fp16 runtime is for the GPU; on the CPU use auto, fp32, openvino or int8",
+    dev = "gpu" if device in ("gpu", "cuda") else "cpu"
+    if runtime not in table.NAMES:
+        raise ProcessingFailed(f"unknown segment runtime {runtime!r}; known: {', '.join(table.NAMES)}",
                                stage="segment")
-    threads = threads or usable_cores()
-
-    def fp32() -> Segmenter:
-        return OnnxSegmenter(model_path, spec, threads=threads, max_batch=max_batch)
-
-    if runtime == "fp32":
-        return fp32(), RuntimeChoice("fp32", "asked for")
-    sha = sha256_file(model_path)
-    if runtime == "auto":  # every candidate judged before on this machine: no runtime loaded to decide
-        names = gates.names(_GateCache.key(sha, "candidates", threads))
-        cached = [gates.get(_GateCache.key(sha, n, threads)) for n in names or ()]
-        if names and all(r is not None for r in cached):
-            known = [r for r in cached if r is not None]
-            if not any(r.passed and r.speedup >= MIN_SPEEDUP for r in known):
-                return fp32(), RuntimeChoice("fp32", "no faster runtime passed the gate", known)
-    variants_dir = cache_root / "variants"
-    candidates = _cpu_candidates(model_path, spec, threads, max_batch, variants_dir)
-    if runtime in ("torch-fp32", "torch-bf16", "torch-fp16"):
-        return _torch_segmenter(model_path, spec, "cpu", runtime.removeprefix("torch-"), threads=threads,
-                                max_batch=max_batch), RuntimeChoice(runtime, "asked for (not gated)")
-    if runtime in ("int8", "openvino-bf16", "openvino-checked", "openvino-f32"):
-        if runtime not in candidates:
-            raise ProcessingFailed(f"segment runtime {runtime} is not available on this machine", stage="segment")
-        return candidates[runtime](), RuntimeChoice(runtime, "asked for (not gated)")
-    if runtime == "openvino":
-        if "openvino-f32" not in candidates:
-            raise ProcessingFailed("the openvino runtime needs the 'openvino' package", stage="segment")
-        candidates = {k: v for k, v in candidates.items() if k.startswith("openvino")}
-    if runtime == "torch":
-        candidates = {k: v for k, v in candidates.items() if k.startswith("torch") and k != "torch-fp32"}
-        if not candidates and "torch-fp32" not in _torch_candidates(model_path, spec, threads, max_batch):
-            raise ProcessingFailed("the torch runtime needs the 'torch' package (pip install 'lightbox[torch]')",
-                                   stage="segment")
-    reference: Segmenter | None = None
-    results: list[GateResult] = []
-    gate_set: Sequence[np.ndarray] | None = None
-    for name, factory in candidates.items():
-        key = _GateCache.key(sha, name, threads)
-        result = gates.get(key)
-        if result is None:
-            try:
-                seg = factory()
-            except ProcessingFailed as exc:
-                log.warning("segment runtime %s unavailable: %s", name, exc)
-                continue
-            reference = reference or fp32()
-            gate_set = gate_set if gate_set is not None else images()
-            log.info("judging segment runtime %s against fp32 on %d images (once per machine and model; "
-                     "the verdict is kept in %s)", name, len(gate_set), gates.path)
-            result = run_gate(name, seg, reference, gate_set, mean_min=gate[0], worst_min=gate[1])
-            seg.close()
-            gates.put(key, result)
-        results.append(result)
-    if reference is not None:
-        reference.close()
-    if runtime == "auto" and len(results) == len(candidates):
-        gates.put(_GateCache.key(sha, "candidates", threads), list(candidates))
-    if runtime == "openvino":
-        passed = {r.runtime for r in results if r.passed}
-        chosen = next((n for n in ("openvino-bf16", "openvino-checked") if n in passed), "openvino-f32")
-        why = "passed the gate" if chosen != "openvino-f32" else "bf16 (plain and checked) failed the gate or is absent"
-        return candidates[chosen](), RuntimeChoice(chosen, f"asked for openvino; {why}", results)
-    if runtime == "torch":
-        low = sorted((r for r in results if r.passed), key=lambda r: r.ms_per_image)
-        if low:
-            return candidates[low[0].runtime](), RuntimeChoice(low[0].runtime, "asked for torch; it passed the gate",
-                                                              results)
-        return _torch_segmenter(model_path, spec, "cpu", "fp32", threads=threads, max_batch=max_batch), \
-            RuntimeChoice("torch-fp32", "asked for torch; no lower precision passed the gate", results)
-    best = _auto_pick(results)
-    if best is None:
-        return fp32(), RuntimeChoice("fp32", "no faster runtime passed the gate", results)
-    return candidates[best.runtime](), RuntimeChoice(best.runtime, f"passed the gate, {best.speedup:.2f}x fp32",
-                                                     results)
-
-
-def _auto_pick(results: Sequence[GateResult]) -> GateResult | None:
-    """auto's rule on the CPU: the fastest verdict that passed and is MIN_SPEEDUP faster than fp32."""
-    good = sorted((r for r in results if r.passed and r.speedup >= MIN_SPEEDUP), key=lambda r: r.ms_per_image)
-    return good[0] if good else None
-
-
-def _ort_has_cuda() -> bool:
-    import onnxruntime as ort
-
-    if hasattr(ort, "preload_dlls"):
-        with contextlib.suppress(OSError, RuntimeError):
-            ort.preload_dlls()
-    return "CUDAExecutionProvider" in ort.get_available_providers()
+    root = cache_dir or model_cache_dir()
+    b = BuildContext(Path(model_path), spec, dev, (threads or machine.usable_cores()) if dev == "cpu" else 0, max_batch,
+               cuda_graphs, root / "variants", gpu_options)
+    fam = table.family(runtime, dev)
+    if fam is not None and not machine.ort_available():  # the gate's reference, and fp32, are ONNX Runtime's
+        raise ProcessingFailed(f"no ONNX Runtime is installed: {machine.INSTALL['onnxruntime']}", stage="segment")
+    if fam is None:
+        row = _row(runtime, dev)
+        return build(row, b), RuntimeChoice(runtime, "asked for" if runtime == "fp32" else "asked for (not gated)")
+    if fam.name == "auto" and dev == "gpu" and not any(
+            machine.available(r, dev) for n in ("fp32", "torch-fp32") if (r := table.runtime(n)) is not None):
+        raise ProcessingFailed("device 'gpu' needs onnxruntime-gpu or a CUDA build of torch", stage="segment")
+    return _choose(fam, b, _GateCache(root / "gate.json", gate), images)
 
 
 def available_runtimes(device: str = "cpu") -> list[str]:
-    """The runtime names this installation can run on ``device`` (without loading a model)."""
-    from gpu_kernels.segment.openvino_runner import openvino_available, supports_bf16
-    from gpu_kernels.segment.torch_runner import torch_available, torch_cpu_supports, torch_cuda_available
-
-    if device in ("gpu", "cuda"):
-        out = ["fp32", "fp16"] if _ort_has_cuda() else []
-        if torch_cuda_available():
-            out += ["torch", "torch-fp32", "torch-bf16", "torch-fp16"]
-        return out
-    out = ["fp32", "int8"]
-    if openvino_available():
-        out += ["openvino", "openvino-f32"] + (["openvino-bf16", "openvino-checked"] if supports_bf16() else [])
-    if torch_available():
-        out += ["torch", "torch-fp32"] + [f"torch-{p}" for p in ("bf16", "fp16") if torch_cpu_supports(p)]
+    """The runtime names this installation can run on ``device`` (without loading a model): the
+    runtimes available here and the families with a candidate or fallback among them."""
+    dev = "gpu" if device in ("gpu", "cuda") else "cpu"
+    rows = {r.name for r in table.RUNTIMES if machine.available(r, dev)}
+    out = []
+    for name in table.names_for(dev):
+        fam = table.family(name, dev)
+        if name in rows or (fam is not None and fam.name != "auto" and
+                            rows & {*fam.candidates, *fam.fallback}):
+            out.append(name)
     return out
 
 
@@ -433,93 +432,21 @@ def cached_auto_choice(model_path: Path, spec: ModelSpec = U2NETP, *, threads: i
     """What ``auto`` picks on this CPU from the cached gate verdicts alone (no model is run):
     ``(runtime, why)``, or ``(None, why)`` while a candidate has no verdict yet (the first
     worker start with ``auto`` measures them)."""
-    threads = threads or usable_cores()
+    fam = table.family("auto", "cpu")
+    assert fam is not None
+    b = BuildContext(Path(model_path), spec, "cpu", threads or machine.usable_cores(), None, False, Path("."), {})
     gates = _GateCache((cache_dir or model_cache_dir()) / "gate.json", gate)
-    names = list(_cpu_candidates(Path(model_path), spec, threads, None, Path(".")))
     sha = sha256_file(Path(model_path))
     results, missing = [], []
-    for name in names:
-        result = gates.get(_GateCache.key(sha, name, threads))
+    for name in _factories(fam.candidates, b):
+        result = gates.get(_key(sha, name, b))
         if result is None:
             missing.append(name)
         else:
             results.append(result)
     if missing:
-        return None, f"not measured yet for {', '.join(missing)} ({threads} threads): the first start measures it"
-    best = _auto_pick(results)
+        return None, f"not measured yet for {', '.join(missing)} ({b.threads} threads): the first start measures it"
+    best = _pick(fam, results)
     if best is None:
         return "fp32", "no faster runtime passed the gate"
     return best.runtime, f"passed the gate (IoU mean {best.mean_iou}, worst {best.worst_iou}), {best.speedup:.2f}x fp32"
-
-
-def _gpu_segmenter(model_path: Path, spec: ModelSpec, runtime: str, max_batch: int | None, cuda_graphs: bool,
-                   cache_root: Path, gates: _GateCache, images: Callable[[], Sequence[np.ndarray]],
-                   options: dict[str, Any]) -> tuple[Segmenter, RuntimeChoice]:
-    """GPU: fp32 (auto), or the FP16 copy when it passes the gate against fp32 on this GPU."""
-    if runtime in TORCH_RUNTIMES or (runtime == "auto" and not _ort_has_cuda()):
-        from gpu_kernels.segment.torch_runner import torch_cuda_available
-
-        if runtime == "auto" and not torch_cuda_available():
-            raise ProcessingFailed("device 'gpu' needs onnxruntime-gpu or a CUDA build of torch", stage="segment")
-        return _torch_gpu_segmenter(model_path, spec, "torch" if runtime == "auto" else runtime, max_batch,
-                                    cuda_graphs, gates, images, options)
-    if runtime not in ("auto", "fp32", "fp16"):
-        raise ProcessingFailed(f"segment runtime {runtime!r} is CPU-only; on the GPU use auto, fp32 or fp16",
-                               stage="segment")
-
-    def make(path: Path) -> OnnxSegmenter:
-        return OnnxSegmenter(path, spec, device="gpu", max_batch=max_batch, cuda_graphs=cuda_graphs, **options)
-
-    if runtime != "fp16":
-        return make(model_path), RuntimeChoice("fp32", "asked for" if runtime == "fp32" else "GPU default")
-    fp16_path = derived_path(model_path, "fp16", cache_root / "variants")
-    if not fp16_path.is_file():
-        make_fp16(model_path, fp16_path)
-    key = _GateCache.key(sha256_file(model_path), "fp16-gpu", 0)
-    result = gates.get(key)
-    candidate = make(fp16_path)
-    if result is None:
-        import cupy
-
-        reference = make(model_path)
-        result = run_gate("fp16", candidate, reference, [cupy.asarray(im) for im in images()],
-                          mean_min=gates.gate[0], worst_min=gates.gate[1])
-        reference.close()
-        gates.put(key, result)
-    if result.passed:
-        return candidate, RuntimeChoice("fp16", "passed the gate", [result])
-    candidate.close()
-    return make(model_path), RuntimeChoice("fp32", "fp16 failed the gate", [result])
-
-
-def _torch_gpu_segmenter(model_path: Path, spec: ModelSpec, runtime: str, max_batch: int | None, cuda_graphs: bool,
-                         gates: _GateCache, images: Callable[[], Sequence[np.ndarray]],
-                         options: dict[str, Any]) -> tuple[Segmenter, RuntimeChoice]:
-    """PyTorch on the GPU: a precision by name, or ``torch``: fp16 when it passes the gate against
-    ONNX Runtime fp32 masks (on the GPU when onnxruntime has CUDA, else on the CPU), else fp32."""
-    torch_opts = {k: options[k] for k in ("device_id", "compile", "channels_last", "post") if k in options}
-
-    def make(precision: str) -> Segmenter:
-        return _torch_segmenter(model_path, spec, "gpu", precision, max_batch=max_batch, cuda_graphs=cuda_graphs,
-                                **torch_opts)
-
-    if runtime != "torch":
-        return make(runtime.removeprefix("torch-")), RuntimeChoice(runtime, "asked for (not gated)")
-    key = _GateCache.key(sha256_file(model_path), "torch-fp16-gpu", 0)
-    result = gates.get(key)
-    candidate = make("fp16")
-    if result is None:
-        if _ort_has_cuda():
-            import cupy
-
-            reference: Segmenter = OnnxSegmenter(model_path, spec, device="gpu", use_tensorrt=False)
-            imgs: list[Any] = [cupy.asarray(im) for im in images()]
-        else:
-            reference, imgs = OnnxSegmenter(model_path, spec), list(images())
-        result = run_gate("torch-fp16", candidate, reference, imgs, mean_min=gates.gate[0], worst_min=gates.gate[1])
-        reference.close()
-        gates.put(key, result)
-    if result.passed:
-        return candidate, RuntimeChoice("torch-fp16", "passed the gate", [result])
-    candidate.close()
-    return make("fp32"), RuntimeChoice("torch-fp32", "torch fp16 failed the gate", [result])

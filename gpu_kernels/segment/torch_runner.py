@@ -41,55 +41,22 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets
 from gpu_kernels.segment.fetch_model import sha256_file
+from gpu_kernels.segment.machine import torch_available, torch_cuda_available
 from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.onnx_torch import import_torch
 from gpu_kernels.segment.ops import CpuOps, cupy_ops
 from gpu_kernels.segment.postprocess import MaskPostprocess
 from schemas.errors import LightboxError, ProcessingFailed
 
-__all__ = ["PRECISIONS", "TorchSegmenter", "import_torch", "torch_available", "torch_cpu_supports",
-           "torch_cuda_available"]
+# torch_available, torch_cuda_available: kept importable from here for bench/gpu_model_grid.py (the
+# probes are in machine.py)
+__all__ = ["PRECISIONS", "TorchSegmenter", "import_torch", "torch_available", "torch_cuda_available"]
 
 STAGE = "segment"
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "fp16")
 DEFAULT_MAX_BATCH = {"cpu": 1, "gpu": 16}
 _THREADS_LOCK = threading.Lock()
-
-
-def torch_available() -> bool:
-    """Whether ``torch`` is installed (found without importing it)."""
-    import importlib.util
-
-    return importlib.util.find_spec("torch") is not None
-
-
-def torch_cuda_available() -> bool:
-    if not torch_available():
-        return False
-    try:
-        torch = import_torch()
-        return bool(torch.cuda.is_available())
-    except Exception:  # a broken CUDA install reports itself here, not on the first image
-        return False
-
-
-def torch_cpu_supports(precision: str) -> bool:
-    """Whether PyTorch's oneDNN has native ``precision`` convolutions on this CPU (fp32: always).
-
-    Without native support autocast still runs, through slow emulation, so the runtime choice
-    does not offer that precision on this CPU."""
-    if precision == "fp32":
-        return torch_available()
-    if not torch_available():
-        return False
-    try:
-        torch = import_torch()
-        mkldnn = torch.ops.mkldnn
-        check = {"bf16": "_is_mkldnn_bf16_supported", "fp16": "_is_mkldnn_fp16_supported"}[precision]
-        return bool(torch.backends.mkldnn.is_available() and getattr(mkldnn, check)())
-    except (KeyError, AttributeError, RuntimeError):
-        return False
 
 
 class TorchSegmenter(BucketedSegmenter):
@@ -133,7 +100,7 @@ class TorchSegmenter(BucketedSegmenter):
         self._ops = cupy_ops() if device == "gpu" else CpuOps()
         if device == "cpu":
             with _THREADS_LOCK:
-                from gpu_kernels.segment.onnx_runner import usable_cores
+                from gpu_kernels.segment.machine import usable_cores
 
                 torch.set_num_threads(threads or usable_cores())
         self.channels_last = channels_last

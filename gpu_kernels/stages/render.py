@@ -23,7 +23,7 @@ class RenderStage(Stage):
         self.retoucher, self.device = retoucher, retoucher.device
         # on a GPU next to the correct stage it reads from; the CPU twin runs in the output lane's
         # threads, so the one device thread does only segment and correct and several batches
-        # render at once (the backfill lane's in its own, lower-priority threads)
+        # render at once (the backfill tier's in its own, lower-priority threads)
         self.lane: Lane = lane or ("device" if self.device == "gpu" else "output")
 
     def steps(self, ctx: BatchContext) -> Iterable[Step]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from gpu_kernels.backends import RetouchOptions, Segmenter
+from gpu_kernels.backends import ModelSegmenter, RetouchOptions, Segmenter
 from gpu_kernels.segment.bucketed import Unrefined, output_work_pixels
 from gpu_kernels.stages.base import BatchContext, Lane, Stage, Step
 
@@ -48,8 +48,8 @@ class SegmentStage(Stage):
             if seg is not None:
                 groups.setdefault(id(seg), (seg, []))[1].append(i)
         for seg, idx in groups.values():
-            infer = getattr(seg, "infer_batch", None) if self.refine_later and seg.device == "cpu" else None
-            run = infer or seg.segment_batch
+            later = self.refine_later and seg.device == "cpu"  # a model's refinement runs in RefineStage
+            run = seg.infer_batch if later and isinstance(seg, ModelSegmenter) else seg.segment_batch
             yield Step(self.name, seg.device, idx,
                        lambda ix, r=run: r([ctx.images[i] for i in ix]),  # type: ignore[misc]
                        lambda i, m: _keep_mask(ctx, i, m))

@@ -20,7 +20,7 @@ from lightbox.cli.common import err
 __all__ = ["app", "main"]
 
 app = typer.Typer(help="lightbox: marketplace-ready product images from raw supplier photos, as a stream.",
-                  no_args_is_help=True, add_completion=False)
+                  no_args_is_help=True, add_completion=False, rich_markup_mode="markdown")
 
 
 def _version(value: bool) -> None:

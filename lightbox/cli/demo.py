@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from lightbox.cli.common import console
+from lightbox.cli.common import console, names
 
 
 def samples(out: Annotated[Path, typer.Argument(help="folder to write into")] = Path("out/samples"),
@@ -40,6 +40,6 @@ def demo(
     latency table, write the images to OUT/images, stop everything."""
     from lightbox.demo import run_demo
 
-    rc = run_demo(out=out, count=count, presets=[p.strip() for p in presets.split(",") if p.strip()],
+    rc = run_demo(out=out, count=count, presets=names(presets),
                   timeout_s=timeout, console=console, segmenter=segmenter)
     raise typer.Exit(rc)

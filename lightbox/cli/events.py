@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
-from lightbox.cli.common import Bootstrap, console, err, resolve_bootstrap
+from lightbox.cli.common import Bootstrap, console, err, resolve_bootstrap, time_ms
 from lightbox.show import event_table, print_latency_table, save_variants, variant_reader
 from streams.settings import Settings
 
@@ -84,30 +85,14 @@ def report(
         console.print(f"wrote {draw_stage_chart(events, png)}")
 
 
-def _when_ms(text: str | None) -> int | None:
-    """Epoch milliseconds from an ISO-8601 time (UTC when no zone is given) or a number of ms."""
-    if text is None:
-        return None
-    if text.isdigit():
-        return int(text)
-    from datetime import UTC, datetime
-
-    try:
-        t = datetime.fromisoformat(text)
-    except ValueError:
-        err.print(f"[red]not a time:[/] {text!r} (ISO-8601, e.g. 2026-11-30T10:00:00Z, or epoch ms)")
-        raise typer.Exit(2) from None
-    return int((t if t.tzinfo else t.replace(tzinfo=UTC)).timestamp() * 1000)
-
-
 def audit(
     bootstrap: Bootstrap = None,
     input_topic: Annotated[list[str] | None, typer.Option(
         "--input-topic", help="input topic(s) to audit (default: the input and backfill topics)")] = None,
     from_offset: Annotated[int | None, typer.Option(help="first input offset, in every partition")] = None,
     to_offset: Annotated[int | None, typer.Option(help="input offsets below this, in every partition")] = None,
-    since: Annotated[str | None, typer.Option(help="inputs at or after this time (ISO-8601 or epoch ms)")] = None,
-    until: Annotated[str | None, typer.Option(help="inputs before this time (ISO-8601 or epoch ms)")] = None,
+    since: Annotated[str | None, typer.Option(help="inputs at or after this time (ISO 8601 or epoch ms)")] = None,
+    until: Annotated[str | None, typer.Option(help="inputs before this time (ISO 8601 or epoch ms)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the report as JSON")] = False,
 ) -> None:
     """Reconcile inputs against processed events and dead letters.
@@ -124,24 +109,10 @@ def audit(
     topics = input_topic or [settings.topics.input, settings.topics.backfill]
     report = asyncio.run(run_audit(resolve_bootstrap(bootstrap), topics, [settings.topics.output, settings.topics.dlq],
                                    from_offset=from_offset, to_offset=to_offset,
-                                   since_ms=_when_ms(since), until_ms=_when_ms(until)))
+                                   since_ms=time_ms(since), until_ms=time_ms(until)))
     if as_json:
         console.print_json(json.dumps(report.as_dict()))
     else:
-        same = ("" if not report.duplicates
-                else " (byte-identical)" if report.duplicates_identical else " (NOT identical)")
-        console.print(f"inputs {report.inputs}  processed {report.processed}  dead letters {report.dead_letters}  "
-                      f"missing {len(report.missing)}  duplicates {report.duplicates}{same}", soft_wrap=True)
-        if report.error_codes:
-            console.print("dead letters by code: " + ", ".join(f"{k} {v}" for k, v in report.error_codes.items()))
-        for title, items in (("missing", report.missing), ("differing duplicates", report.conflicts),
-                             ("dead letters whose original differs from the input", report.original_mismatches)):
-            if items:
-                shown = ", ".join(items[:20]) + (f" … ({len(items)} in all)" if len(items) > 20 else "")
-                console.print(f"[red]{title}:[/] {shown}")
-        if report.bad_digests:
-            console.print(f"[red]{report.bad_digests} processed events whose bytes do not match their sha256[/]")
-        if report.outside_range or report.unreadable_outputs:
-            console.print(f"({report.outside_range} outputs of inputs outside the range, "
-                          f"{report.unreadable_outputs} unreadable outputs)")
+        for line, problem in report.lines():
+            console.print(f"[red]{escape(line)}[/]" if problem else escape(line), soft_wrap=True)
     raise typer.Exit(0 if report.ok else 1)

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from lightbox.cli.common import Bootstrap, console, err, resolve_bootstrap
+from lightbox.cli.common import PRESETS, Bootstrap, console, err, names, resolve_bootstrap
 from streams.settings import Settings
 
 
@@ -18,7 +18,7 @@ def produce(
     manifest: Annotated[list[Path] | None, typer.Option(help="a CSV or JSONL manifest: sku, uri, optional presets, "
                                                                "image_id, merchant_id, background, lighting, "
                                                                "segmentation, priority, sha256 (repeatable)")] = None,
-    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = "taobao_main,jd_main,amazon_main",
+    presets: Annotated[str, typer.Option(help="comma-separated preset names")] = PRESETS,
     bootstrap: Bootstrap = None,
     topic: Annotated[str | None, typer.Option(help="input topic (default: $LIGHTBOX_INPUT_TOPIC)")] = None,
     uri: Annotated[bool, typer.Option("--uri/--inline", help="send local files as file:// URIs instead of "
@@ -32,23 +32,11 @@ def produce(
     manifest row, with a progress bar; waits until the brokers acknowledged every event."""
     from rich.progress import Progress
 
-    from streams.producer import (
-        ImageProducer,
-        ManifestError,
-        ManifestRow,
-        iter_image_files,
-        read_manifest,
-        sku_from_uri,
-    )
+    from streams.producer import ImageProducer, ManifestError, rows_to_publish
 
-    names = [p.strip() for p in presets.split(",") if p.strip()]
-    rows: list[tuple[ManifestRow, Path]] = []  # (row, the folder its relative paths start from)
+    wanted = names(presets)
     try:
-        local = [p for p in paths or [] if "://" not in p]
-        rows += [(ManifestRow(sku=f.stem, source=str(f.resolve())), f.parent) for f in iter_image_files(local)]
-        rows += [(ManifestRow(sku=sku_from_uri(u), source=u), Path.cwd()) for u in paths or [] if "://" in u]
-        for m in manifest or []:
-            rows += [(row, m.parent) for row in read_manifest(m)]
+        rows = rows_to_publish(paths or [], manifest or [])
     except (FileNotFoundError, ManifestError) as exc:
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(2) from None
@@ -63,7 +51,7 @@ def produce(
             with Progress(console=err) as bar:
                 task = bar.add_task("publishing", total=len(rows))
                 for row, base in rows:
-                    ev = prod.event_for_row(row, base=base, presets=names, inline=not uri, merchant_id=merchant,
+                    ev = prod.event_for_row(row, base=base, presets=wanted, inline=not uri, merchant_id=merchant,
                                             background=background)
                     futs.append(await prod.publish(ev))
                     bar.advance(task)

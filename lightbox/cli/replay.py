@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from lightbox.cli.common import Bootstrap, DryRun, console, err, resolve_bootstrap
+from lightbox.cli.common import PRESETS, Bootstrap, DryRun, console, err, names, resolve_bootstrap, time_ms
 from streams.settings import Settings
 
 replay_app = typer.Typer(help="Publish a backfill to the backfill topic at a set rate, resumably.\n\nFrom a "
@@ -32,8 +32,7 @@ Merchant = Annotated[str, typer.Option(help="merchant id")]
 def _defaults(presets: str, background: str, merchant: str) -> Any:
     from lightbox.replay import Defaults
 
-    names = tuple(p.strip() for p in presets.split(",") if p.strip())
-    return Defaults(presets=names, background=background.upper(), merchant_id=merchant)
+    return Defaults(presets=tuple(names(presets)), background=background.upper(), merchant_id=merchant)
 
 
 def _run_replay(make_source: Any, *, bootstrap: str | None, topic: str | None, rate: float | None, dry_run: bool,
@@ -100,7 +99,7 @@ def _run_replay(make_source: Any, *, bootstrap: str | None, topic: str | None, r
 def replay_manifest(
     manifest: Annotated[Path, typer.Argument(help="CSV or JSON Lines: sku, uri, optional presets, background, "
                                                   "lighting, segmentation, priority, image_id, merchant_id")],
-    presets: Presets = "taobao_main,jd_main,amazon_main",
+    presets: Presets = PRESETS,
     background: Annotated[str, typer.Option(help="white, transparent or keep, for rows that name none")] = "white",
     merchant: Annotated[str, typer.Option(help="merchant id for rows that name none")] = "catalog",
     rate: Rate = None, dry_run: DryRun = False, checkpoint: Checkpoint = None, restart: Restart = False,
@@ -116,7 +115,7 @@ def replay_manifest(
 @replay_app.command("folder")
 def replay_folder(
     folder: Annotated[Path, typer.Argument(help="folder of images (searched recursively, sorted by path)")],
-    presets: Presets = "taobao_main,jd_main,amazon_main",
+    presets: Presets = PRESETS,
     background: Background = "white",
     merchant: Merchant = "catalog",
     inline: Annotated[bool, typer.Option("--inline/--uri", help="send the bytes instead of file:// URIs")] = False,
@@ -138,7 +137,7 @@ def replay_prefix(
                                                      "suffixes (.jpg .jpeg .png .webp); without a '/' it is matched "
                                                      "against the key's name, with one against the key below the "
                                                      "prefix")] = None,
-    presets: Presets = "taobao_main,jd_main,amazon_main",
+    presets: Presets = PRESETS,
     background: Background = "white",
     merchant: Merchant = "catalog",
     rate: Rate = None, dry_run: DryRun = False, checkpoint: Checkpoint = None, restart: Restart = False,
@@ -147,7 +146,7 @@ def replay_prefix(
     """One event per image object under an object-store prefix, its URL as the source URI (workers fetch
     it: their LIGHTBOX_FETCH_ALLOW must name the bucket); SKU = the key's name without suffix. Zero-byte
     objects (folder markers) are left out. Credentials come from the store's standard environment
-    (AWS_*, GOOGLE_*, AZURE_*), and LIGHTBOX_S3_ENDPOINT names an S3-compatible server, as for workers.
+    (`AWS_*`, `GOOGLE_*`, `AZURE_*`), and LIGHTBOX_S3_ENDPOINT names an S3-compatible server, as for workers.
     The sorted listing is fixed at the first run (kept beside the checkpoint), so a resumed run continues
     without gaps or repeats whatever lands under the prefix meanwhile. (A command of its own rather than
     `replay folder` with a URL: no local paths, no --inline, and a listing that is fixed per job.)"""
@@ -158,25 +157,14 @@ def replay_prefix(
                 bootstrap=bootstrap, topic=topic, rate=rate, dry_run=dry_run, checkpoint=checkpoint, restart=restart)
 
 
-def _ms(value: str | None) -> int | None:
-    if value is None:
-        return None
-    from datetime import UTC, datetime
-
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise typer.BadParameter(f"{value!r} is not an ISO 8601 time (e.g. 2026-11-30T10:00:00Z)") from None
-    return int((when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() * 1000)
-
-
 @replay_app.command("topic")
 def replay_topic(
     source_topic: Annotated[str | None, typer.Option(help="topic to read (default: $LIGHTBOX_INPUT_TOPIC)")] = None,
     partition: Annotated[list[int] | None, typer.Option(help="only this partition (repeatable)")] = None,
     from_offset: Annotated[int | None, typer.Option(help="first offset, every partition")] = None,
     to_offset: Annotated[int | None, typer.Option(help="end offset (not included), every partition")] = None,
-    since: Annotated[str | None, typer.Option(help="first record at or after this time (ISO 8601, UTC if no zone)")]
+    since: Annotated[str | None, typer.Option(help="first record at or after this time (ISO 8601, UTC if no zone, or "
+                                                                  "epoch ms)")]
     = None,
     until: Annotated[str | None, typer.Option(help="stop before the first record at or after this time")] = None,
     rate: Rate = None, dry_run: DryRun = False, checkpoint: Checkpoint = None, restart: Restart = False,
@@ -187,9 +175,11 @@ def replay_topic(
     original in a `lightbox-replay-of` header. Unset bounds: from the start, to the end at the first run."""
     from lightbox.replay import TopicSource
 
+    start_ms, end_ms = time_ms(since), time_ms(until)  # a bad time is an option error, before any connection
+
     def make() -> TopicSource:
         return TopicSource(resolve_bootstrap(bootstrap), source_topic or Settings().topics.input, partitions=partition,
-                           start_offset=from_offset, end_offset=to_offset, start_ms=_ms(since), end_ms=_ms(until))
+                           start_offset=from_offset, end_offset=to_offset, start_ms=start_ms, end_ms=end_ms)
 
     _run_replay(make, bootstrap=bootstrap, topic=topic, rate=rate, dry_run=dry_run, checkpoint=checkpoint,
                 restart=restart)
@@ -199,9 +189,11 @@ def replay_topic(
 def redrive(
     code: Annotated[str | None, typer.Option(help="only these error codes, comma-separated (e.g. FETCH_FAILED)")]
     = None,
-    since: Annotated[str | None, typer.Option(help="only dead letters that failed at or after this time (ISO 8601)")]
+    since: Annotated[str | None, typer.Option(help="only dead letters that failed at or after this time (ISO 8601 or "
+                                                     "epoch ms)")]
     = None,
-    until: Annotated[str | None, typer.Option(help="only dead letters that failed before this time (ISO 8601)")] = None,
+    until: Annotated[str | None, typer.Option(help="only dead letters that failed before this time (ISO 8601 "
+                                                   "or epoch ms)")] = None,
     source_topic: Annotated[str | None, typer.Option(help="only dead letters of inputs from this topic")] = None,
     max_attempts: Annotated[int, typer.Option(help="leave dead letters that already had this many attempts")] = 5,
     dry_run: DryRun = False,
@@ -221,7 +213,7 @@ def redrive(
         codes = parse_codes(code, [str(c) for c in ErrorCode])
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    flt = RedriveFilter(codes=codes, since_ms=_ms(since), until_ms=_ms(until), source_topic=source_topic,
+    flt = RedriveFilter(codes=codes, since_ms=time_ms(since), until_ms=time_ms(until), source_topic=source_topic,
                         max_attempts=max_attempts)
     target = topic or settings.topics.input
     res = asyncio.run(run_redrive(resolve_bootstrap(bootstrap), settings.topics.dlq, target, flt, dry_run=dry_run))

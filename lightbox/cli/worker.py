@@ -44,7 +44,7 @@ def backfill_worker(
 ) -> None:
     """Run the backfill tier alone, beside the live workers.
 
-    Consumes the backfill topic (group <group id>.backfill) and publishes its outputs, at a CPU
+    Consumes the backfill topic (group `<group id>.backfill`) and publishes its outputs, at a CPU
     priority LIGHTBOX_BACKFILL_NICE lower and (Linux, unless LIGHTBOX_BACKFILL_SCHED_IDLE=false) only
     on cores nothing else wants, with no live input. `lightbox worker` starts one itself on a CPU
     worker on Linux (LIGHTBOX_BACKFILL_PROCESS=auto, the default; true/false force it), shares its

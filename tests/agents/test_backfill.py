@@ -1,5 +1,5 @@
-"""The backfill lane on a real broker: replay (interrupted and resumed, killed and resumed, a topic
-range), live-first workers, redrive, and audit over the backfill lane."""
+"""The backfill tier on a real broker: replay (interrupted and resumed, killed and resumed, a topic
+range), live-first workers, redrive, and audit over the backfill tier."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pytest
 from lightbox.replay import (
     REPLAY_JOB_HEADER,
     REPLAY_OF_HEADER,
-    REPLAY_SEQ_HEADER,
+    REPLAY_POSITION_HEADER,
     Defaults,
     FolderSource,
     TopicSource,
@@ -57,8 +57,8 @@ def seqs_of(records: list[Any], job: str) -> Counter[tuple[int, int]]:
     for r in records:
         h = dict(r.headers)
         if h.get(REPLAY_JOB_HEADER) == job.encode():
-            lane, _, seq = h[REPLAY_SEQ_HEADER].decode().partition(":")
-            found[(int(lane), int(seq))] += 1
+            part, _, seq = h[REPLAY_POSITION_HEADER].decode().partition(":")
+            found[(int(part), int(seq))] += 1
     return found
 
 
@@ -307,7 +307,7 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
     # the one time it was printed; the live inputs wait for none of them)
     assert len(after) >= len(backlog) // 2, (len(after), len(between))
 
-    # lightbox audit covers the backfill lane: every input of both topics has exactly one output
+    # lightbox audit covers the backfill tier: every input of both topics has exactly one output
     from lightbox.audit import run_audit
 
     report = asyncio.run(run_audit(settings.kafka.bootstrap, [settings.topics.input, settings.topics.backfill],
@@ -528,7 +528,7 @@ def test_a_worker_whose_backfill_process_cannot_have_its_metrics_port_exits_befo
         assert worker.proc.wait(120) == 70, worker.log_tail()
     log = worker.log_tail()
     assert "could not start" in log and f"metrics port {port + 1}" in log and "LIGHTBOX_BACKFILL_METRICS_PORT" in log
-    assert "backfill lane: process" not in log  # no child was started
+    assert "backfill tier: process" not in log  # no child was started
 
 
 @pytest.mark.slow
@@ -586,7 +586,7 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
                        -1: _metric_lines(port + 1, lag)}) != want and time.monotonic() < deadline:
             time.sleep(0.5)
         assert got == want, worker.log_tail()
-        os.kill(child, signal.SIGKILL)  # the backfill lane is gone: the worker must not go on without it
+        os.kill(child, signal.SIGKILL)  # the backfill tier is gone: the worker must not go on without it
         assert worker.proc.wait(60) == 70, worker.log_tail()
         assert "backfill process" in worker.log_tail(80)
     finally:

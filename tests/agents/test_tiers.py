@@ -254,7 +254,7 @@ def test_lower_thread_priority_lowers_only_the_calling_thread() -> None:
 def test_backfill_prepare_and_output_run_in_their_own_threads_and_never_hold_up_live() -> None:
     """With ``backfill_threads``, a backfill output that is stuck (a slow encode, a slow store) does
     not hold up a live input behind it, even with one live output thread; and backfill prepare and
-    output calls run in the backfill lane's own threads. (With shared threads the live input would
+    output calls run in the backfill tier's own threads. (With shared threads the live input would
     wait for the stuck output: one output thread.)"""
     import asyncio
     import threading
@@ -527,24 +527,15 @@ def test_the_backfill_process_is_the_cpu_default_on_linux_and_its_metrics_sit_on
     assert Settings(metrics_port=9464, backfill_metrics_port=0).resolved_backfill_metrics_port() == 0
 
 
-def test_the_backfill_release_rules_are_arguments_not_settings(monkeypatch: pytest.MonkeyPatch,
-                                                               tmp_path: Path) -> None:
-    """The earlier release rules exist for the backfill benchmark only: the environment cannot turn
-    them on, the worker assembly hands them to the batcher, and a backfill child gets them as flags
-    its command line parses back."""
-    from agents.tiers import DEFAULT_RULES, BackfillRules
+def test_the_worker_runs_the_pipelined_release_rules_whatever_the_environment(monkeypatch: pytest.MonkeyPatch,
+                                                                              tmp_path: Path) -> None:
+    """The release rules are no settings: the environment cannot turn them off."""
     from agents.wiring import batching_config, tier_batcher
     from streams.settings import Settings
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("LIGHTBOX_BACKFILL_PIPELINED", "false")  # no such setting any more: ignored
+    monkeypatch.setenv("LIGHTBOX_BACKFILL_PIPELINED", "false")  # no such setting: ignored
     monkeypatch.setenv("LIGHTBOX_BACKFILL_WAIT_FOR_LIVE", "false")
     s = Settings(device="cpu")
-    batching = batching_config(s, "cpu")
-    default = tier_batcher(s, batching)
-    assert (default.pipelined, default.wait_for_live) == (True, True) and DEFAULT_RULES.flags() == []
-    first = BackfillRules(pipelined=False, wait_for_live=False)
-    batcher = tier_batcher(s, batching, first)
-    assert (batcher.pipelined, batcher.wait_for_live) == (False, False)
-    assert first.flags() == ["--no-pipelined", "--no-wait-for-live"]
-    assert BackfillRules(wait_for_live=False).flags() == ["--no-wait-for-live"]
+    batcher = tier_batcher(s, batching_config(s, "cpu"))
+    assert (batcher.pipelined, batcher.wait_for_live) == (True, True)

@@ -56,7 +56,7 @@ def test_sigterm_during_the_runtime_gate_stops_the_worker_with_exit_0(settings: 
     text = log.read_text()
     assert code == 0, (code, text[-2000:])
     assert "stopped while starting (SIGTERM)" in text, text[-2000:]
-    assert "backfill lane: process" not in text  # it stopped before starting anything else
+    assert "backfill tier: process" not in text  # it stopped before starting anything else
 
 
 @pytest.mark.parametrize("command", [["-c", "from lightbox.cli import main; main()", "worker"],

@@ -148,7 +148,7 @@ def test_the_window_covers_what_the_presets_read_and_leaves_the_rest() -> None:
     assert (x1 - x0) * (y1 - y0) < 0.6 * h * w
     ys, xs = np.nonzero(mask)
     assert x0 <= xs.min() and xs.max() < x1 and y0 <= ys.min() and ys.max() < y1
-    assert CpuRetoucher(RetouchConfig.legacy()).correction_window(image, mask, PRESETS) is None
+    assert CpuRetoucher(RetouchConfig(crop_to_presets=False)).correction_window(image, mask, PRESETS) is None
     assert r.correction_window(image, None, PRESETS) is None
     # a subject that fills the frame leaves nothing out
     full = np.full(mask.shape, 255, np.uint8)

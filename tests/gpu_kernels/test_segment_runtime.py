@@ -376,7 +376,8 @@ def test_unsure_share_is_the_band_around_one_half_against_the_subject() -> None:
 def test_checked_bf16_runs_exactly_the_unsure_images_again_at_f32(u2netp: ModelFiles) -> None:
     """recheck: an image whose bf16 map's unsure share exceeds it gets the f32 output, the others
     keep bf16's."""
-    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter, supports_bf16, unsure_share
+    from gpu_kernels.segment.machine import openvino_bf16 as supports_bf16
+    from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter, unsure_share
 
     if not supports_bf16():
         pytest.skip("this CPU has no bf16 instructions (AVX512-BF16, AMX): the checked bf16 is not offered here")
@@ -402,7 +403,8 @@ def test_checked_bf16_runs_exactly_the_unsure_images_again_at_f32(u2netp: ModelF
 
 
 def test_checked_bf16_is_a_runtime_where_the_cpu_has_bf16(u2netp: ModelFiles, tmp_path: Path) -> None:
-    from gpu_kernels.segment.openvino_runner import RECHECK_UNSURE, supports_bf16
+    from gpu_kernels.segment.machine import openvino_bf16 as supports_bf16
+    from gpu_kernels.segment.openvino_runner import RECHECK_UNSURE
     from gpu_kernels.segment.runtime import available_runtimes
 
     if not supports_bf16():

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpu_kernels.segment.openvino_runner import openvino_available
+from gpu_kernels.segment.machine import openvino_available
 
 pytestmark = pytest.mark.skipif(not openvino_available(), reason="needs the 'openvino' package")
 

@@ -10,7 +10,8 @@ import pytest
 
 from gpu_kernels.segment import runtime as rt
 from gpu_kernels.segment.fetch_model import sha256_file
-from gpu_kernels.segment.onnx_runner import OnnxSegmenter, usable_cores
+from gpu_kernels.segment.machine import usable_cores
+from gpu_kernels.segment.onnx_runner import OnnxSegmenter
 from gpu_kernels.segment.runtime import GateResult, _GateCache, make_model_segmenter
 
 
@@ -32,7 +33,7 @@ def test_cached_verdicts_that_all_fail_give_fp32_without_loading_candidates(
     threads = usable_cores()
     _seed(tmp_path, u2netp.batched, {"openvino-bf16": (0.84, 150.0), "openvino-f32": (1.0, 290.0),
                                      "int8": (0.3, 170.0)}, threads)
-    monkeypatch.setattr(rt, "_cpu_candidates", _no_candidates)
+    monkeypatch.setattr(rt, "_factories", _no_candidates)
     seg, choice = make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
     assert isinstance(seg, OnnxSegmenter) and choice.runtime == "fp32"
     assert {g.runtime for g in choice.gates} == {"openvino-bf16", "openvino-f32", "int8"}
@@ -51,13 +52,42 @@ def test_a_cached_verdict_that_passes_still_loads_the_winner(
             return OnnxSegmenter(u2netp.batched)  # stands in for the winner's runtime
         return {"openvino-f32": make}
 
-    monkeypatch.setattr(rt, "_cpu_candidates", candidates)
+    monkeypatch.setattr(rt, "_factories", candidates)
     _, choice = make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
     assert choice.runtime == "openvino-f32" and loaded == ["openvino-f32"]
 
 
 def test_missing_candidate_list_falls_back_to_judging(u2netp: Any, tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rt, "_cpu_candidates", _no_candidates)
+    monkeypatch.setattr(rt, "_factories", _no_candidates)
     with pytest.raises(AssertionError, match="candidate runtimes were loaded"):
         make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
+
+
+def test_without_onnx_runtime_every_choice_says_which_extra_to_install(u2netp: Any, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu_kernels.segment import machine
+    from schemas.errors import ProcessingFailed
+
+    monkeypatch.setattr(machine, "ort_available", lambda: False)
+    for runtime in ("auto", "fp32", "openvino"):
+        with pytest.raises(ProcessingFailed, match=r"lightbox\[cpu\]") as info:
+            make_model_segmenter(u2netp.batched, runtime=runtime, cache_dir=tmp_path)
+        assert "\n" not in str(info.value)
+
+
+def test_the_table_is_what_settings_accept_and_what_each_device_offers() -> None:
+    from pydantic import ValidationError
+
+    from schemas import segment_runtimes as table
+    from streams.settings import Settings
+
+    for name in table.NAMES:
+        assert Settings(segment_runtime=name).segment.runtime == name
+    with pytest.raises(ValidationError, match="one of: auto"):
+        Settings(segment_runtime="tensorrt")
+    assert "fp16" in table.names_for("gpu") and "fp16" not in table.names_for("cpu")
+    assert "openvino" in table.names_for("cpu") and "openvino" not in table.names_for("gpu")
+    for fam in table.FAMILIES:  # every name a family refers to is a row of the table or another family
+        assert all(table.runtime(n) is not None or table.family(n, fam.device) is not None
+                   for n in (*fam.candidates, *fam.fallback))

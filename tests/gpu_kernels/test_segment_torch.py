@@ -35,8 +35,9 @@ if importlib.util.find_spec("torch") is None:
     pytest.skip("torch is not installed (the [torch] extra; make test-torch)", allow_module_level=True)
 torch = import_torch()  # idle OpenMP threads sleep, as in the worker
 
+from gpu_kernels.segment.machine import torch_cpu_supports  # noqa: E402
 from gpu_kernels.segment.onnx_torch import load_onnx_module  # noqa: E402
-from gpu_kernels.segment.torch_runner import TorchSegmenter, torch_cpu_supports  # noqa: E402
+from gpu_kernels.segment.torch_runner import TorchSegmenter  # noqa: E402
 
 
 def small_gate() -> list[np.ndarray]:

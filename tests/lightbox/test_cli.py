@@ -127,7 +127,7 @@ def test_tail_and_report_read_processed_events(kafka_bootstrap: str, settings, t
      "a process of its own beside each worker, CPU priority +10, metrics on :9501"),
     ({"LIGHTBOX_BACKFILL_ENABLED": "false"}, "off (LIGHTBOX_BACKFILL_ENABLED=false)"),
 ])
-def test_doctor_says_where_the_backfill_lane_runs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
+def test_doctor_says_where_the_backfill_tier_runs(monkeypatch: pytest.MonkeyPatch, env: dict[str, str],
                                                   says: str) -> None:
     from lightbox.doctor import _backfill
 
@@ -135,4 +135,35 @@ def test_doctor_says_where_the_backfill_lane_runs(monkeypatch: pytest.MonkeyPatc
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     check = _backfill()
-    assert check.name == "backfill lane" and check.status == "ok" and check.detail.startswith(says), check
+    assert check.name == "backfill tier" and check.status == "ok" and check.detail.startswith(says), check
+
+
+def test_contact_sheet_skips_what_does_not_decode_and_says_so(catalog: list[Path], tmp_path: Path) -> None:
+    junk = tmp_path / "in" / "junk.jpg"
+    junk.parent.mkdir()
+    junk.write_bytes(b"\xff\xd8 not a jpeg")
+    for f in catalog[:2]:
+        (tmp_path / "in" / f.name).write_bytes(f.read_bytes())
+    out = tmp_path / "sheet.png"
+    result = runner.invoke(app, ["contact-sheet", str(tmp_path / "in"), "--out", str(out), "--segmenter", "classical"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "skipped junk.jpg" in result.output and "(2 rows)" in result.output
+    assert out.stat().st_size > 0
+    nothing = runner.invoke(app, ["contact-sheet", str(junk), "--out", str(tmp_path / "none.png")])
+    assert nothing.exit_code == 1 and "no decodable images" in nothing.output
+
+
+def test_process_help_lists_every_segment_runtime_of_the_table() -> None:
+    from schemas.segment_runtimes import NAMES
+
+    result = runner.invoke(app, ["process", "--help"], env={"COLUMNS": "300"})
+    assert result.exit_code == 0
+    assert all(name in result.output for name in NAMES)
+
+
+def test_help_paragraphs_wrap_at_the_terminal_width_not_at_the_source_lines() -> None:
+    result = runner.invoke(app, ["process", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0
+    assert "Exit code 1 when any input became a dead letter." in result.output
+    assert "`<sku>.<preset>.<ext>`" in result.output or "<sku>.<preset>.<ext>" in result.output

@@ -12,7 +12,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from agents.wiring import build_processor
-from gpu_kernels.segment.openvino_runner import openvino_available
+from gpu_kernels.segment.machine import openvino_available
 from lightbox.cli import app
 from lightbox.offline import OUTPUT_THREADS, LanePipeline, process_files, unique_skus
 from lightbox.samples import BAD_INPUTS
@@ -91,7 +91,7 @@ def test_cli_process_says_why_a_model_cannot_load_without_a_traceback(catalog: l
     bad.write_bytes(b"not a model")
     monkeypatch.setenv("LIGHTBOX_SEGMENT_RUNTIME", "openvino-f32")
     monkeypatch.setenv("LIGHTBOX_MODEL_DIR", str(tmp_path / "models"))
-    for model, why in ((bad, "OpenVINO cannot load model"), (tmp_path / "missing.onnx", "No such file")):
+    for model, why in ((bad, "OpenVINO cannot load model"), (tmp_path / "missing.onnx", "does not exist")):
         monkeypatch.setenv("LIGHTBOX_MODEL_PATH", str(model))
         out = tmp_path / f"out-{model.stem}"
         result = runner.invoke(app, ["process", str(catalog[0]), "--out", str(out)])

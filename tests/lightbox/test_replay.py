@@ -1,4 +1,4 @@
-"""Pure parts of the backfill lane: manifests, the token bucket, replay progress, the checkpoint."""
+"""Pure parts of the backfill tier: manifests, the token bucket, replay progress, the checkpoint."""
 
 from __future__ import annotations
 
@@ -138,3 +138,13 @@ def test_checkpoint_round_trip_and_job_ids(tmp_path: Path) -> None:
     assert Checkpoint.load(tmp_path / "c.json") == c
     assert Checkpoint.load(tmp_path / "missing.json") is None
     assert job_id({"a": 1, "b": 2}, "t") == job_id({"b": 2, "a": 1}, "t") != job_id({"a": 1, "b": 2}, "u")
+
+
+def test_the_replay_position_is_read_from_the_current_and_the_earlier_header() -> None:
+    from lightbox.replay import REPLAY_POSITION_HEADER, REPLAY_SEQ_HEADER, replay_position
+
+    assert replay_position({REPLAY_POSITION_HEADER: b"3:17"}) == (3, 17)
+    assert replay_position({REPLAY_SEQ_HEADER: b"0:5"}) == (0, 5)  # written by earlier versions
+    assert replay_position({REPLAY_POSITION_HEADER: b"1:2", REPLAY_SEQ_HEADER: b"9:9"}) == (1, 2)
+    assert replay_position({}) is None
+    assert replay_position({REPLAY_POSITION_HEADER: b"garbage"}) is None

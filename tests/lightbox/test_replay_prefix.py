@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from blobio.fetch import Fetcher, FetchPolicy, split_uri
 from lightbox.cli import app
-from lightbox.replay import REPLAY_SEQ_HEADER, Defaults, PrefixSource, ReplayError, run_replay
+from lightbox.replay import REPLAY_POSITION_HEADER, Defaults, PrefixSource, ReplayError, run_replay
 from schemas.events import EventCodecs
 from streams.app import ensure_topics
 from streams.settings import Settings
@@ -153,7 +153,7 @@ def test_prefix_replay_counts_resumes_and_survives_a_crash_past_the_checkpoint(
     records = asyncio.run(read_raw(settings.kafka.bootstrap, settings.topics.backfill))
     seen = seqs_of(records, first.job)
     assert sorted(seen) == [(0, i) for i in range(len(IMAGES))] and set(seen.values()) == {1}
-    by_seq = {int(dict(r.headers)[REPLAY_SEQ_HEADER].split(b":")[1]): ev
+    by_seq = {int(dict(r.headers)[REPLAY_POSITION_HEADER].split(b":")[1]): ev
               for r, ev in zip(records, decoded(records), strict=True)}
     uris = [by_seq[i]["source"]["uri"] for i in range(len(IMAGES))]
     assert [split_uri(u)[2].lstrip("/") for u in uris] == sorted(images)  # the new object is not in the job
