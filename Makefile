@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-gpu test-torch lint demo bench kafka-jars s3-jars registry-app image image-test clean
+.PHONY: setup test test-gpu test-torch lint docs demo bench kafka-jars s3-jars registry-app image image-test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ lint: setup  ## ruff + mypy + the import layers (pyproject [tool.importlinter])
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+docs: setup  ## regenerate docs/settings.md from streams/settings.py (a test fails while it is stale)
+	$(BIN)/lightbox settings --markdown > docs/settings.md
 
 demo: setup kafka-jars  ## local broker, sample catalog, one worker, latency table, images in out/demo
 	$(BIN)/lightbox demo --out out/demo

@@ -3,11 +3,10 @@ second Faust agent.
 
 Why not a Faust agent: in faust-streaming 0.15.3 all agents share one consumer whose conductor
 waits, for every topic, while any one agent's buffer is full; a backfill agent that takes only
-spare capacity fills its buffer and so holds up live records (measured here: live p50 went from
-0.24 s to 20 s). And Faust's ``pause_partitions`` filters records already fetched against the
+spare capacity fills its buffer and so holds up live records (docs/backfills.md has the
+measurement). And Faust's ``pause_partitions`` filters records already fetched against the
 paused set after the position moved past them, so they are lost to the stream. aiokafka's own
-``pause`` keeps the position, and with a consumer of our own we pull only what the runner has
-room for.
+``pause`` keeps the position, and a consumer of its own pulls only what the runner has room for.
 
 The loop, every ``backfill_check_ms``: live work is about while it is queued in the worker or the
 live lag is over ``backfill_max_live_lag`` (:func:`agents.tiers.pause_backfill`); the

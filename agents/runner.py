@@ -244,7 +244,7 @@ class BatchRunner:
     # -- loops -------------------------------------------------------------------------------
     async def _prepare_loop(self, tier: str) -> None:
         """Hands submitted inputs to the prepare threads in groups: one thread hop per group, not
-        per input (a hop costs the event loop a GIL hand-over, ~0.1 ms on a busy 2-core machine).
+        per input (a hop costs the event loop a GIL hand-over, ~0.1 ms on a busy 2-vCPU host).
         The consumer hands inputs over one at a time, so a group shorter than
         ``max_prepare_batch`` lingers ``prepare_linger_s`` for more. Each call takes what is
         queued, up to ``max_prepare_batch``; a larger backlog goes to the other prepare threads

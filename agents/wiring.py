@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any
 from agents.batching import BatchingConfig, MicroBatcher
 from agents.process import BatchProcessor
 from agents.runner import Pair, RunnerConfig
+from agents.segmenters import Segmenters, make_segmenters
 from agents.tiers import TierBatcher
 from blobio.fetch import Fetcher, FetchPolicy
 from blobio.store import make_store
-from gpu_kernels.backends import Retoucher, Segmenter
+from gpu_kernels.backends import Retoucher
 from gpu_kernels.codec import make_decoder, make_encoder
 from gpu_kernels.pipeline import RetouchPipeline
 from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
-from schemas.errors import ProcessingFailed
 from streams.registry import event_codecs
 from streams.settings import PIPELINE_VERSION, FetchSettings, Settings
 
@@ -33,55 +33,21 @@ def _retoucher(device: str) -> Retoucher:
     return CupyRetoucher() if device == "gpu" else CpuRetoucher()
 
 
-def _segmenters(settings: Settings, device: str) -> tuple[Segmenter | None, Segmenter | None, str]:
-    """(model, classical fallback, model version) as configured."""
-    seg = settings.segment
-    if seg.segmenter == "none":
-        return None, None, "none"
-    from gpu_kernels.segment import ensure_u2netp, make_segmenter
-
-    classical = make_segmenter("classical", device)
-    if seg.segmenter == "classical":
-        return None, classical, classical.version
-    from gpu_kernels.segment import make_model_segmenter
-    from gpu_kernels.segment.model import resolve_model
-
-    if seg.segmenter == "triton":  # the model runs on a shared Triton server; masks made here
-        from gpu_kernels.segment.model import KNOWN_SPECS, load_model_config
-        from gpu_kernels.segment.triton_runner import TritonSegmenter
-
-        if seg.model_config_file is not None:
-            spec = load_model_config(seg.model_config_file)[1]
-        elif seg.model_spec in KNOWN_SPECS:
-            spec = KNOWN_SPECS[seg.model_spec]
-        else:
-            raise ProcessingFailed(f"unknown model spec {seg.model_spec!r}; known: {sorted(KNOWN_SPECS)}",
-                                   stage="segment")
-        remote = TritonSegmenter(settings.triton.url, settings.triton.model, spec,
-                                 max_batch=settings.batching.max_batch or 16, timeout_s=settings.triton.timeout_s)
-        return remote, classical, remote.version
-
-    path, spec = resolve_model(seg.model_path, seg.model_spec, seg.model_config_file)
-    model, choice = make_model_segmenter(path or ensure_u2netp().batched, spec, device=device,
-                                         runtime=seg.runtime, threads=seg.threads,
-                                         cuda_graphs=seg.cuda_graphs,
-                                         max_batch=settings.batching.max_batch if device == "gpu" else None)  # CPU: 1
-    runtime = "" if choice.runtime == "fp32" else f"+{choice.runtime}"  # events name the runtime when not fp32
-    return model, classical, f"{model.version}{runtime}"
-
-
-def build_pipeline(settings: Settings, device: str) -> tuple[RetouchPipeline, str]:
-    """The pipeline and its model version string."""
+def build_pipeline(settings: Settings, device: str, segmenters: Segmenters | None = None
+                   ) -> tuple[RetouchPipeline, str]:
+    """The pipeline and its model version string; ``segmenters``: made before
+    (:func:`agents.segmenters.make_segmenters`), else made here."""
     decoder = make_decoder(device, max_pixels=settings.limits.max_pixels, max_bytes=settings.limits.max_image_bytes,
                            max_frames=settings.limits.max_frames, max_scans=settings.limits.max_scans,
                            time_budget_s=settings.limits.decode_time_budget_s)
-    model, classical, model_version = _segmenters(settings, device)
+    model, classical, model_version = segmenters or make_segmenters(settings, device)
     return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), model, classical), model_version
 
 
-def build_processor(settings: Settings, device: str | None = None) -> BatchProcessor:
+def build_processor(settings: Settings, device: str | None = None, *,
+                    segmenters: Segmenters | None = None) -> BatchProcessor:
     device = device or settings.resolved_device()
-    pipeline, model_version = build_pipeline(settings, device)
+    pipeline, model_version = build_pipeline(settings, device, segmenters)
     return BatchProcessor(
         pipeline, load_presets(settings.worker.presets_file),
         event_codecs(settings, patience_s=None),  # an unreachable registry: inputs wait, never dead letters
@@ -122,9 +88,8 @@ def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: in
     ``device_threads`` running, each ``queue_depth`` waiting; output: ``output_threads`` running,
     ``queue_depth`` waiting) plus a filling batch must fit in flight at the largest batch size:
     with fewer inputs in flight the lanes hold small batches, and every batch costs thread hops and
-    a produce request (with a backlog of 64×64 images and 64 in flight, batches averaged 2 items;
-    bench/bench_overhead.py). ``device_threads`` is the setting, else ``side_by_side`` (the
-    pipeline's: how many calls its model runs at once to good effect)."""
+    a produce request (docs/performance.md, the 64×64 backlog). ``device_threads`` is the setting,
+    else ``side_by_side`` (the pipeline's: how many calls its model runs at once to good effect)."""
     depth = RunnerConfig().queue_depth
     device_threads = settings.runner.device_threads or side_by_side
     slots = (1 + depth) + (device_threads + depth) + (settings.runner.output_threads + depth) + 1

@@ -33,7 +33,7 @@ covered by spans: the broker hop and the wait for a prepare thread). Drain rate 
 per second during the live window; spare capacity = capacity − live rate, with the capacity
 measured again in each round (the mean of a burst, as in the first phase, at its start and one at
 its end: the shared machine's capacity moves), while the live rate stays the one set from the first
-capacity phase. Goals (issue 13): live
+capacity phase. Goals: live
 p99 with the backlog ≤ 1.2 × live p99 alone; drain ≥ 80 % of spare capacity. Writes
 ``bench_backfill.json`` and ``bench_backfill.png`` (live latency over time per phase, backlog depth
 over time, where live latency goes) to ``--out``. Small images (longer side ``--side`` px) and one
@@ -413,7 +413,7 @@ async def main() -> None:
         backlog = int(args.backlog_factor * rate * args.seconds)
         print(f"capacity {cap['capacity']:.1f} img/s; live at {rate:.1f} img/s; backlog {backlog}", file=sys.stderr)
         for r in range(args.rounds):
-            # the machine's capacity moves with the other engineers' load: each round measures its own
+            # a shared machine's capacity moves with other load: each round measures its own
             rnd: dict[str, Any] = {"capacity_before": (await phase(f"r{r + 1}-capacity", bootstrap, data, images, args,
                                                                    env, burst=args.burst))["capacity"]}
             print(f"round {r + 1} capacity {rnd['capacity_before']:.1f} img/s", file=sys.stderr)
@@ -466,7 +466,7 @@ async def main() -> None:
         summary[mode] = m
     report = {"summary": summary, "settings": vars(args) | {"out": str(args.out)}, "envs": envs,
               "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                          "note": "shared development machine (several engineers at once): noisy"},
+                          "note": "capacity measured per round: other load on the machine moves it"},
               "capacity_phase": cap, "rounds": rounds}
     (args.out / "bench_backfill.json").write_text(json.dumps(report, indent=1, default=float))
     draw(rounds, summary, args.out / "bench_backfill.png")

@@ -1,5 +1,5 @@
 """QPS–latency of adaptive micro-batching vs fixed batch sizes, on a real broker and the real
-CPU pipeline (issue 6, "Benchmark").
+CPU pipeline.
 
     PYTHONPATH=. .venv/bin/python bench/bench_batching.py [--quick] [--seconds S] [--seed 6]
         [--presets jd_main,thumb_webp] [--segmenter classical] [--max-side 800] [--out bench/results]

@@ -1,4 +1,4 @@
-"""Marketplace compliance over the sample catalog, per image and preset (issue 14 item 4).
+"""Marketplace compliance over the sample catalog, per image and preset.
 
 Runs the pipeline's own stages (decode → segment → correct → render → shadow → compliance; no
 encode) over ``lightbox.samples.make_catalog`` (24 images) with the classical segmenter and/or

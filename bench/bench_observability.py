@@ -1,5 +1,5 @@
 """What tracing + metrics cost: the same backlog through a ``lightbox worker`` with observability
-off and on, side by side, on a real broker and the real CPU pipeline (issue 12, "Overhead").
+off and on, side by side, on a real broker and the real CPU pipeline.
 
     PYTHONPATH=. .venv/bin/python bench/bench_observability.py [--pairs 4] [--events 80]
         [--max-side 800] [--presets jd_main,thumb_webp] [--out bench/results]

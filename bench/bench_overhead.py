@@ -1,4 +1,4 @@
-"""Per-event overhead of one worker on a real broker (issue 15, item 7): events/s per worker.
+"""Per-event overhead of one worker on a real broker: events/s per worker.
 
     PYTHONPATH=. .venv/bin/python bench/bench_overhead.py [--events 2000] [--rounds 2]
         [--baseline main] [--no-floor] [--profile DIR] [--out bench/results]
@@ -33,7 +33,7 @@ batcher (``adaptive``) and with fixed batch sizes (``fixed-1``, ``fixed-4``, ``f
 ``--fixed`` picks others), and the adaptive batcher of ``--baseline`` (``adaptive-baseline``; ``''``
 for none), all with ``LIGHTBOX_MAX_BATCH`` = ``--max-batch`` (default 64) so the adaptive one may
 reach every fixed size. The summary gives ``adaptive_vs_best_fixed``: the adaptive
-median over the best fixed median, and the same ratio per round (issue 15's goal: >= 0.9);
+median over the best fixed median, and the same ratio per round (the goal: >= 0.9);
 ``adaptive_vs_best_fixed_cpu``: the same on the worker's CPU time per event (best fixed over
 adaptive), which other load on a shared machine disturbs much less.
 
@@ -83,7 +83,7 @@ PARTITIONS = 4
 PRESETS_FILE = ROOT / "bench" / "presets_64.toml"
 PRESET = "tiny_64"
 LIGHT_WARMUP = 1  # --light: events published before the worker starts (start-up is not measured)
-ISSUE_FIGURE = (235.0, 257.0)  # events/s per worker the issue measured on the runner before its rewrite
+ISSUE_FIGURE = (235.0, 257.0)  # events/s per worker of an earlier runner (2026-11-30), kept for the ratio
 
 
 @dataclass

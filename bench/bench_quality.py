@@ -1,10 +1,10 @@
-"""Retouch quality before/after, side by side in one run (issue 14).
+"""Retouch quality before/after, side by side in one run.
 
 ``wb``: the a*, b* (CIELAB medians) of the neutral objects of synthetic product shots (a white
 box and a grey photograph on wood, green cloth, blue paper and a grey backdrop, with and without
 a warm cast; ``gpu_kernels.retouch.scenes``) and of skimage's espresso cup (brightest subject
-pixels, u2netp mask), in the input, after the CPU retoucher's pass (a) of the code before
-issue 14 (``--before DIR``: a checkout of that commit, run in a subprocess: white balance from the
+pixels, u2netp mask), in the input, after the CPU retoucher's pass (a) of an earlier
+commit (``--before DIR``: a checkout of it, e.g. 96ff878, run in a subprocess: white balance from the
 background's mean, gains up to 2x) and after the current one. The cup also goes through
 ``taobao_main``; ``--png DIR`` writes those images.
 
@@ -71,7 +71,7 @@ np.savez(sys.argv[2], **out)
 
 def run_before(tree: Path, items: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
     """Pass (a) (and taobao_main for keys starting with "render") with the code of ``tree`` (a
-    checkout of the commit before issue 14), in a subprocess."""
+    checkout of an earlier commit), in a subprocess."""
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         arrays = {f"image_{k}": v[0] for k, v in items.items()} | {f"mask_{k}": v[1] for k, v in items.items()}
@@ -355,7 +355,7 @@ def main() -> None:
     parser.add_argument("--png", type=Path, default=None)
     parser.add_argument("--sheet", type=Path, default=None, help="before/after contact sheet of the set (PNG)")
     parser.add_argument("--before", type=Path, required=True,
-                        help="a checkout of the commit before issue 14 (git worktree add --detach DIR 96ff878)")
+                        help="a checkout of an earlier commit to compare with (git worktree add --detach DIR 96ff878)")
     args = parser.parse_args()
     if "wb" in args.parts:
         bench_wb(args.before, args.png)

@@ -10,10 +10,12 @@ The photo is the peer benchmark's first small one (``bench/peer_photos.py``; cla
 - the naive script (``bench/peer_naive.py``) on the same photo: the same two figures;
 - a child that makes ``lightbox process``'s steps one after another with a clock between them:
   importing the CLI (typer, rich, pydantic-settings: the settings), reading the settings,
-  importing the pipeline's modules (NumPy, OpenCV, OpenVINO, lightbox's own), building the
-  pipeline (the model's checksum, the cached runtime verdict, the backends), compiling the
-  model for one caller (from OpenVINO's cache), the photo through every stage (with the stages'
-  own milliseconds from its result line) and closing; Python's own start is a ``python -c pass``;
+  importing the model's runtimes (NumPy, ONNX Runtime, OpenVINO), the model made (its checksum,
+  the cached runtime verdict) and compiled for one caller (from OpenVINO's cache) on a thread
+  while the rest of the pipeline is imported (OpenCV, lightbox's own) and built
+  (``lightbox.startup.load_processor``, as ``process`` does), the photo through every stage
+  (with the stages' own milliseconds from its result line) and closing; Python's own start is a
+  ``python -c pass``;
 - the same ``lightbox process`` under ``python -X importtime``: each imported module's own time,
   summed by package. That clock slows every import down, so read its shares, not its sum.
 
@@ -38,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-STEPS = ("cli imports", "settings", "pipeline imports", "build", "model compile", "photo", "close")
+STEPS = ("cli imports", "settings", "model imports", "model + pipeline", "photo", "close")
 # packages by who brings them in; the rest is Python's own library or "other"
 GROUPS = {
     "numpy": ("numpy",),
@@ -54,34 +56,38 @@ GROUPS = {
 
 def child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
     """``lightbox process``'s steps for ``photo`` into ``presets`` (comma-separated), each timed
-    (seconds), and the photo's stage milliseconds. Run in a fresh interpreter (``--child``): the
-    imports are the first ones (so the presets come on the command line, not from bench_peers)."""
-    marks = [time.perf_counter()]
-    import lightbox.cli  # typer, rich, pydantic-settings, streams.settings
-    marks.append(time.perf_counter())
+    (wall seconds, ``steps``, and the process's CPU seconds, all threads, ``steps_cpu``: far less
+    disturbed by other load on a shared machine), and the photo's stage milliseconds. Run in a
+    fresh interpreter (``--child``): the imports are the first ones (so the presets come on the
+    command line, not from bench_peers)."""
+    marks = [(time.perf_counter(), time.process_time())]
+    import lightbox.cli  # noqa: F401 - typer, rich, pydantic-settings, streams.settings
+    marks.append((time.perf_counter(), time.process_time()))
     from streams.settings import Settings
 
     settings = Settings().model_copy(update={"output_dir": None})
-    marks.append(time.perf_counter())
-    import agents.wiring  # noqa: F401
-    import lightbox.offline  # noqa: F401
+    marks.append((time.perf_counter(), time.process_time()))
+    from gpu_kernels.segment import make_model_segmenter  # noqa: F401 - the model's runtimes (ONNX Runtime)
     from gpu_kernels.segment.openvino_runner import openvino_available
 
     openvino_available()  # imports OpenVINO as the runtime does (without its model converter)
-    marks.append(time.perf_counter())
-    from agents.wiring import build_processor
+    marks.append((time.perf_counter(), time.process_time()))
+    from lightbox import startup
+
+    # as `process` does: the model made, its compilation on a thread beside the imports and the
+    # build of the rest of the pipeline, then the start's garbage-collection hold released
+    processor, _ = startup.load_processor(settings, 1)
+    startup.settle()
+    marks.append((time.perf_counter(), time.process_time()))
     from lightbox.offline import process_files
 
-    processor = build_processor(settings)
-    marks.append(time.perf_counter())
-    processor.pipeline.device_callers(1, lone_latency=False)
-    marks.append(time.perf_counter())
     summary = process_files([photo], processor, out, presets=presets.split(","), batch_size=1)
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     processor.close()
-    marks.append(time.perf_counter())
+    marks.append((time.perf_counter(), time.process_time()))
     (result,) = summary.results
-    return {"steps": {name: b - a for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
+    return {"steps": {name: b[0] - a[0] for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
+            "steps_cpu": {name: b[1] - a[1] for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
             "stages_ms": result.line.get("stages_ms", {}), "ok": result.ok}
 
 
@@ -141,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = [sys.executable, str(Path(__file__).resolve()), "--child", str(photo), str(work / "steps"), PRESETS]
     whole: dict[str, list[dict[str, float]]] = {"lightbox": [], "naive": []}
     step_runs: list[dict[str, float]] = []
+    step_cpu_runs: list[dict[str, float]] = []
     stage_runs: list[dict[str, float]] = []
     import_runs: list[dict[str, float]] = []
     python_runs: list[float] = []
@@ -156,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             python_runs.append(timed([sys.executable, "-c", "pass"], env)[0])
             got = json.loads(timed(steps, env)[2].stdout)
             step_runs.append(got["steps"])
+            step_cpu_runs.append(got["steps_cpu"])
             stage_runs.append(got["stages_ms"])
             shutil.rmtree(work / "lb", ignore_errors=True)
             import_runs.append(import_times(timed([sys.executable, "-X", "importtime", *lightbox[1:]], env)[2].stderr))
@@ -166,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"photo": photo.name, "rounds": args.rounds,
               "whole": {tool: median_of(runs) for tool, runs in whole.items()},
               "python_start_s": statistics.median(python_runs), "steps_s": median_of(step_runs),
+              "steps_cpu_s": median_of(step_cpu_runs),
               "stages_ms": median_of(stage_runs), "imports_s": median_of(import_runs)}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "startup.json").write_text(json.dumps(report, indent=2))
@@ -179,14 +188,14 @@ def print_report(report: dict[str, Any]) -> None:
     print(f"\none photo ({report['photo']}), whole processes, median of {report['rounds']} rounds:")
     for tool in ("lightbox", "naive"):
         print(f"  {tool:9} {w[tool]['wall_s']:.2f} s wall, {w[tool]['cpu_s']:.2f} s CPU")
-    print("lightbox process, step by step (a child replaying its steps; wall seconds):")
+    print("lightbox process, step by step (a child replaying its steps; wall and CPU seconds):")
     print(f"  {'python start':18} {report['python_start_s']:.3f}")
     for name in STEPS:
         extra = ""
         if name == "photo":
             stages = report["stages_ms"]
             extra = "  (" + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 1) + " ms)"
-        print(f"  {name:18} {report['steps_s'][name]:.3f}{extra}")
+        print(f"  {name:18} {report['steps_s'][name]:.3f}  cpu {report['steps_cpu_s'][name]:.3f}{extra}")
     imports = report["imports_s"]
     total = sum(imports.values()) or 1.0
     print("import time by package (python -X importtime, own time summed; shares of its total):")

@@ -1,4 +1,4 @@
-"""Exposure/tone before/after, side by side in one run (issue 14: products keep their colour).
+"""Exposure/tone before/after, side by side in one run.
 
 Scenes (``tone_scenes``): flat red (150, 30, 40), navy (25, 35, 90), black (20, 20, 22),
 white (245, 245, 245) and a saturated orange (240, 120, 20) product on a white (255) backdrop,

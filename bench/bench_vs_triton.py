@@ -1,12 +1,13 @@
-"""The same u2netp behind Triton's dynamic batcher vs lightbox's in-process adaptive batcher
-(issue 15 item 4): open-loop Poisson arrivals at 25 / 50 / 90 / 120 % of capacity.
+"""The same u2netp behind Triton's dynamic batcher vs lightbox's in-process adaptive batcher:
+open-loop Poisson arrivals at 25 / 50 / 90 / 120 % of capacity.
 
     PYTHONPATH=. .venv/bin/python bench/bench_vs_triton.py [--seconds 40] [--seed 15]
         [--queue-delay-ms 10] [--max-batch 16] [--threads 2] [--capacity RPS] [--loads 0.25,0.5,0.9,1.2]
         [--out bench/results]
 
 Needs Triton's own environment (Debian's Python 3.11 with nvidia-pytriton, onnxruntime, numpy;
-``LIGHTBOX_TRITON_PYTHON`` or /tmp/tritonenv/bin/python, see ``lightbox.devservers.triton_local.find_triton_python``).
+``LIGHTBOX_TRITON_PYTHON`` or ~/.cache/lightbox/tritonenv/bin/python, see
+``lightbox.devservers.triton_local.find_triton_python``).
 
 One request = one photo (skimage's astronaut, coffee, chelsea, rocket, in turn), segmented end to
 end: lightbox's pre-processing, u2netp on ONNX Runtime (same model file, same session options,

@@ -1,7 +1,6 @@
-"""GPU check for the codec stage: DALI ``mixed`` decode and nvJPEG encode on the lent GPU.
+"""GPU check for the codec stage: DALI ``mixed`` decode and nvJPEG encode.
 
-Prepared to run on the GPU machine (Python 3.12, CuPy, OpenCV, numpy; DALI + nvImageCodec from
-the carried wheels, ``PYTHONPATH=/tmp/site``). Needs neither Pillow, simplejpeg nor
+Needs CuPy, OpenCV, NumPy, DALI and nvImageCodec; neither Pillow, simplejpeg nor
 scikit-image: the test images are synthesised and JPEG-encoded with OpenCV. Writes one JSON
 file to ``$OUT/gpu_check_codec.json`` (or ``--out``) and prints a summary.
 
@@ -15,12 +14,8 @@ Measures
 - encode: nvJPEG (``NvJpegEncoder``) vs CPU libjpeg-turbo (OpenCV, 1 thread) per output size,
   ms per image, bytes, and which wins — the ``gpu_min_pixels`` threshold to use.
 
-How to run it on a lent GPU (docs/development.md, "GPU validation run"): here the device tooling's ``pack-wheels.sh
-dali`` (about 6 parts); one ``run`` per part with carry ``[".gpuwheels/part-NN"]`` and command
-``mkdir -p /tmp/gpuwheels && cp .gpuwheels/part-NN /tmp/gpuwheels/``; then, carry
-``[".gpuwheels/SHA256SUMS", ".gpuwheels/unpack-wheels.sh"]``, command
-``bash .gpuwheels/unpack-wheels.sh && PYTHONPATH=/tmp/site python3 bench/gpu_check_codec.py``
-(about 2 minutes; timeout_s=420 leaves room for one rerun).
+``bench/gpu_suite.sh`` runs it as its decode step; alone:
+``PYTHONPATH=. python3 bench/gpu_check_codec.py [--out FILE]`` (about 2 minutes on an H200).
 
 Without CuPy or a CUDA device it writes ``{"status": "skipped", ...}`` and exits 0.
 ``--dry-run-cpu`` runs the decode and parity code paths with DALI on the CPU (tiny sizes) so
@@ -44,6 +39,8 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gpu_rows import append as append_row
 
 BATCHES = (1, 8, 32, 128)
 HW_LOADS = (0.0, 0.65, 1.0)
@@ -364,6 +361,7 @@ def main() -> int:
             result["env"].get("cupy_error", "0 devices")
         )
         print(result["reason"])
+        append_row({"skipped": result["reason"]}, kind="skipped")
         _write(args.out, result)
         return 0
     if "dali_error" in result["env"]:
@@ -390,6 +388,7 @@ def main() -> int:
             value = step()
         except Exception:
             result["errors"][name] = traceback.format_exc(limit=6)
+            append_row({"part": name, "error": result["errors"][name][-600:]}, kind="error")
             print(f"[{name}] FAILED\n{result['errors'][name]}", flush=True)
             continue
         if name == "decode":
@@ -397,6 +396,9 @@ def main() -> int:
             result["decode"], result["decode_kb_per_mp"] = value
         else:
             result[name] = value
+        rows = result[name] if isinstance(result[name], list) else [result[name]]
+        for row in rows:
+            append_row({"part": name, **row} if isinstance(row, dict) else {"part": name, "value": row}, kind=name)
         result.setdefault("step_seconds", {})[name] = round(time.perf_counter() - t0, 1)
         _write(args.out, result)  # partial results survive a timeout
     if gpu and "decode" in result:

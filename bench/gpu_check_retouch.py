@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
+from bench.gpu_rows import append as append_row
+
 REPORT_NAME = "gpu_check_retouch.json"
 
 
@@ -301,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         import cupy as cp
     except ImportError as exc:
         report["reason"] = f"CuPy is not installed ({exc}); nothing to check on this machine"
+        append_row({"skipped": report["reason"]}, kind="skipped")
         emit(report)
         return 0
     try:
@@ -309,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         devices, report["reason"] = 0, f"no CUDA device ({type(exc).__name__}: {exc})"
     if devices == 0:
         report.setdefault("reason", "no CUDA device")
+        append_row({"skipped": report["reason"]}, kind="skipped")
         emit(report)
         return 0
     t0 = time.perf_counter()
@@ -327,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             report[name] = fn()
         except Exception:
             report[name] = {"error": traceback.format_exc()}
+        append_row({"part": name, "value": report[name]}, kind=name)
     copy_gbps = float(report.get("copy", {}).get("memcpy_gbps", float("nan")))
     passes: list[tuple[str, Callable[[], Any]]] = [
         ("colour_pass", lambda: colour_pass(cp, timer, ch, cw, copy_gbps)),
@@ -337,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             report[name] = fn()
         except Exception:
             report[name] = {"error": traceback.format_exc()}
+        append_row({"part": name, "value": report[name]}, kind=name)
         cp.get_default_memory_pool().free_all_blocks()
     errors = [k for k, v in report.items() if isinstance(v, dict) and "error" in v]
     report["status"] = "error" if errors else "ok"

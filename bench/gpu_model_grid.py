@@ -39,6 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_rows import append as append_row
+
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 
 
@@ -52,7 +54,7 @@ def gpu_count() -> tuple[int, str]:
 
 
 def median_s(fn: Callable[[], object], sync: Callable[[], None], budget_s: float, max_iters: int = 40) -> float:
-    for _ in range(2):
+    for _ in range(min(2, max_iters)):
         fn()
     sync()
     times: list[float] = []
@@ -100,7 +102,7 @@ def _array_module(gpu: bool) -> tuple[Any, Callable[[], None]]:
 
 
 def batch_rows(seg: Any, batches: tuple[int, ...], xp: Any, sync: Callable[[], None], budget_s: float,
-               base: dict[str, Any], deadline: float | None = None) -> list[dict[str, Any]]:
+               base: dict[str, Any], deadline: float | None = None, max_iters: int = 40) -> list[dict[str, Any]]:
     """One row per batch size: ``seg._infer``'s median ms per batch and images/s (or the error),
     each printed as it lands; stops at ``deadline`` (a perf_counter time) when given."""
     rows: list[dict[str, Any]] = []
@@ -110,19 +112,43 @@ def batch_rows(seg: Any, batches: tuple[int, ...], xp: Any, sync: Callable[[], N
         x = xp.asarray(np.random.default_rng(b).random((b, 3, 320, 320), dtype=np.float32))
         row: dict[str, Any] = {**base, "batch": b}
         try:
-            s = median_s(lambda x=x: seg._infer(x), sync, budget_s)
+            s = median_s(lambda x=x: seg._infer(x), sync, budget_s, max_iters)
             row |= {"ms_per_batch": round(s * 1000, 3), "img_per_s": round(b / s, 1)}
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {exc}"[:400]
         rows.append(row)
+        append_row(row)
         print(json.dumps(row), flush=True)
     return rows
 
 
-def grid(model: Path, fp16: Path, gpu: bool, batches: tuple[int, ...], budget_s: float) -> list[dict[str, Any]]:
+def tensorrt_active(providers: list[str]) -> bool:
+    """Whether the session really runs on TensorRT: ONNX Runtime drops a provider it cannot start
+    and rebuilds the session on the next one (CUDA), so asking for TensorRT proves nothing."""
+    return "TensorrtExecutionProvider" in providers
+
+
+def fp16_copy(model: Path) -> Path:
+    """The fp16 copy of ``model`` (converted once, cached in the temp folder); raises what the
+    conversion raises (onnxconverter-common missing, an op it cannot convert)."""
+    from gpu_kernels.segment.variants import derived_path, make_fp16
+
+    fp16 = derived_path(model, "fp16", Path(tempfile.gettempdir()) / "lightbox-variants")
+    if not fp16.is_file():
+        make_fp16(model, fp16)
+    return fp16
+
+
+def grid(model: Path, gpu: bool, batches: tuple[int, ...], budget_s: float) -> list[dict[str, Any]]:
+    """fp32 then fp16 by mode; the fp16 rows say why when the fp16 copy cannot be made."""
     from gpu_kernels.segment import OnnxSegmenter
 
     rows: list[dict[str, Any]] = []
+    paths: list[tuple[str, Path | None, str]] = [("fp32", model, "")]
+    try:
+        paths.append(("fp16", fp16_copy(model), ""))
+    except Exception as exc:
+        paths.append(("fp16", None, f"fp16 copy failed: {type(exc).__name__}: {exc}"[:400]))
     xp, sync = _array_module(gpu)
     modes = [("plain", {"cuda_graphs": False, "use_tensorrt": False})]
     if gpu:
@@ -131,25 +157,40 @@ def grid(model: Path, fp16: Path, gpu: bool, batches: tuple[int, ...], budget_s:
 
         if "TensorrtExecutionProvider" in ort.get_available_providers():
             modes.append(("tensorrt", {"cuda_graphs": False, "use_tensorrt": True}))
-    for precision, path in (("fp32", model), ("fp16", fp16)):
-        for mode, opts in modes:
-            if mode == "tensorrt" and precision == "fp16":
-                continue  # TensorRT builds its own fp16 engine from the fp32 model
-            t0 = time.perf_counter()
-            try:
-                seg = OnnxSegmenter(path, device="gpu" if gpu else "cpu", max_batch=max(batches), **opts) \
-                    if gpu else OnnxSegmenter(path, max_batch=max(batches), threads=2)
-            except Exception as exc:
-                rows.append({"precision": precision, "mode": mode, "error": f"{type(exc).__name__}: {exc}"[:400]})
-                continue
-            setup = time.perf_counter() - t0
-            rows += batch_rows(seg, batches, xp, sync, budget_s, {"precision": precision, "mode": mode})
-            extra = {"precision": precision, "mode": mode, "setup_s": round(setup, 2), "providers": seg.providers}
-            if mode == "cuda_graphs":
-                extra |= {"graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors}
-            rows.append(extra)
+    # TensorRT last: its engine build may take minutes, and it builds its own fp16 engine from fp32
+    order = [(p, m) for m in modes if m[0] != "tensorrt" for p in paths] + \
+        [(paths[0], m) for m in modes if m[0] == "tensorrt"]
+    for (precision, path, why), (mode, opts) in order:
+        if path is None:
+            rows.append(_noted({"precision": precision, "mode": mode, "error": why}))
+            continue
+        t0 = time.perf_counter()
+        try:
+            seg = OnnxSegmenter(path, device="gpu" if gpu else "cpu", max_batch=max(batches), **opts) \
+                if gpu else OnnxSegmenter(path, max_batch=max(batches), threads=2)
+        except Exception as exc:
+            rows.append(_noted({"precision": precision, "mode": mode,
+                                "error": f"{type(exc).__name__}: {exc}"[:400]}))
+            continue
+        setup = time.perf_counter() - t0
+        if mode == "tensorrt" and not tensorrt_active(seg.providers):
+            rows.append(_noted({"precision": precision, "mode": mode, "providers": seg.providers,
+                                "skipped": "TensorRT did not start (the session runs on CUDA): no tensorrt row"}))
             seg.close()
+            continue
+        rows += batch_rows(seg, batches, xp, sync, budget_s, {"precision": precision, "mode": mode},
+                           max_iters=40 if gpu else 1)
+        extra = {"precision": precision, "mode": mode, "setup_s": round(setup, 2), "providers": seg.providers}
+        if mode == "cuda_graphs":
+            extra |= {"graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors}
+        rows.append(_noted(extra, "setup"))
+        seg.close()
     return rows
+
+
+def _noted(row: dict[str, Any], kind: str = "row") -> dict[str, Any]:
+    append_row(row, kind=kind)
+    return row
 
 
 def torch_grid(model: Path, gpu: bool, batches: tuple[int, ...], budget_s: float,
@@ -179,11 +220,12 @@ def torch_grid(model: Path, gpu: bool, batches: tuple[int, ...], budget_s: float
                          "error": f"{type(exc).__name__}: {exc}"[:400]})
             continue
         rows += batch_rows(seg, batches, xp, sync, budget_s,
-                           {"runtime": "torch", "precision": f"torch-{precision}", "mode": mode}, deadline)
-        rows.append({"runtime": "torch", "precision": f"torch-{precision}", "mode": mode,
-                     "setup_and_run_s": round(time.perf_counter() - t0, 2), "providers": seg.providers,
-                     "graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors,
-                     "compile_error": seg.compile_error})
+                           {"runtime": "torch", "precision": f"torch-{precision}", "mode": mode}, deadline,
+                           max_iters=40 if gpu else 1)
+        rows.append(_noted({"runtime": "torch", "precision": f"torch-{precision}", "mode": mode,
+                            "setup_and_run_s": round(time.perf_counter() - t0, 2), "providers": seg.providers,
+                            "graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors,
+                            "compile_error": seg.compile_error}, "setup"))
         seg.close()
     return rows
 
@@ -229,10 +271,10 @@ def fp16_gate(model: Path, fp16: Path, gpu: bool, images: list[np.ndarray]) -> d
         ref = OnnxSegmenter(model, device="gpu", max_batch=1, use_tensorrt=False)
         cand = OnnxSegmenter(fp16, device="gpu", max_batch=1, use_tensorrt=False)
     else:
-        imgs = list(images[:3])
+        imgs = list(images[:1])
         ref, cand = OnnxSegmenter(model, threads=2), OnnxSegmenter(fp16, threads=2)
     result = asdict(run_gate("fp16", cand, ref, imgs))
-    result["device"] = "gpu" if gpu else "cpu (dry run, 3 images)"
+    result["device"] = "gpu" if gpu else "cpu (dry run, 1 image)"
     return result
 
 
@@ -264,15 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.torch:
         return _torch_main(args, gpu, result)
     if not gpu:
-        result["skipped"] = "CPU dry run: CUDA graphs and TensorRT need a GPU; batches 1 and 2 only"
-    from gpu_kernels.segment.variants import derived_path, make_fp16
-
-    fp16 = derived_path(args.model, "fp16", Path(tempfile.gettempdir()) / "lightbox-variants")
-    if not fp16.is_file():
-        make_fp16(args.model, fp16)
+        result["skipped"] = "CPU dry run: CUDA graphs and TensorRT need a GPU; batch 1, one timed run"
     steps: list[tuple[str, Callable[[], Any]]] = [
-        ("grid", lambda: grid(args.model, fp16, gpu, BATCHES if gpu else (1, 2), args.budget if gpu else 0.05)),
-        ("fp16_gate", lambda: fp16_gate(args.model, fp16, gpu, load_gate_images(args.gate_images))),
+        ("grid", lambda: grid(args.model, gpu, BATCHES if gpu else (1,), args.budget if gpu else 0.0)),
+        ("fp16_gate", lambda: fp16_gate(args.model, fp16_copy(args.model), gpu, load_gate_images(args.gate_images))),
     ]
     return _run_steps(steps, args.out, result)
 
@@ -306,8 +343,12 @@ def _run_steps(steps: list[tuple[str, Callable[[], Any]]], out: Path, result: di
     for name, step in steps:
         try:
             result[name] = step()
+            if name != "grid":
+                append_row({"part": name, **result[name]} if isinstance(result[name], dict) else {"part": name},
+                           kind=name)
         except Exception:
             result["errors"][name] = traceback.format_exc(limit=6)
+            append_row({"part": name, "error": result["errors"][name][-600:]}, kind="error")
             print(f"[{name}] FAILED\n{result['errors'][name]}", flush=True)
         _write(out, result)
     if result["errors"]:

@@ -1,91 +1,118 @@
 #!/usr/bin/env bash
-# One GPU validation run, within 8 minutes on one H200; writes $OUT/gpu_suite.json + .png.
+# The GPU validation run: lightbox's figures on an NVIDIA machine, in about 5 minutes on one H200,
+# with nothing downloaded.
 #
-#   OUT=out/gpu_suite bash bench/gpu_suite.sh [MODEL.onnx]
+#   bash bench/gpu_suite.sh FOLDER [OUT]          (from a lightbox checkout)
 #
-# Steps (each under its own time limit; the sum is 545 s):
-#   parity   75 s  GPU-vs-CPU parity tests: pytest -m gpu tests/*_gpu.py
-#   torch    90 s  u2netp on PyTorch (needs only torch's CUDA build + CuPy, no extra wheels):
-#                  fp16/bf16/fp32 x CUDA graphs off/on, fp16 compiled, by batch 1-64; the
-#                  torch-fp16 gate vs ONNX Runtime fp32 masks (bench/gpu_model_grid.py --torch)
-#   decode   75 s  DALI decode grid, nvJPEG encode sizes       (bench/gpu_check_codec.py)
-#   retouch  60 s  retouch kernels: bandwidth vs a device copy (bench/gpu_check_retouch.py)
-#   model   100 s  u2netp on ONNX Runtime GPU (when its wheels installed) by batch 1-64:
-#                  fp32/fp16 x CUDA graphs off/on (+TensorRT), FP16 gate (bench/gpu_model_grid.py)
-#   e2e     130 s  lightbox process engine: img/s, p50/p99 at 3 presets, batch 1-64
-#                                                             (bench/gpu_e2e_grid.py)
-#   report   15 s  merge into gpu_suite.json, draw gpu_suite.png (bench/gpu_suite_report.py)
+# FOLDER (made by `python3 bench/gpu_suite_pack.py FOLDER` on a machine that reaches PyPI):
+#   model/u2netp.batched.onnx  the model (and model/gate/*.png, the FP16 gate's images)
+#   wheels/*.whl               lightbox's Python dependencies the machine lacks, installed here
+#                              with `pip install --no-index` into OUT (or site/: the same, installed)
+# The machine brings Python 3.11+, the NVIDIA driver (580+, CUDA 13), CuPy, and either DALI or
+# torchvision (the GPU JPEG decoder) and either onnxruntime-gpu or torch with CUDA (the model):
+# a stock PyTorch GPU image with OpenCV and ONNX Runtime has all of it.
 #
-# Without a GPU every step still runs: the GPU tests skip, the GPU checks write "skipped", the
-# model and e2e grids run small CPU dry runs. The output says which parts were skipped.
-# MODEL: the batched u2netp (default: .gpumodel/u2netp.batched.onnx, else the cached one).
-# Gate images for the FP16 gate: .gpumodel/gate (written here by
-#   python bench/gpu_model_grid.py --export-gate-images .gpumodel/gate).
-# How to bring the wheels and the model to the GPU machine: README.md, "GPU validation run".
+# Output, in OUT (default out/gpu_suite): gpu_suite.json (every figure, with the machine and the
+# time of each step), gpu_suite.png (the figures drawn) and gpu_suite.tar.gz (both, the rows as
+# they landed and every step's log). Rows land in OUT/gpu_suite.rows.jsonl as each is measured,
+# so a step cut off by its time limit keeps what it finished.
+#
+# Steps, most important first (limit in seconds):
+#   preflight  15  imports, model file, device, driver, a CuPy kernel compile, decoder, runtime
+#   e2e        90  `lightbox process` end to end: img/s, p50/p99 at batches 64/32/8, 3 presets
+#   model      60  u2netp by batch 1-64: fp32/fp16 x plain/CUDA graphs (ONNX Runtime), else
+#                  fp16/bf16/fp32 x eager/graphs (torch); the FP16 gate
+#   decode     30  DALI decode by batch and hardware-decoder share; nvJPEG encode sizes
+#   retouch    20  retouch kernels against a device copy's bandwidth
+#   parity     60  GPU-vs-CPU parity tests (pytest -m gpu), when pytest is in the folder
+#   report     10  gpu_suite.json, gpu_suite.png, gpu_suite.tar.gz
+# Without a CUDA device every step still runs, in its CPU mode (small dry runs; the GPU-only
+# parts say they were skipped); the preflight line says which mode ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-out/gpu_suite}
+FOLDER=${1:?usage: bash bench/gpu_suite.sh FOLDER [OUT]  (FOLDER: bench/gpu_suite_pack.py makes it)}
+OUT=${2:-${OUT:-out/gpu_suite}}
 PY=${PYTHON:-python3}
-PARTS="$OUT/parts"
-mkdir -p "$PARTS"
-export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
-export OPENBLAS_NUM_THREADS=1
+FOLDER=$(cd "$FOLDER" && pwd) || { echo "gpu_suite: no folder $1"; exit 2; }
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+WORK="$OUT/work"
+rm -rf "$WORK" "$OUT/gpu_suite.rows.jsonl"; mkdir -p "$WORK"
+export GPU_SUITE_ROWS="$OUT/gpu_suite.rows.jsonl" GPU_SUITE_MODE_FILE="$WORK/mode"
+export LIGHTBOX_MODEL_DIR="$WORK/models" LIGHTBOX_DATA_DIR="$WORK/data" OPENBLAS_NUM_THREADS=1
+export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 LIGHTBOX_OFFLINE=1
+MODEL="$FOLDER/model/u2netp.batched.onnx"
+mkdir -p "$LIGHTBOX_MODEL_DIR/u2netp"  # the model cache the parity tests read: the folder's copy
+cp "$FOLDER"/model/*.onnx "$FOLDER"/model/*.json "$LIGHTBOX_MODEL_DIR/u2netp/" 2>/dev/null
+GATE=(); [[ -d "$FOLDER/model/gate" ]] && GATE=(--gate-images "$FOLDER/model/gate")
+: > "$WORK/steps.jsonl"
 
-MODEL=${1:-}
-if [[ -z "$MODEL" && -f .gpumodel/u2netp.batched.onnx ]]; then MODEL=.gpumodel/u2netp.batched.onnx; fi
-if [[ -z "$MODEL" ]]; then MODEL=$($PY -m gpu_kernels.segment.fetch_model 2>/dev/null | sed -n 2p); fi
-GATE_ARGS=()
-if [[ -d .gpumodel/gate ]]; then GATE_ARGS=(--gate-images .gpumodel/gate); fi
+finish() {  # the report runs however the run ends
+  trap - EXIT INT TERM
+  echo "== report"
+  timeout 10 $PY bench/gpu_suite_report.py "$WORK" "$OUT" 2>&1 | tail -n 12
+  rm -rf "$WORK"
+}
+trap finish EXIT INT TERM
 
-GPUS=$($PY -c "import cupy; print(cupy.cuda.runtime.getDeviceCount())" 2>/dev/null || echo 0)
-if [[ "$GPUS" -gt 0 ]]; then
-  echo "gpu_suite: $GPUS CUDA device(s); model ${MODEL:-none}"
-  DRY=()
-else
-  echo "gpu_suite: NO GPU on this machine: GPU tests skip, GPU checks write 'skipped', model and e2e grids run CPU dry runs"
-  DRY=(--dry-run-cpu)
+if ! $PY -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "preflight: $PY is not Python 3.11 or newer (set PYTHON=...)"; exit 1
 fi
-: > "$PARTS/steps.jsonl"
+SITE="$FOLDER/site"
+if [[ ! -d "$SITE" ]] && compgen -G "$FOLDER/wheels/*.whl" >/dev/null; then
+  SITE="$WORK/site"
+  echo "== install: $(ls "$FOLDER"/wheels/*.whl | wc -l) wheels from $FOLDER/wheels (offline)"
+  if ! $PY -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$FOLDER"/wheels/*.whl \
+      > "$WORK/install.log" 2>&1; then
+    echo "preflight: the wheels in $FOLDER/wheels do not install here: $(tail -n 1 "$WORK/install.log")"; exit 1
+  fi
+fi
+export PYTHONPATH="$PWD${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
 
-step() {  # step NAME LIMIT_S COMMAND...
+step() {  # step NAME LIMIT_S COMMAND...: one line per step, the log in the archive
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  echo "== $name (limit ${limit}s): $*"
-  timeout --kill-after=5 "$limit" "$@" > "$PARTS/$name.log" 2>&1
+  GPU_SUITE_STEP=$name timeout --kill-after=3 "$limit" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
-  tail -n 4 "$PARTS/$name.log" | sed "s/^/   $name | /"
-  echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0)), \"limit_s\": $limit}" >> "$PARTS/steps.jsonl"
+  local state=ok; [[ $rc -ne 0 ]] && state="exit $rc"; [[ $rc -eq 124 || $rc -eq 137 ]] && state="cut at ${limit}s"
+  printf '== %-9s %4ss  %s | %s\n' "$name" $((SECONDS - t0)) "$state" "$(tail -n 1 "$WORK/$name.log" | cut -c1-150)"
+  echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0)), \"limit_s\": $limit}" >> "$WORK/steps.jsonl"
+  return $rc
+}
+skip() {  # skip NAME WHY
+  echo "== $1 skipped: $2"
+  echo "{\"step\": \"$1\", \"rc\": -1, \"seconds\": 0, \"skipped\": \"$2\"}" >> "$WORK/steps.jsonl"
 }
 
+if ! step preflight 15 $PY bench/gpu_suite_preflight.py --model "$MODEL"; then
+  exit 1  # its one line is printed above; nothing else can run
+fi
+MODE=$(cat "$WORK/mode")
+DRY=(); [[ "$MODE" == cpu ]] && DRY=(--dry-run-cpu)
+step e2e 90 $PY bench/gpu_e2e_grid.py --model "$MODEL" --n "${E2E_N:-512}" --batches "${E2E_BATCHES:-64,32,8}" \
+  --out "$WORK/e2e.json"
+CUDA_EP=$($PY -c "import onnxruntime as o; print(int('CUDAExecutionProvider' in o.get_available_providers()))" 2>/dev/null)
+if [[ "$MODE" == gpu && "$CUDA_EP" != 1 ]]; then  # the torch runtime is the model's GPU path here
+  step model 60 $PY bench/gpu_model_grid.py "$MODEL" --torch --deadline 45 --budget 0.25 "${GATE[@]}" \
+    --out "$WORK/model.json"
+else
+  step model 60 $PY bench/gpu_model_grid.py "$MODEL" --budget 0.3 "${GATE[@]}" "${DRY[@]}" --out "$WORK/model.json"
+fi
+if [[ "$MODE" == gpu ]] && $PY -c "import nvidia.dali" 2>/dev/null; then
+  step decode 30 $PY bench/gpu_check_codec.py --min-seconds 0.25 --out "$WORK/codec.json"
+elif [[ "$MODE" == gpu ]]; then
+  skip decode "DALI is not installed: the DALI decode grid needs it (the e2e step decoded with torchvision)"
+elif $PY -c "import nvidia.dali" 2>/dev/null; then
+  step decode 30 $PY bench/gpu_check_codec.py --dry-run-cpu --out "$WORK/codec.json"
+else
+  skip decode "no GPU and no DALI: nothing to measure"
+fi
+step retouch 20 env OUT="$WORK" $PY bench/gpu_check_retouch.py --repeat 3
 if $PY -c "import pytest" 2>/dev/null; then
-  step parity 75 $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/gpu_kernels/test_codec_gpu.py tests/gpu_kernels/test_pipeline_gpu.py \
-    tests/gpu_kernels/test_retouch_gpu.py tests/gpu_kernels/test_segment_gpu.py tests/gpu_kernels/test_segment_runtime_gpu.py tests/gpu_kernels/test_shadow_gpu.py \
+  step parity 60 $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/gpu_kernels/test_codec_gpu.py \
+    tests/gpu_kernels/test_pipeline_gpu.py tests/gpu_kernels/test_retouch_gpu.py tests/gpu_kernels/test_segment_gpu.py \
+    tests/gpu_kernels/test_segment_runtime_gpu.py tests/gpu_kernels/test_shadow_gpu.py \
     tests/gpu_kernels/test_segment_torch_gpu.py
 else
-  echo "== parity skipped: pytest is not installed here"
-  echo '{"step": "parity", "rc": -1, "seconds": 0, "skipped": "pytest not installed"}' >> "$PARTS/steps.jsonl"
+  skip parity "pytest is not installed (bench/gpu_suite_pack.py puts it in the folder)"
 fi
-TORCH=$($PY -c "import importlib.util as u; print(int(u.find_spec('torch') is not None))" 2>/dev/null || echo 0)
-if [[ "$TORCH" == 1 && -n "$MODEL" ]]; then  # first: the model path that needs no extra wheels on the GPU machine
-  step torch 90 $PY bench/gpu_model_grid.py "$MODEL" --torch --deadline 70 "${GATE_ARGS[@]}" "${DRY[@]}" \
-    --out "$PARTS/torch.json" --budget 0.3
-else
-  echo "== torch skipped: torch is not installed here (or no model file)"
-  echo '{"step": "torch", "rc": -1, "seconds": 0, "skipped": "torch not installed"}' >> "$PARTS/steps.jsonl"
-fi
-step decode 75 $PY bench/gpu_check_codec.py --out "$PARTS/codec.json" --min-seconds 0.5
-step retouch 60 env OUT="$PARTS" $PY bench/gpu_check_retouch.py --repeat 3
-CUDA_EP=$($PY -c "import onnxruntime as o; print(int('CUDAExecutionProvider' in o.get_available_providers()))" \
-  2>/dev/null || echo 0)
-if [[ "$GPUS" -gt 0 && "$CUDA_EP" != 1 ]]; then
-  echo "== model skipped: ONNX Runtime has no CUDA provider here (bring onnxruntime-gpu)"
-  echo '{"step": "model", "rc": -1, "seconds": 0, "skipped": "no CUDA provider in onnxruntime"}' >> "$PARTS/steps.jsonl"
-elif [[ -n "$MODEL" ]]; then
-  step model 100 $PY bench/gpu_model_grid.py "$MODEL" "${GATE_ARGS[@]}" "${DRY[@]}" --out "$PARTS/model.json" --budget 0.4
-else
-  echo '{"step": "model", "rc": -1, "seconds": 0, "skipped": "no model file"}' >> "$PARTS/steps.jsonl"
-fi
-step e2e 130 $PY bench/gpu_e2e_grid.py --n ${E2E_N:-256} --batches ${E2E_BATCHES:-1,8,32,64} --out "$PARTS/e2e.json"
-step report 15 $PY bench/gpu_suite_report.py "$PARTS" "$OUT/gpu_suite.json" "$OUT/gpu_suite.png"
-cat "$PARTS/report.log"
-echo "gpu_suite: done in ${SECONDS}s; $OUT/gpu_suite.json, $OUT/gpu_suite.png"
+echo "gpu_suite: $MODE run done in ${SECONDS}s: $OUT/gpu_suite.json, $OUT/gpu_suite.png, $OUT/gpu_suite.tar.gz"

@@ -22,6 +22,24 @@ PRESETS = (("taobao_main", 800, 800, "JPEG", 90), ("xiaohongshu_cover", 1080, 14
            ("thumb_webp", 400, 400, "WEBP", 80))
 
 
+def variants(cut: Image.Image, stem: str, out: Path, t: dict[str, float]) -> list[Path]:
+    """Each preset of ``cut`` (RGB on white): a Pillow Lanczos thumbnail centred on the preset's
+    white canvas, encoded to ``OUT/<stem>.<preset>.<ext>``; seconds added to ``t``."""
+    written = []
+    for name, w, h, fmt, quality in PRESETS:
+        t2 = time.perf_counter()
+        thumb = cut.copy()
+        thumb.thumbnail((w, h), Image.Resampling.LANCZOS)
+        canvas = Image.new("RGB", (w, h), (255, 255, 255))
+        canvas.paste(thumb, ((w - thumb.width) // 2, (h - thumb.height) // 2))
+        t3 = time.perf_counter()
+        t["resize"] += t3 - t2
+        written.append(out / f"{stem}.{name}.{'webp' if fmt == 'WEBP' else 'jpg'}")
+        canvas.save(written[-1], fmt, quality=quality)
+        t["encode"] += time.perf_counter() - t3
+    return written
+
+
 def main(argv: list[str]) -> None:
     masks_dir = None
     if "--masks" in argv:
@@ -45,16 +63,7 @@ def main(argv: list[str]) -> None:
         cut = remove(img, session=session, bgcolor=(255, 255, 255, 255)).convert("RGB")
         t2 = time.perf_counter()
         t["remove"] += t2 - t1
-        for name, w, h, fmt, quality in PRESETS:
-            t2 = time.perf_counter()
-            thumb = cut.copy()
-            thumb.thumbnail((w, h), Image.Resampling.LANCZOS)
-            canvas = Image.new("RGB", (w, h), (255, 255, 255))
-            canvas.paste(thumb, ((w - thumb.width) // 2, (h - thumb.height) // 2))
-            t3 = time.perf_counter()
-            t["resize"] += t3 - t2
-            canvas.save(out / f"{path.stem}.{name}.{'webp' if fmt == 'WEBP' else 'jpg'}", fmt, quality=quality)
-            t["encode"] += time.perf_counter() - t3
+        variants(cut, path.stem, out, t)
     (out / "rembg-stats.json").write_text(json.dumps({"images": len(files), "seconds": t}))
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-__all__ = ["run_worker"]
+__all__ = ["run_worker", "start_worker", "worker_env"]
+
 
 async def _publish(bootstrap: str, topic: str, files: list[Path], presets: list[str]) -> None:
     from streams.producer import ImageProducer
@@ -60,10 +61,33 @@ async def _outputs(bootstrap: str, topics: list[str], n: int, deadline: float,
     return got
 
 
+def worker_env(bootstrap: str, topics: dict[str, str], tag: str, out: Path, files: list[Path],
+               tree: Path = ROOT) -> dict[str, str]:
+    """The environment of a ``lightbox worker`` on ``topics``: default settings but for the
+    addresses, a group of its own, the variants written under ``OUT/variants`` and ``file://``
+    reads allowed in the folders of ``files``; on the CPU, metrics off."""
+    from bench.harness import run_env
+
+    roots = sorted({str(f.resolve().parent) for f in files})
+    return {**os.environ, "PYTHONPATH": str(tree),
+            **run_env(bootstrap, topics, f"peers-{tag}", out / "data", LIGHTBOX_OUTPUT_DIR=str(out / "variants"),
+                      LIGHTBOX_FILE_ROOTS=",".join(roots))}
+
+
+def start_worker(bootstrap: str, topics: dict[str, str], tag: str, out: Path, files: list[Path],
+                 tree: Path = ROOT) -> subprocess.Popen[bytes]:
+    """A ``lightbox worker`` process (``worker_env``), its output in ``OUT/worker.log``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "worker.log").open("wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker"], cwd=tree,
+                                env=worker_env(bootstrap, topics, tag, out, files, tree), stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
 def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str], tree: Path = ROOT) -> dict[str, Any]:
     """One whole ``lightbox worker`` run over ``files`` (see the module docstring), of the source
     tree ``tree`` (its folder first on the path; default this checkout)."""
-    from bench.bench_overhead import PARTITIONS, _proc_cpu_s, create_topics
+    from bench.bench_overhead import _proc_cpu_s, create_topics
     from lightbox.devservers.launch import terminate
     from lightbox.report import per_event_stage_ms
     from schemas.codec import split_frame
@@ -73,19 +97,9 @@ def run_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str],
     topics = {k: f"peers.{tag}.{k}" for k in ("input", "backfill", "output", "dlq")}
     asyncio.run(create_topics(bootstrap, topics))
     asyncio.run(_publish(bootstrap, topics["input"], files, presets))
-    roots = sorted({str(f.resolve().parent) for f in files})
-    env = {**os.environ, "PYTHONPATH": str(tree), "LIGHTBOX_KAFKA_BOOTSTRAP": bootstrap,
-           "LIGHTBOX_GROUP_ID": f"peers-{tag}", "LIGHTBOX_WORKER_ID": f"peers-{tag}",
-           "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
-           "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
-           "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(out / "data"),
-           "LIGHTBOX_OUTPUT_DIR": str(out / "variants"), "LIGHTBOX_FILE_ROOTS": ",".join(roots),
-           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_METRICS_PORT": "0"}
     out.mkdir(parents=True, exist_ok=True)
-    with (out / "worker.log").open("wb") as log:
-        t0 = time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker"], cwd=tree, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    t0 = time.time()
+    proc = start_worker(bootstrap, topics, tag, out, files, tree)
     try:
         got = asyncio.run(_outputs(bootstrap, [topics["output"], topics["dlq"]], len(files),
                                    time.monotonic() + 600, proc))

@@ -138,7 +138,14 @@ def _gpu() -> Check:
     if n == 0:
         return Check("gpu", "warn", "CuPy is installed but sees no device", "check the NVIDIA driver (nvidia-smi)")
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    return Check("gpu", "ok", f"{n} device(s): {name.decode() if isinstance(name, bytes) else name}")
+    from gpu_kernels.device_probe import DRIVER_FLOOR, cupy_jit, driver_floor
+
+    detail = f"{n} device(s): {name.decode() if isinstance(name, bytes) else name}"
+    if (why := driver_floor(cupy)) is not None:
+        return Check("gpu", "missing", f"{detail}; {why}", f"install NVIDIA driver {DRIVER_FLOOR} or newer")
+    if (why := cupy_jit(cupy)) is not None:  # CuPy compiles its kernels at run time: it needs the CUDA headers
+        return Check("gpu", "missing", f"{detail}; {why}", "pip install 'cupy-cuda13x[ctk]' (the CUDA headers)")
+    return Check("gpu", "ok", f"{detail}; CuPy kernels compile")
 
 
 def _onnxruntime() -> Check:

@@ -125,24 +125,6 @@ def default_batch(device: str) -> int:
     return 4 if device == "gpu" else 1
 
 
-def load_processor(settings: Any, files: int) -> tuple[BatchProcessor, int]:
-    """The processor ``lightbox process`` runs ``files`` files through, and its device-lane threads:
-    the model compiled now for the calls those threads make (several side by side when there is
-    more than one file, one on a GPU), so a model that cannot load fails here, before any file.
-    Raises what loading raises (:class:`~schemas.errors.LightboxError`, ``OSError``), the processor
-    closed."""
-    from agents.wiring import build_processor
-
-    processor = build_processor(settings.model_copy(update={"output_dir": None}))
-    try:
-        callers = processor.pipeline.side_by_side if files > 1 else 1
-        processor.pipeline.device_callers(callers, lone_latency=False)
-    except BaseException:
-        processor.close()
-        raise
-    return processor, callers
-
-
 def process_files(
     files: Sequence[Path],
     processor: BatchProcessor,

@@ -89,7 +89,7 @@ def client_config(cfg: SchemaRegistrySettings) -> dict[str, Any]:
             raise ValueError("set LIGHTBOX_SCHEMA_REGISTRY_USER_INFO or _BEARER_TOKEN, not both")
         conf["basic.auth.user.info"] = cfg.user_info.get_secret_value()
     elif cfg.bearer_token is not None:
-        token, cluster = cfg.bearer_token.get_secret_value(), cfg.bearer_logical_cluster
+        token, cluster = cfg.bearer_token.get_secret_value(), cfg.bearer_logical_cluster or ""
         conf["bearer.auth.credentials.source"] = "CUSTOM"
         conf["bearer.auth.custom.provider.config"] = {}
         conf["bearer.auth.custom.provider.function"] = lambda _conf: {

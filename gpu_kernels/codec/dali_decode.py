@@ -26,8 +26,8 @@ Routing (decided from :func:`~gpu_kernels.codec.sniff.sniff`, before any pixel i
   pipeline to exactly ``max_side`` on the longer side;
 - everything else (JPEG, 8-bit PNG, WebP, 8-bit TIFF and BMP; sRGB or untagged) → the DALI
   pipeline, ``batch_size`` images per run. DALI's TIFF (libtiff: LZW, multi-page → first page)
-  and BMP decodes were checked pixel-identical to Pillow's; LZW TIFF decodes 1.7× faster
-  through DALI here, uncompressed TIFF and BMP ~1.5× slower (2 shared cores) — one path kept.
+  and BMP decodes are pixel-identical to Pillow's (docs/robustness.md has the speeds) — one
+  path kept.
 
 Fallbacks: a decoder's refusal is not final while another decoder reads the format. What DALI
 refuses (e.g. 1-bit TIFF, 16-bit 555 BMP: "nvImageCodec failure", "Invalid sample_type") goes to
@@ -388,7 +388,7 @@ class DaliDecoder:
                 # DLPack exchange makes CuPy's current stream wait for DALI's.
                 return [cp.from_dlpack(batch[i]) for i in range(len(jobs))]
         (batch,) = pipe.run()
-        # One host copy (~0.7 ms per 1.4 MP image) buys owned, writeable NumPy arrays; the
+        # One host copy buys owned, writeable NumPy arrays; the
         # zero-copy view (np.from_dlpack) would be read-only.
         return [np.array(batch[i]) for i in range(len(jobs))]
 

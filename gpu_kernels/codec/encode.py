@@ -24,7 +24,7 @@ from gpu_kernels.array import Array
 from gpu_kernels.presets import Preset
 from schemas.errors import ProcessingFailed
 
-__all__ = ["CpuEncoder", "EncodeSettings", "NvJpegEncoder", "flatten_alpha"]
+__all__ = ["CpuEncoder", "EncodeSettings", "NvJpegEncoder", "flatten_alpha", "gpu_encode_backends"]
 
 STAGE = "encode"
 Subsampling = Literal["444", "422", "420"]
@@ -128,11 +128,23 @@ class CpuEncoder:
         """Nothing to release."""
 
 
+def gpu_encode_backends(nvimgcodec: Any) -> list[Any]:
+    """The nvImageCodec backends a GPU encode may use: ``GPU_ONLY`` and ``HYBRID_CPU_GPU``.
+
+    nvJPEG's CUDA encoder registers as ``HYBRID_CPU_GPU`` (Huffman coding on the host, the rest on
+    the device); with ``GPU_ONLY`` alone no JPEG encoder matches and every encode returns None.
+    nvImageCodec's own encode tests pass exactly these two kinds as their "GPU" backends. The
+    CPU-only kind is left out: a host encode goes through :class:`CpuEncoder` instead."""
+    return [nvimgcodec.Backend(nvimgcodec.GPU_ONLY), nvimgcodec.Backend(nvimgcodec.HYBRID_CPU_GPU)]
+
+
 class NvJpegEncoder:
     """:class:`~gpu_kernels.backends.Encoder` on the GPU: nvJPEG (via nvImageCodec) for JPEGs
     of >= ``gpu_min_pixels`` pixels, :class:`CpuEncoder` otherwise (after a device→host copy).
 
-    Takes CuPy (or NumPy) ``(H, W, 3|4)`` uint8 images. nvImageCodec is imported lazily.
+    Takes CuPy (or NumPy) ``(H, W, 3|4)`` uint8 images. nvImageCodec is imported lazily; where it
+    is not installed (a stock PyTorch image) every image goes through the CPU encoder after its
+    device→host copy (``version`` "host-encode-1" says so).
     """
 
     version = "nvjpeg-encode-1"
@@ -147,15 +159,18 @@ class NvJpegEncoder:
     ) -> None:
         if device != "gpu":
             raise ValueError(f"NvJpegEncoder: device must be 'gpu', got {device!r}")
-        nvimgcodec: Any = importlib.import_module("nvidia.nvimgcodec")
         self.device = device
         self.gpu_min_pixels = gpu_min_pixels
         self.settings = settings or EncodeSettings()
         self._cpu = CpuEncoder("cpu", self.settings)
+        try:
+            nvimgcodec: Any = importlib.import_module("nvidia.nvimgcodec")
+        except ImportError:  # a stock PyTorch image: no nvImageCodec; every format on the CPU encoder
+            self.version = "host-encode-1"
+            self._encoder: Any = None
+            return
         self._nvimgcodec = nvimgcodec
-        self._encoder = nvimgcodec.Encoder(
-            device_id=device_id, backends=[nvimgcodec.Backend(nvimgcodec.GPU_ONLY)]
-        )
+        self._encoder = nvimgcodec.Encoder(device_id=device_id, backends=gpu_encode_backends(nvimgcodec))
         self._subsampling = {
             "444": nvimgcodec.ChromaSubsampling.CSS_444,
             "422": nvimgcodec.ChromaSubsampling.CSS_422,
@@ -172,7 +187,8 @@ class NvJpegEncoder:
             )
         h, w = image.shape[:2]
         on_gpu = (
-            preset.format == "jpeg"
+            self._encoder is not None
+            and preset.format == "jpeg"
             and image.ndim == 3
             and image.shape[2] == 3
             and h * w >= self.gpu_min_pixels

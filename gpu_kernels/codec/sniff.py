@@ -17,7 +17,8 @@ Errors, in the order they are checked:
 - ``DecodeFailed`` when the header is truncated or inconsistent (zero width, no SOF, bad IHDR);
 - ``TooLarge`` when width × height exceeds ``max_pixels``, the frame/page count exceeds
   ``max_frames``, or a JPEG holds more than ``max_scans`` scans or ``max_markers`` markers
-  (a progressive JPEG padded with 100 000 tiny scans costs 25× its honest decode time);
+  (a progressive JPEG padded with tiny scans costs many times its honest decode time;
+  docs/robustness.md);
 - ``DecodeFailed`` for a JPEG with no end-of-image marker (FFD9) after its frame header: it
   was cut short. Data appended after the EOI (phone trailers, MPF previews) is fine.
 

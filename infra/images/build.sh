@@ -14,6 +14,10 @@ CPU_BASE=python:3.11-slim
 CUDA_BASE=nvidia/cuda:13.0.1-cudnn-runtime-ubuntu24.04
 if ! have "$CPU_BASE" || ! have "$CUDA_BASE"; then
   echo "no registry: building on local stand-ins for $CPU_BASE and $CUDA_BASE"
+  if ! command -v debootstrap >/dev/null 2>&1; then
+    echo "the base images cannot be pulled and the local stand-ins need debootstrap: apt-get install debootstrap" >&2
+    exit 1
+  fi
   infra/images/standin-base.sh
   CPU_BASE=lightbox-standin/python:3.11-slim
   CUDA_BASE=lightbox-standin/cuda:runtime

@@ -12,10 +12,25 @@ import gc
 import os
 from typing import Annotated
 
-import typer
+from lightbox import startup
 
-from lightbox.cli import demo, doctor, events, process, produce, registry, replay, servers, worker
-from lightbox.cli.common import err
+startup.hold()  # before typer, rich and pydantic: what their imports make outlives the start
+
+import typer  # noqa: E402
+
+from lightbox.cli import (  # noqa: E402
+    demo,
+    doctor,
+    events,
+    process,
+    produce,
+    registry,
+    replay,
+    servers,
+    settings,
+    worker,
+)
+from lightbox.cli.common import err  # noqa: E402
 
 __all__ = ["app", "main"]
 
@@ -59,6 +74,7 @@ for _store in servers.OBJECT_STORES:
 app.add_typer(registry.registry_app, name="registry")
 app.add_typer(registry.schemas_app, name="schemas")
 app.command()(doctor.doctor)
+app.command()(settings.settings)
 app.command()(worker.worker)
 app.command("backfill-worker")(worker.backfill_worker)
 app.command()(produce.produce)
@@ -75,6 +91,8 @@ app.command()(replay.redrive)
 
 def main() -> None:
     gc.freeze()  # the CLI's modules live as long as the process: later collections need not walk them
+    # (the collection thresholds stay raised until the command has built what it keeps: see
+    # lightbox.startup; a command that never says so keeps them, and its cycles are still collected)
     import logging
 
     # The retouch twins' small matrix products gain nothing from BLAS threads and lose a lot when
@@ -96,6 +114,6 @@ def main() -> None:
         raise SystemExit(2) from None
     finally:
         # The command is over and closed what it opened; the interpreter's last full collection at
-        # exit would walk every object the imports made (~0.12 s of a one-photo `process`) only to
+        # exit would walk every object the imports made (docs/performance.md: fcca375) only to
         # free memory the exit frees anyway. Frozen objects are skipped (atexit handlers still run).
         gc.freeze()

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from lightbox import startup
 from lightbox.cli.common import PRESETS, console, err, names
 from lightbox.show import print_latency_table
 from schemas import segment_runtimes
@@ -37,9 +38,6 @@ def process(
     (`<sku>.<preset>.<ext>`) with a progress bar, write OUT/results.jsonl (one line per input,
     dead-letter reasons included) and print the per-stage latency table. Exit code 1 when
     any input became a dead letter."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from lightbox.offline import OfflineResult, default_batch, load_processor, process_files
     from streams.producer import iter_image_files
 
     try:
@@ -58,10 +56,16 @@ def process(
     wanted = names(presets)
     with err.status("loading the pipeline…"):
         try:  # a model file that is missing, unreadable, or that the runtime cannot load fails here
-            processor, callers = load_processor(settings, len(files))
+            # the model compiled beside the imports and the build of the rest of the pipeline
+            processor, callers = startup.load_processor(settings, len(files))
         except (LightboxError, OSError) as exc:
             err.print(f"[red]cannot load the pipeline:[/] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(2) from None
+        startup.settle()  # the pipeline is built: back to the usual garbage collection
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from lightbox.offline import OfflineResult, default_batch, process_files
+
     err.print(f"{len(files)} files, device {processor.pipeline.device}, model {processor.model_version}")
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("{task.fields[failed]} dead letters"))

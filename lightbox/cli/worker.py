@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from lightbox import startup
 from lightbox.cli.common import Bootstrap, resolve_bootstrap
 from streams.settings import Settings
 
@@ -33,6 +34,8 @@ def worker(
             overrides[key] = val
     from agents.worker import run_worker
 
+    startup.settle()  # a long run: the usual garbage collection from here on
+
     settings = Settings(**overrides)
     raise typer.Exit(run_worker(settings, overrides, loglevel or settings.observe.log_level))
 
@@ -51,6 +54,8 @@ def backfill_worker(
     live work with it, and stops it on its way out; its metrics are on the worker's port + 1.
     SIGTERM/Ctrl-C: in-flight work finishes and is committed, exit 0; exit 70 on a fail-stop."""
     from agents.worker import run_backfill_worker
+
+    startup.settle()  # a long run: the usual garbage collection from here on
 
     settings = Settings(kafka_bootstrap=resolve_bootstrap(bootstrap))
     raise typer.Exit(run_backfill_worker(settings, loglevel or settings.observe.log_level))

@@ -13,21 +13,29 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from lightbox.devservers.launch import cache_root
 from schemas.errors import ProcessingFailed
 
-__all__ = ["SERVE_SCRIPT", "TritonServer", "find_triton_python"]
+__all__ = ["SERVE_SCRIPT", "TritonServer", "default_triton_env", "find_triton_python"]
 
 STAGE = "segment"
 SERVE_SCRIPT = Path(__file__).with_name("triton_serve.py")
 
 
+def default_triton_env() -> Path:
+    """Where Triton's own environment is looked for: ``<cache>/tritonenv`` (``$LIGHTBOX_CACHE_DIR``
+    or ``~/.cache/lightbox``), where ``.ci/run`` builds it."""
+    return cache_root() / "tritonenv"
+
+
 def find_triton_python() -> tuple[Path | None, str]:
-    """Triton's interpreter (``LIGHTBOX_TRITON_PYTHON``, else /tmp/tritonenv/bin/python) and, when
-    there is none usable, why not."""
-    candidate = Path(os.environ.get("LIGHTBOX_TRITON_PYTHON", "/tmp/tritonenv/bin/python"))
+    """Triton's interpreter (``LIGHTBOX_TRITON_PYTHON``, else ``<cache>/tritonenv/bin/python``)
+    and, when there is none usable, why not."""
+    env = default_triton_env()
+    candidate = Path(os.environ.get("LIGHTBOX_TRITON_PYTHON") or env / "bin" / "python")
     if not candidate.is_file():
-        how = ("/usr/bin/python3.11 -m venv /tmp/tritonenv && "
-               "/tmp/tritonenv/bin/pip install nvidia-pytriton onnxruntime numpy")
+        how = (f"/usr/bin/python3.11 -m venv {env} && "
+               f"{env}/bin/pip install nvidia-pytriton onnxruntime numpy")
         if not Path("/usr/bin/python3.11").is_file():
             return None, f"no Triton interpreter at {candidate} and no /usr/bin/python3.11 to build one from"
         return None, f"no Triton interpreter at {candidate}; make one: {how} (or set LIGHTBOX_TRITON_PYTHON)"

@@ -1,11 +1,12 @@
 """Serve an ONNX segmentation model from Triton Inference Server (PyPI ``nvidia-pytriton``).
 
 Run with the interpreter of Triton's own environment, not lightbox's (the backend stub
-needs Debian's /usr/bin/python3.11; pyenv's 3.11.7 fails at model load)::
+needs Debian's /usr/bin/python3.11; other 3.11 builds, such as pyenv's 3.11.7, fail at model
+load)::
 
-    /usr/bin/python3.11 -m venv /tmp/tritonenv
-    /tmp/tritonenv/bin/pip install nvidia-pytriton onnxruntime numpy
-    /tmp/tritonenv/bin/python lightbox/devservers/triton_serve.py MODEL.onnx --http-port 8000
+    /usr/bin/python3.11 -m venv ~/.cache/lightbox/tritonenv
+    ~/.cache/lightbox/tritonenv/bin/pip install nvidia-pytriton onnxruntime numpy
+    ~/.cache/lightbox/tritonenv/bin/python lightbox/devservers/triton_serve.py MODEL.onnx --http-port 8000
 
 pytriton's bundled ``tritonserver`` has only the Python backend, so the model runs in an ONNX
 Runtime session inside the bound Python function; Triton's dynamic batcher (``--max-batch``,

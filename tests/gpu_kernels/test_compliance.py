@@ -126,7 +126,7 @@ def test_every_processed_event_carries_compliance_per_variant(catalog: list[Path
     assert "compliance" not in v1.decode(out.value)["variants"][0]
 
 
-# -- what shows is what is placed and checked: faint alpha, cut-outs, the frame (issue 14) --------
+# -- what shows is what is placed and checked: faint alpha, cut-outs, the frame --------
 
 def encode(img: np.ndarray, fmt: str = "PNG") -> bytes:
     buf = io.BytesIO()

@@ -1,4 +1,4 @@
-"""Every format suppliers send decodes to the right pixels (issue 11 item 5), and every guard
+"""Every format suppliers send decodes to the right pixels, and every guard
 (bytes, pixels, frames, time) applies to each of them."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile files (issue 10 items 2, 3, 6): each ends as an output or a dead letter with the right
+"""Hostile files: each ends as an output or a dead letter with the right
 code within a CPU-time and RSS bound, and no message echoes the payload.
 
 Each file is decoded in a fresh subprocess, after a warm-up decode of a small image of the same

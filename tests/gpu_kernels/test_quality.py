@@ -1,4 +1,4 @@
-"""Retouch quality on product shots (issue 14): neutrals stay neutral, clipped highlights stay
+"""Retouch quality on product shots: neutrals stay neutral, clipped highlights stay
 white, no grey frame lines, masks without holes or islands, and the measures themselves.
 
 Colour is measured in CIELAB (D65) as medians over pixels known to be neutral (synthetic scenes,

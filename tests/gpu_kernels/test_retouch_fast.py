@@ -1,4 +1,4 @@
-"""Pass (a) at the resolution that reaches an output (issue 15, item 3).
+"""Pass (a) at the resolution that reaches an output.
 
 * colour statistics on a small copy: the gains stay within 1-2 % of the full-resolution ones;
 * white balance (and the whole chain without a Retinex map) by per-channel tables: bit-identical

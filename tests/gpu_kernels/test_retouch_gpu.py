@@ -137,7 +137,7 @@ def test_bad_shapes_fail_clearly(gpu: CupyRetoucher, name: str) -> None:
 
 
 def test_windows_and_area_samples_match_cpu(gpu: CupyRetoucher) -> None:
-    """Issue 15 item 3 on the device: the window the presets read (one host read of the subject
+    """Pass (a) at the outputs' resolution on the device: the window the presets read (one host read of the subject
     box) and the area-averaged sample give the CPU twin's numbers."""
     from tests.gpu_kernels.test_retouch_fast import PRESETS as FAST_PRESETS
     from tests.gpu_kernels.test_retouch_fast import small_subject

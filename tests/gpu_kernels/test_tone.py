@@ -1,4 +1,4 @@
-"""Exposure keeps products' colours (issue 14): a flat red, navy, black, white or orange product
+"""Exposure keeps products' colours: a flat red, navy, black, white or orange product
 on a white backdrop comes out the colour it went in; an underexposed photo is raised back to what
 the well-exposed one gives; an over-exposed or washed-out photo is not made worse.
 
@@ -53,8 +53,8 @@ def lstar_error(a: np.ndarray, b: np.ndarray) -> float:
                          ids=["retinex", "no-retinex"])
 @pytest.mark.parametrize("name", list(PRODUCTS))
 def test_a_flat_product_on_white_keeps_its_colour(name: str, config: RetouchConfig) -> None:
-    """Every subject pixel within CIEDE2000 3 of its input (the code before issue 14's tone fix
-    gave median 20 for the red, 16 for the navy, 12 for the black), no channel newly at 255, and
+    """Every subject pixel within CIEDE2000 3 of its input (a tone curve stretched to the
+    subject's percentiles gave median 20 for the red, 16 for the navy, 12 for the black), no channel newly at 255, and
     the tone gain is 1 (the white backdrop is the exposure's reference)."""
     image, mask = product_scene(PRODUCTS[name])
     plan = plan_correction(np, image, mask, "auto", config, gaussian_matrix)

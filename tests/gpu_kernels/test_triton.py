@@ -1,4 +1,4 @@
-"""TritonSegmenter against a real Triton Inference Server (issue 15 item 4).
+"""TritonSegmenter against a real Triton Inference Server.
 
 The server is pytriton's bundled ``tritonserver`` running u2netp through
 ``lightbox/devservers/triton_serve.py`` in Triton's own environment (Debian's /usr/bin/python3.11 with

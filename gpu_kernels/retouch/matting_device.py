@@ -1,0 +1,102 @@
+"""Edge decontamination shaped for the device: the crop around the edge, whole, in a few dozen
+array calls and one host read per image.
+
+:func:`gpu_kernels.retouch.matting.decontaminate` (the CPU twin) filters only the tiles its
+edge pixels fall in and gathers the edge pixels into lists, which on a 2-core CPU is the fast
+way and on a GPU costs hundreds of tiny launches and a host wait per tile. Here the same crop
+(the edge's bounding box plus the widest window) is computed whole: each pass's planes over the
+crop's sampling grid with ``where`` instead of index lists, the box means enlarged back to the
+crop by index maps, and the result put in place with one ``where``. The bounding box is the one
+value read back (``edge_box``; :func:`edge_boxes` reads a whole batch's in one go).
+
+The arithmetic is the twin's, operation for operation; the box filter (``box_blur``) over the
+whole sampled crop equals the twin's tiles on the device (a direct sum per pixel) and within one
+level after rounding on NumPy, where OpenCV's running sums differ in the last bits between tiles.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gpu_kernels.array import Array
+from gpu_kernels.retouch.matting import MattingConfig, box_blur
+
+__all__ = ["decontaminate_device", "edge_box", "edge_boxes"]
+
+Box = tuple[int, int, int, int] | None  # (first row, last row, first column, last column) of the edge
+
+
+def _box_parts(xp: Any, alpha: Array) -> Array:
+    """``(4,)`` int64 on the device: first/last row and column holding an edge pixel (-1 if none)."""
+    edge = (alpha > 0) & (alpha < 255)
+    rows, cols = edge.any(axis=1), edge.any(axis=0)
+    h, w = alpha.shape
+    first_r, first_c = xp.argmax(rows), xp.argmax(cols)
+    last_r, last_c = h - 1 - xp.argmax(rows[::-1]), w - 1 - xp.argmax(cols[::-1])
+    none = ~rows.any()
+    return xp.where(none, -1, xp.stack([first_r, last_r, first_c, last_c]).astype(xp.int64))
+
+
+def edge_box(xp: Any, alpha: Array) -> Box:
+    """The edge's bounding box of one alpha (one host read)."""
+    return edge_boxes(xp, [alpha])[0]
+
+
+def edge_boxes(xp: Any, alphas: Sequence[Array]) -> list[Box]:
+    """The edge's bounding box of each alpha, all read back in one host transfer."""
+    if not alphas:
+        return []
+    parts = xp.stack([_box_parts(xp, a) for a in alphas])
+    host = parts.get() if hasattr(parts, "get") else parts
+    return [None if int(r[0]) < 0 else (int(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in host.tolist()]
+
+
+def decontaminate_device(xp: Any, pixels: Array, alpha: Array, cfg: MattingConfig | None = None,
+                         box: Box | str = "read") -> Array:
+    """As :func:`~gpu_kernels.retouch.matting.decontaminate`; ``box``: the edge's bounding box when
+    already read (:func:`edge_boxes`), else it is read here."""
+    cfg = cfg or MattingConfig()
+    if pixels.ndim != 3 or pixels.shape[2] != 3:
+        return pixels
+    if box == "read":
+        box = edge_box(xp, alpha)
+    if box is None or isinstance(box, str):
+        return pixels
+    h, w = alpha.shape
+    diag = math.hypot(h, w)
+    radii = tuple(max(1, round(r * diag)) for r in cfg.radii)
+    m = max(radii)
+    r0, r1, c0, c1 = box
+    y0, y1, x0, x1 = max(0, r0 - m), min(h, r1 + m + 1), max(0, c0 - m), min(w, c1 + m + 1)
+    crop = xp.ascontiguousarray(pixels[y0:y1, x0:x1])
+    sub = alpha[y0:y1, x0:x1]
+    edge = ((sub > 0) & (sub < 255))[..., None]
+    a = sub.astype(xp.float32) * xp.float32(1 / 255)
+    a3 = a[..., None]
+    i = crop.astype(xp.float32)
+    ia = i * a3
+    fa, bna = ia, i - ia  # pass 0: f = b = the pixel itself, as the twin's
+    hc, wc = a.shape
+    f = b = i
+    for k, r in enumerate(radii):
+        st = max(1, r // 8)
+        rs = max(1, round(r / st))
+        if k > 0:
+            fa = xp.where(edge, f * a3, ia)
+            bna = xp.where(edge, b * (1.0 - a3), i - ia)
+        a_s = a[::st, ::st]
+        means = [box_blur(xp, xp.ascontiguousarray(p), rs)
+                 for p in (a_s, 1.0 - a_s, fa[::st, ::st], bna[::st, ::st])]
+        ys = (xp.arange(hc) // st)[:, None]
+        xs = (xp.arange(wc) // st)[None, :]
+        wf, wb, fs, bs = (p[ys, xs] for p in means)  # enlarged back by index maps
+        fm = fs / (wf + xp.float32(1e-5))[..., None]
+        bm = bs / (wb + xp.float32(1e-5))[..., None]
+        f = xp.clip(fm + a3 * (i - a3 * fm - (1.0 - a3) * bm), xp.float32(0), xp.float32(255))
+        b = bm
+    fixed = xp.clip(xp.floor(f.astype(xp.float32) + xp.float32(0.5)), 0, 255).astype(xp.uint8)
+    out = pixels.copy()
+    out[y0:y1, x0:x1] = xp.where(edge, fixed, crop)
+    return out
