@@ -29,13 +29,20 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import fastavro
 
 from schemas.codec import Schema, record_name
-from schemas.errors import RegistryError, RegistryRefused, RegistryRejected, RegistryUnavailable, SchemaInvalid
+from schemas.errors import (
+    FatalError,
+    RegistryError,
+    RegistryRefused,
+    RegistryRejected,
+    RegistryUnavailable,
+    SchemaInvalid,
+)
 from schemas.events import SUBJECTS, EventCodecs
 from streams.settings import SchemaRegistrySettings, Settings
 
@@ -46,6 +53,16 @@ __all__ = ["BACKWARD_LEVELS", "RegistryError", "RegistryRefused", "RegistryRejec
 log = logging.getLogger("lightbox.registry")
 
 T = TypeVar("T")
+
+
+class Waiter(Protocol):
+    """Told when a dependency is unreachable and when it answers again (``agents.dependencies``)."""
+
+    def failed(self, name: str, reason: str) -> float: ...
+
+    def sleep(self, seconds: float) -> bool: ...
+
+    def reached(self, name: str) -> None: ...
 
 #: compatibility levels under which a reader on the new version reads data written with the old ones
 BACKWARD_LEVELS = {"BACKWARD", "BACKWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE"}
@@ -128,6 +145,7 @@ class RegistrySchemaStore:
 
             client = SchemaRegistryClient(client_config(settings))
         self.settings, self.client, self.patience_s = settings, client, patience_s
+        self.waiter: Waiter | None = None  # when set, outages are waited for through it (event_codecs)
         self.url = redact(settings.url or "")
         self.clock, self.sleep = clock, sleep
         self._schemas: dict[int, Schema] = {}
@@ -168,12 +186,18 @@ class RegistrySchemaStore:
                         f"(HTTP {status}) while {what}: check that credential") from None
                 if status < 500:
                     raise
-                cause = f"HTTP {status}: {exc.error_message}"[:200]
+                cause, kind = f"HTTP {status}: {exc.error_message}"[:200], "server error"
             except TransportError as exc:
                 cause = f"{type(exc).__name__}: {exc}"[:200]
+                kind = "timeout" if "Timeout" in type(exc).__name__ else "unreachable"
             else:
                 self._recovered()
                 return result
+            if self.waiter is not None:  # the worker: its dependencies book says who is down
+                self._unreachable(self.clock(), cause, what)
+                if not self.waiter.sleep(self.waiter.failed(self.name, kind)):
+                    raise FatalError(f"{self.name}: stopped while waiting for it ({kind})")
+                continue
             now = self.clock()
             self._unreachable(now, cause, what)
             if self.patience_s is not None and now - started >= self.patience_s:
@@ -194,9 +218,15 @@ class RegistrySchemaStore:
                 log.warning("schema registry %s still unreachable after %.0f s (%s); inputs wait",
                             self.url, now - outage.since, cause)
 
+    @property
+    def name(self) -> str:
+        return f"schema registry {self.url}"
+
     def _recovered(self) -> None:
         if self._outage is None:
             return
+        if self.waiter is not None:
+            self.waiter.reached(self.name)
         with self._guard:
             outage, self._outage = self._outage, None
         if outage is not None:
@@ -368,14 +398,16 @@ def registry_store(cfg: SchemaRegistrySettings, *, patience_s: float | None = No
 
 
 def event_codecs(settings: Settings, *, start_patience_s: float = 60.0, patience_s: float | None = 60.0,
-                 topics: Mapping[str, str] | None = None) -> EventCodecs:
+                 topics: Mapping[str, str] | None = None, waiter: Waiter | None = None) -> EventCodecs:
     """lightbox's three codecs as the settings say: the packaged (or ``schema_store``) file store,
     or the schema registry at ``schema_registry_url``, where lightbox's schemas are registered (or
     looked up) under their subjects now. ``topics``: the topic each kind is written to, by kind
     (``product``, ``processed``, ``dead_letter``; the input, output and dead-letter topics by default).
     ``start_patience_s``: how long the registry may stay unreachable now, while the schemas are
     registered; ``patience_s``: at every later lookup of an input's id (``None``: for ever, the
-    worker's inputs wait) before :class:`RegistryUnavailable`."""
+    worker's inputs wait) before :class:`RegistryUnavailable`. ``waiter``: after start, an outage is
+    reported to it and waited for through it (the worker's ``agents.dependencies``: intake pauses,
+    /readyz names the registry, the watchdog does not count the wait)."""
     from schemas.codec import FileSchemaStore
 
     cfg = settings.schema_registry
@@ -386,5 +418,5 @@ def event_codecs(settings: Settings, *, start_patience_s: float = 60.0, patience
     store = RegistrySchemaStore(cfg, patience_s=start_patience_s)
     subjects = {kind: subject_name(cfg.subject_strategy, where[kind], full) for kind, (_, full) in SUBJECTS.items()}
     codecs = EventCodecs.create(store, subjects=subjects)
-    store.patience_s = patience_s
+    store.patience_s, store.waiter = patience_s, waiter
     return codecs

@@ -22,6 +22,7 @@ from lightbox.cli import (  # noqa: E402
     demo,
     doctor,
     events,
+    faults,
     process,
     produce,
     registry,
@@ -71,6 +72,7 @@ def _local_secure_env() -> None:
 app.add_typer(servers.kafka_app, name="kafka")
 for _store in servers.OBJECT_STORES:
     app.add_typer(servers.object_store_app(_store), name=_store.command)
+app.add_typer(faults.toxiproxy_app, name="toxiproxy")
 app.add_typer(registry.registry_app, name="registry")
 app.add_typer(registry.schemas_app, name="schemas")
 app.command()(doctor.doctor)
