@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from gpu_kernels.array import Array
 
 __all__ = [
@@ -205,7 +207,13 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
 
     ``values``: ``(n,)`` float64; ``select``: ``(n,)`` bool with at least one True (the caller
     guarantees it). Returns ``(len(qs),)`` float64 on the same device.
+
+    On NumPy (host values: reading the count costs no device sync) only the order statistics
+    the percentiles read are placed (``np.partition`` at those ranks, not a full sort) and the
+    interpolation runs on Python floats: the same float64 operations, so the same values.
     """
+    if xp is np:
+        return _host_percentiles(values, select, qs)
     ordered = xp.sort(xp.where(select, values, xp.inf))
     last = xp.maximum(xp.count_nonzero(select) - 1, 0).astype(xp.float64)  # count_nonzero: no int cast
     out = []
@@ -218,6 +226,26 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
         b = xp.take(ordered, hi.astype(xp.int64))
         out.append(a + (b - a) * frac)
     return xp.stack(out)
+
+
+def _host_percentiles(values: np.ndarray, select: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """:func:`masked_percentiles` on NumPy: the ranks it reads, from one partial sort."""
+    count = int(np.count_nonzero(select))
+    last = float(max(count - 1, 0))
+    ranks = []
+    for q in qs:
+        pos = last * (q / 100.0)
+        lo = math.floor(pos)
+        ranks.append((pos, float(lo), min(lo + 1.0, last)))
+    # unselected values go past the end (+inf, as the full sort puts them); all selected: no copy
+    pool = values if count == values.shape[0] else np.where(select, values, np.inf)
+    kth = sorted({int(r) for _, lo, hi in ranks for r in (lo, hi)})
+    ordered = np.partition(pool, kth)
+    out = np.empty(len(qs), np.float64)
+    for k, (pos, lo, hi) in enumerate(ranks):
+        a, b = float(ordered[int(lo)]), float(ordered[int(hi)])
+        out[k] = a + (b - a) * (pos - lo)
+    return out
 
 
 def _srgb_linear(xp: Any, rgb: Array) -> Array:
@@ -317,6 +345,9 @@ def _neutral_cluster(
     kernel = weight
     ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
     db = xp.empty_like(ca)
+    # on NumPy the exponential runs on the pixels of non-zero weight alone: the others' kernel is
+    # exp(.) * 0 == +0.0, which a zero-filled output holds already (the same bits)
+    live = (weight > 0) if xp is np else None
     for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
         # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
         kernel = xp.subtract(ca, centre[0])
@@ -326,7 +357,10 @@ def _neutral_cluster(
         kernel += db
         kernel *= -0.5
         kernel /= sigma * sigma
-        xp.exp(kernel, out=kernel)
+        if live is None:
+            xp.exp(kernel, out=kernel)
+        else:
+            kernel = np.exp(kernel, out=np.zeros_like(kernel), where=live)
         kernel *= weight
         mass = kernel.sum()
         centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
