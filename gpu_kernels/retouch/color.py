@@ -330,6 +330,34 @@ def _balancing_gains(xp: Any, illuminant: Array) -> Array:
     return illuminant.mean() / xp.maximum(illuminant, 1e-6)
 
 
+def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_neutral_cluster`'s mean-shift on NumPy: ``(kernel (n,), centre (2,))``.
+
+    The per-pixel kernel runs on the pixels of non-zero weight alone (the others' is
+    ``exp(.) * 0 == +0.0``, which a zero-filled kernel holds already): each value by the same
+    float64 operations, and the sums over the full-length kernel, so the same bits."""
+    live = np.flatnonzero(weight > 0)
+    la, lb, lw = ab[live, 0], ab[live, 1], weight[live]
+    db = np.empty_like(la)
+    centre = np.zeros(2, np.float64)
+    kernel = weight
+    for sigma in sigmas:
+        k = np.subtract(la, centre[0])
+        k *= k
+        np.subtract(lb, centre[1], out=db)
+        db *= db
+        k += db
+        k *= -0.5
+        k /= sigma * sigma
+        np.exp(k, out=k)
+        k *= lw
+        kernel = np.zeros(weight.shape[0], np.float64)
+        kernel[live] = k
+        mass = kernel.sum()
+        centre = np.where(mass > 1e-12, (kernel @ ab) / np.maximum(mass, 1e-12), centre)
+    return kernel, centre
+
+
 def _neutral_cluster(
     xp: Any, flat: Array, light: Array, ab: Array, valid: Array, cfg: WhiteBalanceConfig
 ) -> tuple[Array, Array, Array]:
@@ -343,27 +371,24 @@ def _neutral_cluster(
     total = xp.maximum(xp.count_nonzero(valid), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
-    ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
-    db = xp.empty_like(ca)
-    # on NumPy the exponential runs on the pixels of non-zero weight alone: the others' kernel is
-    # exp(.) * 0 == +0.0, which a zero-filled output holds already (the same bits)
-    live = (weight > 0) if xp is np else None
-    for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
-        # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
-        kernel = xp.subtract(ca, centre[0])
-        kernel *= kernel
-        xp.subtract(cb, centre[1], out=db)
-        db *= db
-        kernel += db
-        kernel *= -0.5
-        kernel /= sigma * sigma
-        if live is None:
+    if xp is np:
+        kernel, centre = _host_mean_shift(ab, weight, cfg.sigmas)
+    else:
+        ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+        db = xp.empty_like(ca)
+        for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
+            # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
+            kernel = xp.subtract(ca, centre[0])
+            kernel *= kernel
+            xp.subtract(cb, centre[1], out=db)
+            db *= db
+            kernel += db
+            kernel *= -0.5
+            kernel /= sigma * sigma
             xp.exp(kernel, out=kernel)
-        else:
-            kernel = np.exp(kernel, out=np.zeros_like(kernel), where=live)
-        kernel *= weight
-        mass = kernel.sum()
-        centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
+            kernel *= weight
+            mass = kernel.sum()
+            centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()
     confidence = _clamp(xp, mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
     confidence = xp.where(mass > 1e-12, confidence, 0.0)
