@@ -235,8 +235,8 @@ def _host_percentiles(values: np.ndarray, select: np.ndarray, qs: tuple[float, .
     ranks = []
     for q in qs:
         pos = last * (q / 100.0)
-        lo = math.floor(pos)
-        ranks.append((pos, float(lo), min(lo + 1.0, last)))
+        floor = float(math.floor(pos))
+        ranks.append((pos, floor, min(floor + 1.0, last)))
     # unselected values go past the end (+inf, as the full sort puts them); all selected: no copy
     pool = values if count == values.shape[0] else np.where(select, values, np.inf)
     kth = sorted({int(r) for _, lo, hi in ranks for r in (lo, hi)})
