@@ -498,6 +498,8 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     # the channel mean and max column by column: levels.mean(axis=1) / levels.max(axis=1) are
     # the same sums and maxima, but NumPy's reductions over a length-3 axis cost ~10x as much
     stats = ((c0 + c1 + c2) / 3.0, xp.maximum(xp.maximum(c0, c1), c2))
+    if xp is np:
+        return _host_tone(stats, alpha, cfg)
     everything = xp.ones(levels.shape[0], dtype=bool)
     qs = (cfg.high_pct, cfg.peak_pct)
     high_low = masked_percentiles(xp, stats[0], everything, (cfg.high_pct, cfg.low_pct))  # one sort
@@ -516,6 +518,27 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     dim = _clamp(xp, (cfg.veil_bright - refs[0] / 255.0) / 0.1, 0.0, 1.0)  # too dark to be veiled
     veil = xp.maximum(veil, dim)
     return (1.0 + (gain - 1.0) * veil).reshape(1)
+
+
+def _host_tone(stats: tuple[np.ndarray, np.ndarray], alpha: np.ndarray | None, cfg: ExposureConfig) -> np.ndarray:
+    """:func:`estimate_tone` on NumPy from its ``(channel mean, max channel)`` columns: the same
+    float64 operations on Python floats instead of 0-d arrays (a few microseconds each)."""
+    mean, peak = stats
+    everything = np.ones(mean.shape[0], dtype=bool)
+    high, low = (float(v) for v in _host_percentiles(mean, everything, (cfg.high_pct, cfg.low_pct)))
+    ref0, ref1 = high, float(_host_percentiles(peak, everything, (cfg.peak_pct,))[0])
+    if alpha is not None:
+        subject = alpha >= cfg.subject_min_alpha
+        select = subject if np.sum(subject) >= max(16.0, 0.005 * mean.shape[0]) else everything
+        ref0 = max(ref0, float(_host_percentiles(mean, select, (cfg.high_pct,))[0]))
+        ref1 = max(ref1, float(_host_percentiles(peak, select, (cfg.peak_pct,))[0]))
+    ref0, ref1 = max(ref0, 1e-6), max(ref1, 1e-6)
+    gain = min(cfg.target_high * 255.0 / ref0, cfg.ceiling * 255.0 / ref1)
+    gain = min(max(gain, 1.0), cfg.max_gain)
+    black = low / 255.0
+    veil = min(1.0, max(0.0, (cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full)))
+    dim = min(1.0, max(0.0, (cfg.veil_bright - ref0 / 255.0) / 0.1))  # too dark to be veiled
+    return np.array([1.0 + (gain - 1.0) * max(veil, dim)], np.float64)
 
 
 def tone_lut(xp: Any, tone: Array, v_max: Array, cfg: ExposureConfig) -> tuple[Array, Array]:

@@ -313,3 +313,19 @@ def test_the_retinex_gain_without_a_mask_equals_weights_of_one() -> None:
     assert np.array_equal(illumination_gain(np, lum, None, cfg, gaussian_matrix), ones)
     assert np.array_equal(illumination_gain(np, lum, None, cfg, gaussian_matrix), ones)  # from the table
     assert np.array_equal(illumination_gain(_array_module_twin(), lum, None, cfg, gaussian_matrix), ones)
+
+
+@pytest.mark.parametrize("scene", ["dark", "veiled", "bright", "masked_dark", "masked_few"])
+def test_the_host_tone_equals_the_array_module_path_bit_for_bit(scene: str) -> None:
+    rng = np.random.default_rng(8)
+    n = 4096
+    lo, hi = {"dark": (10, 140), "veiled": (110, 200), "bright": (30, 256)}.get(scene, (5, 120))
+    levels = rng.integers(lo, hi, (n, 3)).astype(np.float64)
+    levels[:, 2] += rng.random(n)
+    alpha = None
+    if scene.startswith("masked"):
+        alpha = np.where(rng.random(n) < (0.4 if scene == "masked_dark" else 0.002), 255.0, 0.0)
+    cfg = ExposureConfig()
+    host = estimate_tone(np, levels, alpha, cfg)
+    assert host.dtype == np.float64 and host.shape == (1,)
+    assert np.array_equal(host, estimate_tone(_array_module_twin(), levels, alpha, cfg))
