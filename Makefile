@@ -47,7 +47,7 @@ bench: setup  ## the quick CPU suite (bench/README.md): each bench at a small si
 	PYTHONPATH=. $(BIN)/python bench/bench_segment.py --batches 1 4 --json bench/results/bench_segment.json
 	PYTHONPATH=. $(BIN)/python bench/bench_compliance.py --segmenter classical --count 8 --no-cutouts
 	PYTHONPATH=. $(BIN)/python bench/bench_tone.py
-	PYTHONPATH=. $(BIN)/python bench/bench_batching.py --quick --seconds 4 --capacity-events 8 --images 4 --warmup 2
+	PYTHONPATH=. $(BIN)/python bench/bench_batching.py --quick --seconds 4 --capacity-events 8 --images 4 --warmup 2 --configs fixed-1,adaptive
 
 image:  ## build lightbox:cpu and lightbox:gpu with Docker (on local base stand-ins where no registry answers)
 	infra/images/build.sh

@@ -26,9 +26,13 @@ log = logging.getLogger("agents.runner")  # one logger for the runner and its he
 class Delivery:
     """Outputs to the brokers and acknowledgements back. :meth:`put` queues a group of outputs;
     :meth:`loop` coalesces what is queued into one send of at most ``max_send_batch`` records;
-    each send is retried (retriable errors, within ``delivery_timeout_s``) until every record is
-    acknowledged, and each acknowledged output releases its input's contiguous done prefix
+    each send is retried (retriable errors) until every record is acknowledged — brokers that
+    keep failing are a dependency that is down (:mod:`agents.dependencies`), waited for without
+    end — and each acknowledged output releases its input's contiguous done prefix
     (:class:`~agents.watermark.Watermarks`) to ``ack``, in offset order, under one lock."""
+
+    #: the dependency's name in logs and ``/readyz``
+    BROKERS = "the Kafka brokers"
 
     def __init__(self, sink: OutputSink, processor: Processor, *, ack: Ack, config: RunnerConfig,
                  watermarks: Watermarks[Item], intake: dict[str, Intake], supervisor: Supervisor,
@@ -52,11 +56,31 @@ class Delivery:
                 group.extend(self._queue.get_nowait())
             self._spawn(self._deliver([(item, self.observer.sending(self.fit(item, out))) for item, out in group]))
 
+    async def probe(self) -> None:
+        """Every ``probe_interval_s``: ask the brokers whether they answer (:meth:`OutputSink.reachable`),
+        so that ``/readyz`` and intake follow a broker link that is down even while nothing is sent."""
+        deps = self._sup.dependencies
+        while True:
+            await asyncio.sleep(self.config.probe_interval_s)
+            try:
+                answered = await self.sink.reachable(self.config.probe_timeout_s)
+                why = "no answer"
+            except Exception as exc:  # a probe that breaks says "not ready", never ends the worker
+                answered, why = False, f"probe failed: {type(exc).__name__}"
+            if answered:
+                deps.reached(self.BROKERS)
+            else:
+                deps.failed(self.BROKERS, why)
+
     async def _deliver(self, pending: list[Sent]) -> None:
-        """Send until the brokers acknowledged every record: retriable errors are retried within
-        ``delivery_timeout_s``; anything else, or running out of time, fail-stops."""
+        """Send until the brokers acknowledged every record. A retriable error is retried after
+        ``retry_backoff_s``; a second one in a row makes the brokers a dependency that is down
+        (intake pauses, ``/readyz`` says so) and retries follow its capped backoff until a send is
+        acknowledged. A refusal (fenced, too large, denied) fail-stops."""
         token = object()
-        started = self._sup.delivering[token] = self.clock()
+        self._sup.delivering[token] = self.clock()
+        deps = self._sup.dependencies
+        failures = 0
         try:
             while pending:
                 results = await self.sink.send_batch([out for _, out in pending])
@@ -72,16 +96,19 @@ class Delivery:
                     else:
                         raise FatalError(f"output delivery of a {sent[1].kind} record failed: "
                                          f"{type(err).__name__}: {err}") from err
+                if acked:
+                    deps.reached(self.BROKERS)
                 await self._complete(acked)
                 if retry:
-                    waited = self.clock() - started
-                    if waited >= self.config.delivery_timeout_s:
-                        raise FatalError(f"output delivery kept failing for {waited:.0f} s "
-                                         f"(delivery_timeout_s={self.config.delivery_timeout_s:g}); "
-                                         f"last error: {type(last).__name__}: {last}")
+                    failures += 1
                     self._stats.send_retries += 1
-                    log.warning("retrying %d outputs after a retriable error (%s)", len(retry), type(last).__name__)
-                    await asyncio.sleep(self.config.retry_backoff_s)
+                    if failures == 1:
+                        log.warning("retrying %d outputs after a retriable error (%s)", len(retry),
+                                    type(last).__name__)
+                        delay = self.config.retry_backoff_s
+                    else:
+                        delay = deps.failed(self.BROKERS, type(last).__name__)
+                    await asyncio.sleep(delay)
                 pending = retry
         finally:
             del self._sup.delivering[token]

@@ -30,6 +30,9 @@ class OutputSink(Protocol):
     async def start(self) -> None: ...
     async def send_batch(self, records: Sequence[OutRecord]) -> Sequence[BaseException | None]: ...
     def retriable(self, exc: BaseException) -> bool: ...
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the brokers answer now (a small request within ``timeout_s``): the readiness probe."""
+        ...
     async def stop(self) -> None: ...
 
 
@@ -95,6 +98,8 @@ class RunnerConfig:
     watchdog_interval_s: float = 1.0
     retry_backoff_s: float = 0.5
     max_send_batch: int = 256
+    probe_interval_s: float = 5.0  # how often the brokers are asked whether they answer (readiness)
+    probe_timeout_s: float = 5.0  # an answer slower than this counts as none
     backfill_in_flight: int = 16  # backfill-tier inputs held at once, apart from the live tier's max_in_flight
     max_prepare_batch: int = 64  # inputs one prepare call takes
     prepare_linger_s: float = 0.002  # how long a short group waits for more inputs before it goes

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import faust
 
+from agents.dependencies import dependencies
 from agents.telemetry import Health, Metrics, MetricsServer, Telemetry, device_memory_bytes
 from agents.tracing import Tracing, tracing_from_env
 from streams.settings import Settings
@@ -48,7 +49,8 @@ class Observability:
     def __init__(self, settings: Settings, *, tracing: Tracing | None = None) -> None:
         self.settings = settings
         self.metrics = Metrics()
-        self.health = Health(stall_after_s=settings.observe.health_stall_s)
+        self.dependencies = dependencies(settings.runner)  # the brokers and the store, while they are down
+        self.health = Health(stall_after_s=settings.observe.health_stall_s, dependencies=self.dependencies)
         self.tracing = tracing if tracing is not None else tracing_from_env(
             group=settings.kafka.group_id, worker_id=settings.worker.worker_id,
             item_stages=settings.observe.trace_item_stages)

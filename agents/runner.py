@@ -63,6 +63,7 @@ from typing import Any, TypeVar
 
 from agents.batching import Batch, MicroBatcher
 from agents.delivery import Delivery
+from agents.dependencies import Dependencies
 from agents.intake import (
     BACKFILL,
     LIVE,
@@ -98,6 +99,8 @@ log = logging.getLogger(__name__)
 
 R = TypeVar("R")
 
+PAUSED_POLL_S = 0.2  # how often a paused intake looks whether the dependency it waits for is back
+
 
 class BatchRunner:
     """See the module docstring. ``ack(event)`` acknowledges one input to the consumer;
@@ -106,7 +109,8 @@ class BatchRunner:
     def __init__(self, processor: Processor, sink: OutputSink, batcher: Batcher[Pair] | MicroBatcher[Pair], *,
                  ack: Ack, config: RunnerConfig | None = None, clock: Callable[[], float] = time.monotonic,
                  observer: RunnerObserver | None = None,
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 dependencies: Dependencies | None = None) -> None:
         self.processor, self.sink, self.batcher, self.clock = processor, sink, batcher, clock
         self.config = cfg = config or RunnerConfig()
         self.stats = RunnerStats()
@@ -115,7 +119,8 @@ class BatchRunner:
         self._live = self._intake[LIVE]
         self._sup = Supervisor(stage_timeout_s=cfg.stage_timeout_s, delivery_timeout_s=cfg.delivery_timeout_s,
                                interval_s=cfg.watchdog_interval_s, clock=clock, in_flight=lambda: self._wm.pending,
-                               on_fatal=on_fatal)
+                               on_fatal=on_fatal, dependencies=dependencies)
+        self.dependencies = self._sup.dependencies
         self._tasks: set[asyncio.Task[None]] = set()  # prepare, output and delivery tasks
         self._delivery = Delivery(sink, processor, ack=ack, config=cfg, watermarks=self._wm, intake=self._intake,
                                   supervisor=self._sup, stats=self.stats, clock=clock,
@@ -180,7 +185,8 @@ class BatchRunner:
                  "prepare": functools.partial(self._prepare_loop, LIVE),
                  "backfill-prepare": functools.partial(self._prepare_loop, BACKFILL),
                  "batch-timer": self._timer_loop, "decode": self._decode_loop,
-                 "output": self._output_loop, "send": self._delivery.loop, "watchdog": self._sup.watchdog}
+                 "output": self._output_loop, "send": self._delivery.loop, "watchdog": self._sup.watchdog,
+                 "broker-probe": self._delivery.probe}
         for k in range(self.config.device_threads):  # each takes the next decoded batch when its call is done
             loops["device" if k == 0 else f"device-{k}"] = self._device_loop
         for name, loop in loops.items():
@@ -190,9 +196,12 @@ class BatchRunner:
 
     async def submit(self, event: Any, record: InRecord | None = None, *, tier: str = LIVE) -> None:
         """Take one consumed input; returns once it is on its way (waits while its tier is full:
-        ``max_in_flight`` live, ``backfill_in_flight`` backfill inputs). Raises :class:`RunnerFailed`
-        after a fail-stop."""
+        ``max_in_flight`` live, ``backfill_in_flight`` backfill inputs, and while a dependency is
+        down: :mod:`agents.dependencies`). Raises :class:`RunnerFailed` after a fail-stop."""
         self._sup.check()
+        while self.dependencies.waiting:  # the consumer stops pulling; its fetch pauses
+            await asyncio.sleep(PAUSED_POLL_S)
+            self._sup.check()
         intake = self._intake[tier]
         await intake.take()
         self._sup.check()
@@ -232,8 +241,11 @@ class BatchRunner:
         return self._wm.pending == 0 and self.failure is None
 
     async def stop(self) -> None:
-        """Stop the loops and the sink; threads still busy are abandoned (the process is ending)."""
+        """Stop the loops and the sink; threads still busy are abandoned (the process is ending),
+        and a store write waiting for its store gives up (what waited is redone by the next owner):
+        after its task is cancelled, so that giving up is no fail-stop."""
         await asyncio.gather(*self._sup.cancel_all(self._tasks), return_exceptions=True)
+        self.dependencies.stop()
         try:  # after a fail-stop, unsent outputs do not matter (they are redone): no long flush
             await asyncio.wait_for(self.sink.stop(), None if self.failure is None else 2.0)
         finally:

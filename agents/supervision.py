@@ -4,11 +4,12 @@ Never a silent stall. An exception that is not an item's own (a lane call raisin
 returning the wrong number of outputs) becomes ``PROCESSING_FAILED`` dead letters for that
 batch's items, logged once per batch; the lanes go on (:meth:`agents.delivery.Delivery.batch_failed`).
 When the runner cannot go on — a :class:`~schemas.errors.FatalError` (e.g. the output store
-unreachable past its retry budget), a produce that fails for good or keeps failing past
-``delivery_timeout_s``, a lane call running longer than ``stage_timeout_s`` (the watchdog), a
-loop crashing — :meth:`Supervisor.fail` fail-stops it: one log line, nothing more acknowledged,
-:attr:`BatchRunner.failed` set, the loops cancelled, and ``on_fatal`` called once, whose job is to
-make the worker leave its group and exit 70 (:mod:`agents.worker`). What was in flight stays
+refusing the worker's credentials), a produce that fails for good, a send unanswered past
+``delivery_timeout_s`` or a lane call running longer than ``stage_timeout_s`` while no dependency
+is known to be down (the watchdog), a loop crashing — :meth:`Supervisor.fail` fail-stops it: one
+log line, nothing more acknowledged, :attr:`BatchRunner.failed` set, the loops cancelled, and
+``on_fatal`` called once, whose job is to make the worker leave its group and exit 70
+(:mod:`agents.worker`). What was in flight stays
 uncommitted and goes to the partitions' next owner (same event ids, same bytes).
 """
 
@@ -22,6 +23,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from agents.dependencies import Dependencies
 from schemas.errors import FatalError
 
 __all__ = ["RunnerFailed", "SignalRestore", "StopAtStart", "Supervisor"]
@@ -43,8 +45,10 @@ class Supervisor:
 
     def __init__(self, *, stage_timeout_s: float, delivery_timeout_s: float, interval_s: float,
                  clock: Callable[[], float], in_flight: Callable[[], int],
-                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+                 on_fatal: Callable[[BaseException], None] | None = None,
+                 dependencies: Dependencies | None = None) -> None:
         self.stage_timeout_s, self.delivery_timeout_s, self.interval_s = stage_timeout_s, delivery_timeout_s, interval_s
+        self.dependencies = dependencies or Dependencies(clock=clock)
         self.clock, self._in_flight, self._on_fatal = clock, in_flight, on_fatal
         self.busy: dict[object, tuple[str, float, int]] = {}
         self.delivering: dict[object, float] = {}
@@ -72,12 +76,19 @@ class Supervisor:
             raise RunnerFailed("the runner fail-stopped") from self.failure
 
     def overdue(self, now: float) -> FatalError | None:
-        """Why the runner must fail-stop now: a lane call or a send running past its timeout."""
-        for lane, since, size in list(self.busy.values()):
+        """Why the runner must fail-stop now: a lane call or a send running past its timeout. While
+        a dependency is down, calls and sends wait on it and none is overdue; once it is back, each
+        gets its full timeout again from the heal."""
+        deps = self.dependencies
+        if deps.waiting:
+            return None
+        for lane, began, size in list(self.busy.values()):
+            since = deps.running_since(began)
             if now - since > self.stage_timeout_s:
                 return FatalError(f"{lane} lane stuck: one call on {size} items has run for {now - since:.0f} s "
                                   f"(stage_timeout_s={self.stage_timeout_s:g})")
-        for since in list(self.delivering.values()):
+        for began in list(self.delivering.values()):
+            since = deps.running_since(began)
             if now - since > self.delivery_timeout_s:
                 return FatalError(f"output delivery unacknowledged for {now - since:.0f} s "
                                   f"(delivery_timeout_s={self.delivery_timeout_s:g})")

@@ -7,7 +7,11 @@ server) answers three paths:
   histogram exemplars carry trace ids);
 - ``/healthz``: live while every lane progressed within ``stall_after_s`` or is idle with
   nothing queued; 503 with the stalled lane's name otherwise;
-- ``/readyz``: ready once partitions are assigned and the model is loaded.
+- ``/readyz``: ready once partitions are assigned and the model is loaded, and while no
+  dependency (the brokers, the output store) is down; 503 naming the one that is.
+
+While a dependency is down the lanes wait on it, which is not a stall: ``/healthz`` stays live
+(a restart would not bring the server back).
 
 :class:`Telemetry` is a :class:`~agents.runner.RunnerObserver`: the runner calls it and never
 depends on it. Nothing here imports Kafka or Faust.
@@ -28,6 +32,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 if TYPE_CHECKING:  # at run time this module needs prometheus-client alone (bench/gpu_check_observe.py)
+    from agents.dependencies import Dependencies
     from agents.records import InRecord, OutRecord, RecordKey
     from agents.tracing import Tracing
 
@@ -113,6 +118,7 @@ class Health:
     lanes: dict[str, tuple[float, int]] = field(default_factory=dict)  # lane -> (last progress, queued)
     assigned: bool = False
     model_loaded: bool = False
+    dependencies: Dependencies | None = None  # the brokers and the store: down ones are waited for
 
     def progress(self, lane: str, queued: int) -> None:
         self.lanes[lane] = (self.clock(), queued)
@@ -124,6 +130,9 @@ class Health:
                       if queued > 0 and now - at > self.stall_after_s)
 
     def live(self) -> tuple[bool, str]:
+        deps = self.dependencies
+        if deps is not None and deps.waiting:
+            return True, f"waiting: {deps.describe()}"
         bad = self.stalled()
         if bad:
             return False, (f"stalled: {', '.join(bad)} made no progress for over {self.stall_after_s:g} s "
@@ -135,6 +144,9 @@ class Health:
             return False, "model not loaded"
         if not self.assigned:
             return False, "no partitions assigned"
+        deps = self.dependencies
+        if deps is not None and deps.waiting:
+            return False, f"waiting: {deps.describe()}"
         return True, "ok"
 
 

@@ -12,7 +12,7 @@ from agents.runner import Pair, RunnerConfig
 from agents.segmenters import Segmenters, make_segmenters
 from agents.tiers import TierBatcher
 from blobio.fetch import Fetcher, FetchPolicy
-from blobio.store import make_store
+from blobio.store import Waiter, make_store
 from gpu_kernels.backends import Retoucher
 from gpu_kernels.codec import make_decoder, make_encoder
 from gpu_kernels.pipeline import RetouchPipeline
@@ -46,7 +46,9 @@ def build_pipeline(settings: Settings, device: str, segmenters: Segmenters | Non
 
 
 def build_processor(settings: Settings, device: str | None = None, *,
-                    segmenters: Segmenters | None = None) -> BatchProcessor:
+                    segmenters: Segmenters | None = None, waiter: Waiter | None = None) -> BatchProcessor:
+    """The processor; ``waiter``: an object store that is down is waited for through it (else it
+    fail-stops the worker once its retries are spent)."""
     device = device or settings.resolved_device()
     pipeline, model_version = build_pipeline(settings, device, segmenters)
     return BatchProcessor(
@@ -56,7 +58,7 @@ def build_processor(settings: Settings, device: str | None = None, *,
         max_image_bytes=settings.limits.max_image_bytes, max_pixels=settings.limits.max_pixels,
         max_frames=settings.limits.max_frames, max_scans=settings.limits.max_scans,
         file_roots=settings.fetch.file_roots, fetcher=build_fetcher(settings.fetch, settings.limits.max_image_bytes),
-        store=make_store(settings.store.resolved_url(), settings.store),
+        store=make_store(settings.store.resolved_url(), settings.store, waiter),
         inline_max_bytes=settings.store.inline_max_bytes)
 
 

@@ -49,6 +49,8 @@ import faust
 
 from agents import backfill_process
 from agents.backfill import BackfillConsumer, BackfillEvent
+from agents.dependencies import Dependencies
+from agents.dependencies import dependencies as make_dependencies
 from agents.observe import REFRESH_S, Observability, version
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
@@ -104,7 +106,8 @@ def _exit_after(seconds: float, code: Callable[[], int]) -> None:
 
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None,
-                 observer: RunnerObserver | None = None) -> RetouchWorker:
+                 observer: RunnerObserver | None = None,
+                 dependencies: Dependencies | None = None) -> RetouchWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
     One runner, two tiers: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
@@ -115,7 +118,8 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     app = create_app(settings)
     worker = RetouchWorker(app)
     device = settings.resolved_device()
-    proc = processor or build_processor(settings, device)
+    deps = dependencies or make_dependencies(settings.runner)
+    proc = processor or build_processor(settings, device, waiter=deps)
     config, tiers = _runner_parts(settings, device, proc)
     worker.tiers = tiers
     last_live: dict[Any, int] = {}  # live partition -> the last offset handed to the runner
@@ -134,7 +138,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
                 await manual.ack(event)
 
         runner = worker.runner = BatchRunner(proc, kafka_sink(settings), tiers, ack=ack, config=config,
-                                             observer=observer, on_fatal=worker.fail)
+                                             observer=observer, on_fatal=worker.fail, dependencies=deps)
         pulling: asyncio.Task[None] | None = None
         try:
             await runner.start()
@@ -242,9 +246,9 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
         port = settings.resolved_backfill_metrics_port() if split else 0
         if split:
             backfill_process.check_port(port)
-        processor = build_processor(settings, device)
+        processor = build_processor(settings, device, waiter=obs.dependencies)
         live = settings.model_copy(update={"backfill_enabled": False}) if split else settings
-        retouch = build_worker(live, processor=processor, observer=obs.telemetry)
+        retouch = build_worker(live, processor=processor, observer=obs.telemetry, dependencies=obs.dependencies)
         obs.attach(retouch.app, device=device, model=processor.model_version, version=version(),
                    backfill=retouch.backfill)
     except StopAtStart as stop:
@@ -325,7 +329,7 @@ def run_backfill_worker(settings: Settings, loglevel: str) -> int:
     try:
         obs = Observability(settings)
         device = settings.resolved_device()
-        processor = build_processor(settings, device)
+        processor = build_processor(settings, device, waiter=obs.dependencies)
         parts = _runner_parts(settings, device, processor)  # the model compiles here
     except StopAtStart as stop:
         print(f"lightbox backfill worker stopped while starting ({stop})", file=sys.stderr)
@@ -361,7 +365,8 @@ async def run_backfill(settings: Settings, processor: BatchProcessor, parts: tup
         backfill.ack(event)
 
     runner = BatchRunner(processor, kafka_sink(settings), tiers, ack=ack, config=config,
-                         observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set())
+                         observer=None if obs is None else obs.telemetry, on_fatal=lambda _exc: stopping.set(),
+                         dependencies=None if obs is None else obs.dependencies)
     fd = os.environ.get(backfill_process.LIVE_FD_ENV, "")
     live = backfill_process.LiveSignal(int(fd)) if fd.isdigit() else None  # started by hand: no live work to see
     backfill = backfill_consumer(settings, lambda: runner, live.read if live is not None else lambda: (0, 0))

@@ -348,7 +348,8 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
     b = Bench(kafka.bootstrap, kafka.pid, [f.read_bytes() for f in files], [f.name for f in files],
               args.presets.split(","), args.segmenter, workdir, args.warmup, args.drain_s, 180.0)
     runs: list[RunResult] = []
-    n = 1 + len(loads) * len(CONFIGS)
+    configs = [c for c in CONFIGS if c in args.configs.split(",")] if args.configs else list(CONFIGS)
+    n = 1 + len(loads) * len(configs)
     try:
         rng = np.random.default_rng(args.seed)
         backlog = [(0.0, int(i)) for i in rng.integers(0, len(files), cap_events)]
@@ -360,7 +361,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         for li, load in enumerate(loads):
             rate = load * capacity
             schedule = poisson_schedule(rate, windows[load], len(files), args.seed * 100 + li)
-            names = list(CONFIGS)
+            names = configs
             for config in names[li % len(names):] + names[:li % len(names)]:  # rotate: spread drift
                 i += 1
                 r = await one_run(b, config, schedule, load=load, offered=len(schedule) / windows[load])
@@ -404,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--presets", default="jd_main,thumb_webp")
     p.add_argument("--segmenter", default="classical", choices=("classical", "model", "none"))
     p.add_argument("--seed", type=int, default=6)
+    p.add_argument("--configs", default="", help=f"comma-separated, of {', '.join(CONFIGS)} (default: all)")
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
     p.add_argument("--keep", action="store_true", help="keep the work dir (worker logs)")
     args = p.parse_args(argv)

@@ -26,6 +26,11 @@ alpha rendered alike and the share of the canvas's true background that it paint
 before/after contact sheet (``lightbox.contact_sheet``: input | mask | cut-out, before then after,
 then ``transparent_png`` over a coloured page).
 
+``review``: the real-photo review set (``bench/review_set.py``, 48 images of 16 photographs
+shipped in packages) through lightbox and rembg, a contact sheet to judge by eye and the table of
+the kept verdicts (``bench/review_judgement.toml``); see ``bench/quality_review.py``.
+``PYTHONPATH=. python bench/bench_quality.py review [--model FILE] [--sheet docs/img/review.png]``
+
 Usage: ``git worktree add --detach /tmp/base 96ff878;
 PYTHONPATH=. python bench/bench_quality.py [wb] [mask] [set] --before /tmp/base [--png DIR] [--sheet PNG]``
 (``set`` compares with any older checkout: ``git worktree add --detach /tmp/base-set a378c6f``).
@@ -219,7 +224,7 @@ def bench_mask(png: Path | None) -> None:
 
 
 PIPELINE = """
-import sys, numpy as np
+import os, sys, numpy as np
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher
@@ -227,7 +232,7 @@ from gpu_kernels.segment import OnnxSegmenter, ensure_u2netp
 data = np.load(sys.argv[1])
 r, out = CpuRetoucher(), {}
 preset = load_presets()["transparent_png"]
-with OnnxSegmenter(ensure_u2netp().original, threads=2) as seg:
+with OnnxSegmenter(os.environ.get("QUALITY_MODEL") or ensure_u2netp().original, threads=2) as seg:
     for key in data.files:
         image = data[key]
         alpha = np.asarray(seg.segment_batch([image])[0])
@@ -240,12 +245,13 @@ np.savez(sys.argv[2], **out)
 """
 
 
-def run_pipeline(tree: Path, images: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Segment, pass (a) on white and ``transparent_png`` with the code of ``tree``, in a subprocess."""
+def run_pipeline(tree: Path, images: dict[str, np.ndarray], model: Path | None = None) -> dict[str, np.ndarray]:
+    """Segment (u2netp, or ``model``: another U2-Net ONNX file), pass (a) on white and
+    ``transparent_png`` with the code of ``tree``, in a subprocess."""
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.npz", Path(tmp) / "out.npz"
         np.savez(src, **images)  # type: ignore[arg-type]
-        env = dict(os.environ, PYTHONPATH=str(tree))
+        env = dict(os.environ, PYTHONPATH=str(tree), QUALITY_MODEL=str(model or ""))
         subprocess.run([sys.executable, "-c", PIPELINE, str(src), str(dst)], check=True, env=env, cwd=tree)
         with np.load(dst) as out:
             return {k: out[k] for k in out.files}
@@ -297,13 +303,13 @@ def on_page(rgba: np.ndarray, colour: tuple[int, int, int] = (70, 160, 200)) -> 
     return np.asarray(np.rint(rgba[..., :3] * a + page * (1.0 - a)), np.uint8)
 
 
-def bench_set(before: Path, sheet: Path | None) -> None:
+def bench_set(before: Path, sheet: Path | None, model: Path | None = None) -> None:
     from gpu_kernels.segment.quality_set import CLASSES, quality_set
 
     items = quality_set()
     images = {f"i{k:02d}": it.image for k, it in enumerate(items)}
     here = Path(__file__).resolve().parents[1]
-    runs = {"before": run_pipeline(before, images), "after": run_pipeline(here, images)}
+    runs = {"before": run_pipeline(before, images), "after": run_pipeline(here, images, model)}
     rows: dict[str, dict[str, list[dict[str, float]]]] = {c: {"before": [], "after": []} for c in CLASSES}
     print(f"cut-out quality set: {len(items)} items with true alpha (640x480), default path (u2netp)")
     print(f"{'item':<34} {'IoU b/a':>13} {'bound F b/a':>13} {'SAD b/a':>13} {'db* b/a':>13} "
@@ -353,16 +359,38 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", default=["wb", "mask"])
     parser.add_argument("--png", type=Path, default=None)
-    parser.add_argument("--sheet", type=Path, default=None, help="before/after contact sheet of the set (PNG)")
-    parser.add_argument("--before", type=Path, required=True,
-                        help="a checkout of an earlier commit to compare with (git worktree add --detach DIR 96ff878)")
+    parser.add_argument("--sheet", type=Path, default=None,
+                        help="set: before/after contact sheet (PNG); review: the sheets DIR/STEM-N.png "
+                             "(review runs alone)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="wb, set: a checkout of an earlier commit to compare with (git worktree add --detach "
+                             "DIR 96ff878); review: a checkout whose code to run instead of this one")
+    parser.add_argument("--model", type=Path, default=None,
+                        help="review, set (its 'after' run): another U2-Net ONNX file, e.g. "
+                             "~/.cache/lightbox/models/u2net/u2net.onnx "
+                             "(python -m gpu_kernels.segment.fetch_model --model u2net)")
+    parser.add_argument("--rembg-venv", type=Path, default=Path.home() / ".cache" / "lightbox" / "rembg-venv",
+                        help="review: rembg's virtualenv (made from PyPI on first use)")
+    parser.add_argument("--no-rembg", action="store_true", help="review: leave rembg out")
+    parser.add_argument("--judgement", type=Path, default=None, help="review: the kept verdicts "
+                        "(default bench/review_judgement.toml)")
+    parser.add_argument("--template", type=Path, default=None,
+                        help="review: write a judgement file with the current fingerprints to fill in")
     args = parser.parse_args()
+    if args.before is None and {"wb", "set"} & set(args.parts):
+        parser.error("wb and set need --before DIR (a checkout of the older code)")
+    if "review" in args.parts:
+        from bench.quality_review import JUDGEMENT, bench_review
+
+        bench_review(args.before or Path(__file__).resolve().parents[1], args.model, args.sheet,
+                     None if args.no_rembg else args.rembg_venv, args.judgement or JUDGEMENT, args.template)
+        return
     if "wb" in args.parts:
         bench_wb(args.before, args.png)
     if "mask" in args.parts:
         bench_mask(args.png)
     if "set" in args.parts:
-        bench_set(args.before, args.sheet)
+        bench_set(args.before, args.sheet, args.model)
 
 
 if __name__ == "__main__":

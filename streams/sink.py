@@ -68,6 +68,17 @@ class KafkaSink:
                 results.append(got if isinstance(got, BaseException) else None)
         return results
 
+    async def reachable(self, timeout_s: float) -> bool:
+        """Whether the brokers answer a metadata request within ``timeout_s``, over the producer's own
+        connections (what the outputs need): a link that is down or a blackhole both say no."""
+        if self._producer is None:
+            return False
+        try:
+            await asyncio.wait_for(self._producer.client.fetch_all_metadata(), timeout_s)
+        except (KafkaError, TimeoutError, OSError):
+            return False
+        return True
+
     @staticmethod
     def retriable(exc: BaseException) -> bool:
         """Worth sending again: a timeout or an error Kafka marks retriable (leader moved, broker

@@ -157,3 +157,26 @@ def _no_default_metrics_port() -> Iterator[None]:
     yield
     if before is None:
         os.environ.pop("LIGHTBOX_METRICS_PORT", None)
+
+
+# -- network faults: a real fault proxy (Toxiproxy) for the session, built once with `go install`
+@pytest.fixture(scope="session")
+def toxiproxy() -> Iterator[Any]:
+    """The session's Toxiproxy API (:class:`lightbox.devservers.toxiproxy_local.Toxiproxy`); every proxy a test
+    makes is removed after it (``proxies`` fixture) or at the end."""
+    from lightbox.devservers.toxiproxy_local import LocalToxiproxy
+
+    server = LocalToxiproxy.start()
+    try:
+        yield server.api
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def proxies(toxiproxy: Any) -> Iterator[Any]:
+    """The session's Toxiproxy, with every proxy this test made removed afterwards."""
+    before = set(toxiproxy.proxies())
+    yield toxiproxy
+    for name in set(toxiproxy.proxies()) - before:
+        toxiproxy.delete(name)

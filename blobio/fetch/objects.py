@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from obstore.exceptions import BaseError, InvalidPathError, PermissionDeniedErro
 from blobio.fetch.errors import Reason, fetch_error
 from blobio.fetch.policy import FetchPolicy
 
-__all__ = ["BucketCache", "classify", "open_bucket", "read_object"]
+__all__ = ["BucketCache", "ListingFailed", "classify", "list_objects", "open_bucket", "read_object"]
 
 STREAM_CHUNK = 256 << 10
 
@@ -106,3 +107,19 @@ def read_object(caches: BucketCache, scheme: str, bucket: str, key: str, shown: 
     except (BaseError, OSError, ValueError) as exc:
         reason = classify(exc)
         raise fetch_error(reason, f"{shown} ({type(exc).__name__})") from None
+
+
+class ListingFailed(Exception):
+    """A prefix could not be listed. The text is the reason (:func:`classify`) and the error's
+    type, never the store's message (it may hold a response body or a setting)."""
+
+
+async def list_objects(store: Any, prefix: str | None) -> AsyncIterator[tuple[str, int]]:
+    """``(key, size)`` of every object under ``prefix`` (None: the whole bucket) of ``store`` (an
+    :func:`open_bucket` store), in the store's order; :class:`ListingFailed` when listing fails."""
+    try:
+        async for chunk in obstore.list(store, prefix=prefix or None, chunk_size=1000):
+            for meta in chunk:
+                yield str(meta["path"]), int(meta["size"])
+    except (BaseError, OSError) as exc:
+        raise ListingFailed(f"{classify(exc)}, {type(exc).__name__}") from None

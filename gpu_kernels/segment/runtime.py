@@ -406,10 +406,22 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
     if fam is None:
         row = _row(runtime, dev)
         return build(row, b), RuntimeChoice(runtime, "asked for" if runtime == "fp32" else "asked for (not gated)")
-    if fam.name == "auto" and dev == "gpu" and not any(
-            machine.available(r, dev) for n in ("fp32", "torch-fp32") if (r := table.runtime(n)) is not None):
-        raise ProcessingFailed("device 'gpu' needs onnxruntime-gpu or a CUDA build of torch", stage="segment")
+    if not any(machine.available(r, dev) for r in _reachable(fam, dev)):
+        engines = sorted({r.engine for r in _reachable(fam, dev)})
+        raise ProcessingFailed(f"segment runtime {runtime} on the {dev.upper()} needs one of: "
+                               + "; ".join(machine.INSTALL[e] for e in engines), stage="segment")
     return _choose(fam, b, _GateCache(root / "gate.json", gate), images)
+
+
+def _reachable(fam: table.RuntimeFamily, device: str) -> list[table.SegmentRuntime]:
+    """Every runtime ``fam`` may end with on ``device``: its candidates and fallbacks, through the
+    families it falls back to."""
+    out: list[table.SegmentRuntime] = []
+    for name in (*fam.candidates, *fam.fallback):
+        sub = table.family(name, device)
+        out += _reachable(sub, device) if sub is not None and sub is not fam else (
+            [row] if (row := table.runtime(name)) is not None else [])
+    return out
 
 
 def available_runtimes(device: str = "cpu") -> list[str]:
@@ -420,8 +432,7 @@ def available_runtimes(device: str = "cpu") -> list[str]:
     out = []
     for name in table.names_for(dev):
         fam = table.family(name, dev)
-        if name in rows or (fam is not None and fam.name != "auto" and
-                            rows & {*fam.candidates, *fam.fallback}):
+        if name in rows or (fam is not None and fam.name != "auto" and rows & {r.name for r in _reachable(fam, dev)}):
             out.append(name)
     return out
 

@@ -18,7 +18,7 @@ startup.hold()  # before typer, rich and pydantic: what their imports make outli
 
 import typer  # noqa: E402
 
-from lightbox.cli import demo, doctor, events, process, produce, replay, servers, settings, worker  # noqa: E402
+from lightbox.cli import demo, doctor, events, faults, process, produce, replay, servers, settings, worker  # noqa: E402
 from lightbox.cli.common import err  # noqa: E402
 
 __all__ = ["app", "main"]
@@ -60,6 +60,7 @@ def _local_secure_env() -> None:
 app.add_typer(servers.kafka_app, name="kafka")
 for _store in servers.OBJECT_STORES:
     app.add_typer(servers.object_store_app(_store), name=_store.command)
+app.add_typer(faults.toxiproxy_app, name="toxiproxy")
 app.command()(doctor.doctor)
 app.command()(settings.settings)
 app.command()(worker.worker)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from streams.settings import DEFAULT_PRESETS
+from streams.settings import DEFAULT_PRESETS, Settings
 
 __all__ = ["PRESETS", "Bootstrap", "DryRun", "console", "err", "names", "resolve_bootstrap", "time_ms"]
 
@@ -30,8 +30,6 @@ def resolve_bootstrap(explicit: str | None) -> str:
     state = read_state()
     if state is not None and state.alive():
         return state.bootstrap
-    from streams.settings import Settings
-
     return Settings().kafka.bootstrap
 
 

@@ -10,6 +10,13 @@ The cluster id lives with the data dir (``<data_dir>/cluster.id``), so a broker 
 (``kill``) starts again on the same folder (``restart`` or ``lightbox kafka up --data-dir D``) with
 its topics, offsets and committed group offsets intact.
 
+A fault proxy in front of the broker (:mod:`lightbox.devservers.toxiproxy_local`) must be what the broker
+advertises: clients connect to the advertised address after their first request. ``proxied_port``
+adds a second listener, ``PROXIED``, on a port of its own (``proxied_listen``) that advertises
+``127.0.0.1:<proxied_port>``; a proxy from that port to ``proxied_listen`` then carries every
+connection of the clients bootstrapped on it, while the ``PLAINTEXT`` listener stays direct (for
+tools that must not see the fault).
+
 ``lightbox kafka up`` keeps what it started in a state file per instance (``--name``, else the
 data folder, else ``default``; :mod:`lightbox.devservers.launch`): ``down`` stops only the process that state
 started (pid and start time), and an ``up`` on a folder or port another instance holds says so.
@@ -84,16 +91,6 @@ def _java() -> str:
     return find_java("Kafka 4.x", KafkaLaunchError)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
-
-
 def _previous_ports(props: Path) -> tuple[int | None, int | None]:
     """(client port, controller port) a data dir's ``server.properties`` used, if it has one."""
     try:
@@ -151,12 +148,26 @@ class LocalKafka(EmulatorProcess):
     data_dir: str
     owns_data_dir: bool = True
     secure: bool = False  # a SASL_SSL listener (lightbox.devservers.kafka_secure); clients need client_env()
+    proxied_port: int | None = None  # the PROXIED listener advertises this port (a fault proxy's)
+    proxied_listen: int | None = None  # where the PROXIED listener listens (the proxy's upstream)
     started: int | None = None  # the broker process's start time (lightbox.devservers.launch.process_start_time)
     name: str = "default"  # the instance key its state is kept under (lightbox.devservers.launch.instance_key)
 
     @property
     def bootstrap(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """The address clients that go through the fault proxy use (the proxy's)."""
+        if self.proxied_port is None:
+            raise KafkaLaunchError("this broker was started without proxied_port")
+        return f"127.0.0.1:{self.proxied_port}"
+
+    @property
+    def proxied_upstream(self) -> str:
+        """Where the fault proxy forwards to: the PROXIED listener."""
+        return f"127.0.0.1:{self.proxied_listen}"
 
     @classmethod
     def start(
@@ -171,10 +182,16 @@ class LocalKafka(EmulatorProcess):
         secure: bool = False,
         controller_port: int | None = None,
         name: str = "default",
+        proxied_port: int | None = None,
+        proxied_listen: int | None = None,
     ) -> LocalKafka:
         """Format storage (keeping the data dir's cluster id) and start the broker; return once it
         accepts connections. A ``port`` that is taken, or a ``data_dir`` a running broker of another
-        instance holds, raises :class:`KafkaLaunchError` naming the holder."""
+        instance holds, raises :class:`KafkaLaunchError` naming the holder. ``proxied_port``: a
+        second listener that advertises that port (a fault proxy's; see the module docstring), listening
+        on ``proxied_listen`` (default: a free port)."""
+        if proxied_port is not None and secure:
+            raise KafkaLaunchError("a proxied listener is plain text: it cannot be combined with secure")
         lib = ensure_jars()
         owns = data_dir is None
         for p in (port, controller_port):
@@ -189,16 +206,19 @@ class LocalKafka(EmulatorProcess):
                 raise KafkaLaunchError(str(exc)) from None
             # a data dir used before keeps its address when the ports are still free
             was_port, was_controller = _previous_ports(ddir / "server.properties")
-            port = port or (was_port if was_port and _port_free(was_port) else free_port())
+            port = port or (was_port if was_port and port_free(was_port) else free_port())
             controller_port = controller_port or (
-                was_controller if was_controller and _port_free(was_controller) else free_port())
+                was_controller if was_controller and port_free(was_controller) else free_port())
             props = ddir / "server.properties"
             secure_props, secure_fmt = secure_setup(ddir, port, controller_port) if secure else ("", [])
             props.touch(mode=0o600)
             props.chmod(0o600)  # the secure config holds the inter-broker password
-            props.write_text(SERVER_PROPERTIES.format(
-                port=port, controller_port=controller_port, data_dir=ddir,
-                partitions=partitions, max_message_bytes=max_message_bytes) + secure_props)
+            text = SERVER_PROPERTIES.format(port=port, controller_port=controller_port, data_dir=ddir,
+                                            partitions=partitions, max_message_bytes=max_message_bytes)
+            if proxied_port is not None:
+                proxied_listen = proxied_listen or free_port()
+                text = _with_proxied_listener(text, proxied_listen, proxied_port)
+            props.write_text(text + secure_props)
             java, cp = _java(), f"{lib}/*"
             fmt = subprocess.run(
                 [java, "-cp", cp, "kafka.tools.StorageTool", "format", "--ignore-formatted",
@@ -206,8 +226,10 @@ class LocalKafka(EmulatorProcess):
                 capture_output=True, text=True, check=False)
             if fmt.returncode != 0:
                 raise KafkaLaunchError(f"kafka storage format failed: {fmt.stderr[-2000:] or fmt.stdout[-2000:]}")
-            return cls._launch(props, port=port, controller_port=controller_port, data_dir=ddir, owns=owns,
-                               heap=heap, timeout_s=timeout_s, secure=secure, name=name)
+            kafka = cls._launch(props, port=port, controller_port=controller_port, data_dir=ddir, owns=owns,
+                                heap=heap, timeout_s=timeout_s, secure=secure, name=name)
+            kafka.proxied_port, kafka.proxied_listen = proxied_port, proxied_listen
+            return kafka
 
     @classmethod
     def _launch(cls, props: Path, *, port: int, controller_port: int, data_dir: Path, owns: bool, heap: str,
@@ -274,6 +296,20 @@ class LocalKafka(EmulatorProcess):
     def stop(self, timeout_s: float = 30.0) -> bool:
         """As :meth:`EmulatorProcess.stop`; Kafka shuts down cleanly on SIGTERM, given the time."""
         return super().stop(timeout_s)
+
+
+def _with_proxied_listener(props: str, listen: int, advertised: int) -> str:
+    """``props`` with a PROXIED listener on ``listen`` that advertises ``advertised``."""
+    out = []
+    for line in props.splitlines():
+        if line.startswith("listeners="):
+            line += f",PROXIED://127.0.0.1:{listen}"
+        elif line.startswith("advertised.listeners="):
+            line += f",PROXIED://127.0.0.1:{advertised}"
+        elif line.startswith("listener.security.protocol.map="):
+            line += ",PROXIED:PLAINTEXT"
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def _read_from(path: Path, offset: int) -> str:

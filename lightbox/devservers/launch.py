@@ -175,7 +175,11 @@ def states(kind: str) -> dict[str, dict[str, object]]:
 
 
 def port_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now. ``SO_REUSEADDR``, as every server sets it:
+    connections a killed server left in TIME_WAIT do not hold the port (without it, a broker
+    SIGKILLed with clients connected could not start again on its port for a minute)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

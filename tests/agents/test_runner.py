@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agents.batching import BatchingConfig, MicroBatcher
+from agents.dependencies import Backoff, Dependencies
 from agents.intake import log_ids
 from agents.process import InRecord, OutRecord
 from agents.runner import BatchRunner, RunnerConfig, RunnerFailed
@@ -62,11 +63,13 @@ class State:
 class FakeProcessor:
     """Values steer it: b"bad" -> a dead letter from prepare, b"boom" -> prepare raises,
     b"decode-raise"/b"device-raise" -> that lane raises for the whole batch, b"fatal" -> the
-    output lane raises StoreUnavailable, b"hang" -> the device blocks until ``release``."""
+    output lane raises StoreUnavailable, b"hang" -> the device blocks until ``release``, b"store-down"
+    -> the output lane waits for a store that is down, as ``blobio.store`` does, through ``waiter``."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.device_threads: set[str] = set()
+        self.waiter: Dependencies | None = None
 
     def prepare(self, rec: InRecord) -> Job | OutRecord:
         if rec.value == b"boom":
@@ -91,6 +94,11 @@ class FakeProcessor:
     def output(self, state: State, *, max_record_bytes: int | None = None) -> list[OutRecord]:
         if any(j.record.value == b"fatal" for j in state.items):
             raise StoreUnavailable("store unwritable past its retry budget")
+        if any(j.record.value == b"store-down" for j in state.items):
+            assert self.waiter is not None
+            while self.waiter.sleep(self.waiter.failed("output store", "timeout")):
+                pass
+            raise StoreUnavailable("output store: stopped while waiting for it")
         return [OutRecord("processed", j.record.key, b"out:" + (j.record.value or b""), [], j.record)
                 for j in state.items]
 
@@ -118,6 +126,7 @@ class FakeSink:
     acknowledged: list[OutRecord] = field(default_factory=list)
     sends: int = 0
     stopped: bool = False
+    answers: bool | None = True  # what the readiness probe finds (None: it raises)
 
     async def start(self) -> None:
         pass
@@ -157,6 +166,12 @@ class FakeSink:
     def retriable(self, exc: BaseException) -> bool:
         return isinstance(exc, Transient)
 
+    async def reachable(self, timeout_s: float) -> bool:
+        if self.answers is None:
+            raise RuntimeError("the probe itself broke")
+        return self.answers
+
+
     async def stop(self) -> None:
         self.stopped = True
 
@@ -175,9 +190,12 @@ class Harness:
         self.fatal: list[BaseException] = []
         self.on_ack: Callable[[InRecord], None] = lambda r: None
         batching = batching or BatchingConfig(slo_s=1.0, max_batch=4, max_wait_s=0.005, fixed_batch=3)
-        cfg = {"max_in_flight": 64, "watchdog_interval_s": 0.01, "retry_backoff_s": 0.001, **config}
+        cfg = {"max_in_flight": 64, "watchdog_interval_s": 0.01, "retry_backoff_s": 0.001, "probe_interval_s": 0.01,
+               **config}
+        deps = Dependencies(Backoff(0.001, 0.005), clock=self.clock)  # a dependency that is down: quick retries
         self.runner = BatchRunner(self.processor, self.sink, MicroBatcher(batching), ack=self._ack,
-                                  config=RunnerConfig(**cfg), clock=self.clock, on_fatal=self.fatal.append)
+                                  config=RunnerConfig(**cfg), clock=self.clock, on_fatal=self.fatal.append,
+                                  dependencies=deps)
 
     async def _ack(self, event: InRecord) -> None:
         self.on_ack(event)
@@ -378,21 +396,81 @@ def test_a_fatal_error_fail_stops_without_acknowledging() -> None:
 
 
 @pytest.mark.parametrize("retriable", [True, False])
-def test_produce_failure_fail_stops_past_the_delivery_timeout_or_at_once(retriable: bool) -> None:
+def test_brokers_that_keep_failing_are_waited_for_and_a_refusal_fail_stops(retriable: bool) -> None:
+    """Retriable send errors that go on: the brokers are a dependency that is down — intake paused,
+    no fail-stop however long (the watchdog does not count the wait) — until a send is acknowledged.
+    A refusal (fenced) fail-stops at once."""
     async def go() -> None:
         clock = FakeClock()
-        sink = FakeSink(errors=[Transient("leader moved") if retriable else RuntimeError("fenced")] * 10_000)
+        sink = FakeSink(auto=True, errors=[Transient("leader moved") if retriable else RuntimeError("fenced")] * 10_000)
         h = Harness(sink=sink, clock=clock, delivery_timeout_s=60.0)
         await h.runner.start()
         await h.submit(rec(0, 0, b"bad"))
-        if retriable:
-            await until(lambda: sink.sends >= 3, "retries")
-            assert not h.runner.failed.is_set()  # within the delivery timeout: retrying
-            clock.advance(61.0)
-        await until(lambda: h.runner.failed.is_set(), "fail-stop")
-        assert h.acked == [] and len(h.fatal) == 1
-        assert ("delivery_timeout_s" in str(h.fatal[0])) == retriable
+        if not retriable:
+            await until(lambda: h.runner.failed.is_set(), "fail-stop")
+            assert h.acked == [] and len(h.fatal) == 1 and "fenced" in str(h.fatal[0])
+            await h.runner.stop()
+            return
+        deps = h.runner.dependencies
+        await until(lambda: deps.waiting, "the brokers counted as down")
+        assert "Kafka brokers unreachable (Transient)" in deps.describe()
+        paused = asyncio.create_task(h.submit(rec(0, 1, b"bad")))
+        clock.advance(600.0)  # ten times delivery_timeout_s: waiting is not a stuck send
+        await asyncio.sleep(0.1)
+        assert not h.runner.failed.is_set() and not paused.done() and h.acked == []
+        sink.errors.clear()  # the brokers answer again
+        await until(lambda: len(h.acked) == 2, "both acknowledged after the heal")
+        assert paused.done() and not deps.waiting and deps.healed_at > 1000.0 and not h.fatal
+        assert [r.offset for r in h.acked] == [0, 1]
         await h.runner.stop()
+
+    run(go)
+
+
+def test_brokers_that_stop_answering_the_probe_pause_intake_until_they_answer() -> None:
+    """Nothing to send, and the brokers stop answering: they count as down all the same (``/readyz``
+    follows), the next input waits; once they answer, it goes through."""
+    async def go() -> None:
+        sink = FakeSink(auto=True)
+        h = Harness(sink=sink)
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"bad"))
+        await until(lambda: len(h.acked) == 1, "acked")
+        sink.answers = False
+        deps = h.runner.dependencies
+        await until(lambda: deps.waiting, "the brokers counted as down")
+        assert "no answer" in deps.describe()
+        paused = asyncio.create_task(h.submit(rec(0, 1, b"bad")))
+        await asyncio.sleep(0.05)
+        assert not paused.done() and sink.sends == 1
+        sink.answers = True
+        await until(lambda: len(h.acked) == 2, "the next input after the heal")
+        assert not deps.waiting and not h.fatal
+        sink.answers = None  # a probe that raises says "not ready"; it never ends the worker
+        await until(lambda: deps.waiting, "a broken probe counted as no answer")
+        assert "probe failed: RuntimeError" in deps.describe() and not h.runner.failed.is_set()
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_a_stop_while_the_store_is_down_is_no_fail_stop() -> None:
+    """SIGTERM while an output waits for a store that is down: the drain times out, the stop ends the
+    wait, and no fail-stop is recorded (the worker exits 0; what waited is redone by the next owner)."""
+    async def go() -> None:
+        clock = FakeClock(step=0.001)
+        h = Harness(clock=clock, stage_timeout_s=1.0)
+        h.processor.waiter = h.runner.dependencies
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"store-down"))
+        await until(lambda: h.runner.dependencies.waiting, "the store counted as down")
+        clock.advance(100.0)  # a hundred stage timeouts: waiting is not a stuck lane
+        await asyncio.sleep(0.05)
+        assert not h.runner.failed.is_set()
+        assert not await h.runner.drain(0.1)
+        await h.runner.stop()
+        await asyncio.sleep(0.05)
+        assert h.fatal == [] and h.runner.failure is None and h.acked == []
 
     run(go)
 
@@ -620,7 +698,6 @@ def test_two_device_threads_run_two_batches_on_the_device_at_once_and_acknowledg
 
 
 def test_the_worker_gives_its_device_lane_as_many_threads_as_the_model_runs_side_by_side() -> None:
-    from agents.tiers import DEFAULT_RULES
     from agents.worker import _runner_parts
     from streams.settings import Settings
 
@@ -634,8 +711,8 @@ def test_the_worker_gives_its_device_lane_as_many_threads_as_the_model_runs_side
             self.callers.append(n)
 
     proc = SimpleNamespace(pipeline=Pipeline())
-    auto, _ = _runner_parts(Settings(device="cpu"), "cpu", DEFAULT_RULES, proc)  # type: ignore[arg-type]
+    auto, _ = _runner_parts(Settings(device="cpu"), "cpu", proc)  # type: ignore[arg-type]
     assert auto.device_threads == 2 and proc.pipeline.callers == [2]  # the model is told it has two callers
-    one, _ = _runner_parts(Settings(device="cpu", device_threads=1), "cpu", DEFAULT_RULES, proc)  # type: ignore[arg-type]
+    one, _ = _runner_parts(Settings(device="cpu", device_threads=1), "cpu", proc)  # type: ignore[arg-type]
     assert one.device_threads == 1 and proc.pipeline.callers[-1] == 1
     assert auto.max_in_flight > one.max_in_flight  # room for the second device thread's batch

@@ -113,6 +113,26 @@ def test_readyz_needs_the_model_and_partitions(served: tuple[Metrics, Health, Cl
     assert _get(f"{base}/readyz") == (200, "ok\n")
 
 
+def test_a_dependency_that_is_down_makes_readyz_false_and_keeps_healthz_live(
+        served: tuple[Metrics, Health, Clock, str]) -> None:
+    """While the store is down the lanes wait on it: not ready (it says which, and since when), still
+    live (a restart would not bring the store back); ready again once it answers."""
+    from agents.dependencies import Dependencies
+
+    _, health, clock, base = served
+    health.model_loaded = health.assigned = True
+    health.dependencies = deps = Dependencies(clock=clock)
+    deps.failed("output store s3://b/p", "timeout")
+    health.progress("output", queued=3)
+    clock.now += 200  # far past stall_after_s with work queued
+    status, body = _get(f"{base}/readyz")
+    assert status == 503 and body == "waiting: output store s3://b/p unreachable (timeout) for 200 s\n"
+    assert _get(f"{base}/healthz")[0] == 200
+    deps.reached("output store s3://b/p")
+    health.progress("output", queued=0)
+    assert _get(f"{base}/readyz") == (200, "ok\n") and deps.healed_at == clock.now
+
+
 def test_json_logs_are_one_object_per_line_with_trace_ids(capsys: pytest.CaptureFixture[str]) -> None:
     import json
     import logging

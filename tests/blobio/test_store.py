@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -132,3 +133,42 @@ def test_processor_writes_variants_to_s3_before_the_event(s3_env: Any, catalog: 
     small = _run(Settings(**base, inline_max_bytes=10 << 20), catalog[0], "SKU-inline")
     assert all(v["data"] is not None and v["uri"] for v in small["variants"])
     assert [v["sha256"] for v in small["variants"]] == [v["sha256"] for v in ev["variants"]]
+
+
+def test_a_store_that_is_down_is_waited_for_and_a_refusal_is_not(s3_env: Any, proxies: Any) -> None:
+    """Given a waiter (a worker's dependencies), a put whose store is unreachable past the client's
+    retries does not raise: it reports the outage and tries again with backoff until the store
+    answers, then writes. A refusal (no such bucket) still raises at once, saying waiting cannot fix it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agents.dependencies import Backoff, Dependencies
+
+    upstream = s3_env.endpoint.removeprefix("http://")
+    proxy = proxies.create(f"s3-{uuid.uuid4().hex[:6]}", upstream)
+    settings = Settings(s3_endpoint=f"http://{proxy.address}", store_retries=0, store_timeout_s=1).store
+    deps = Dependencies(Backoff(0.05, 0.2))
+    prefix = f"wait-{uuid.uuid4().hex[:8]}"
+    store = make_store(f"s3://{s3_env.bucket}/{prefix}", settings, deps)
+    assert store is not None
+    key = variant_key("s", "jd_main", SHA, "jpeg")
+    proxy.disable()  # the link is down: connections refused
+    name = f"output store s3://{s3_env.bucket}/{prefix}"
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            put = pool.submit(store.put, key, DATA, "image/jpeg")
+            for _ in range(300):
+                if (name in deps.down() and deps.down()[name].attempts >= 3) or put.done():
+                    break
+                time.sleep(0.1)
+            assert not put.done(), put.exception()
+            assert deps.waiting and "unreachable" in deps.describe()
+        finally:
+            proxy.enable()
+        uri = put.result(timeout=60)
+    assert not deps.waiting and deps.outages_seen == 1
+    assert uri.endswith(f"{prefix}/{key}") and bytes(obstore.get(s3_env.client(), f"{prefix}/{key}").bytes()) == DATA
+    missing = make_store(f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/p", settings, deps)
+    assert missing is not None
+    with pytest.raises(StoreUnavailable, match="waiting cannot fix this: check that the bucket"):
+        missing.put(key, DATA, "image/jpeg")
+    assert not deps.waiting

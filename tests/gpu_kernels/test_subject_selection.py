@@ -88,3 +88,71 @@ def test_islands_keep_the_large_and_the_near_ones_and_only_mid_sized_ones_ask_ho
         assert np.array_equal(got, by_rule(hard)), case
         asked.append(bool(calls))
     assert any(asked) and not all(asked)  # some cases needed the distances, some did not
+
+
+def tray(h: int = 480, w: int = 640) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """A multi-item shot: a large pale box and seven small pale discs spread over a dark grey
+    backdrop, and a patch of that backdrop between the box and the disc beside it that the model
+    half believes in (probability 0.7), as u2netp does between a tray's coins;
+    ``(image, probability, parts)``."""
+    rng = np.random.default_rng(7)
+    xx = np.mgrid[0:h, 0:w][1]
+    image = np.repeat((60 + 20 * xx / w + rng.normal(0, 2, (h, w)))[..., None], 3, axis=2)
+    parts = {"box": np.zeros((h, w), np.uint8), "patch": np.zeros((h, w), np.uint8)}
+    cv2.rectangle(parts["box"], (220, 160), (420, 310), 1, -1)
+    cv2.ellipse(parts["patch"], (475, 235), (65, 45), 0, 0, 360, 1, -1)
+    discs = ((60, 60), (580, 60), (60, 420), (580, 420), (320, 440), (320, 40), (545, 235))
+    for k, (cx, cy) in enumerate(discs):
+        parts[f"disc{k}"] = np.zeros((h, w), np.uint8)
+        cv2.circle(parts[f"disc{k}"], (cx, cy), 19, 1, -1)
+        parts["patch"] &= 1 - parts[f"disc{k}"]
+    parts["patch"] &= 1 - parts["box"]
+    prob = np.zeros((h, w), np.float32)
+    for k, m in parts.items():
+        if k != "patch":
+            image[m.astype(bool)] = 200 + rng.normal(0, 3, (int(m.sum()), 3))
+        prob = np.maximum(prob, m.astype(np.float32) * (0.7 if k == "patch" else 0.98))
+    prob = cv2.GaussianBlur(prob, (0, 0), 1.5)
+    return np.clip(image, 0, 255).astype(np.uint8), prob, {k: m.astype(bool) for k, m in parts.items()}
+
+
+def test_every_item_of_a_multi_item_shot_stays_and_the_backdrop_between_them_goes() -> None:
+    image, prob, parts = tray()
+    alpha = alpha_from_probability(prob, MaskPostprocess(), CpuOps(), image) >= 128
+    for k, m in parts.items():
+        if k != "patch":
+            assert alpha[m].mean() > 0.9, k  # small and far from the box, but an item
+    assert alpha[parts["patch"]].mean() < 0.05  # the backdrop's colour: not product
+
+
+def test_a_crop_of_a_multi_item_shot_gets_the_same_cut_out_where_the_framings_overlap() -> None:
+    """Framing consistency: the same photo cut to another frame (here: without the box, the
+    largest item) keeps and drops the same things in the region both framings show."""
+    image, prob, _ = tray()
+    cfg, ops = MaskPostprocess(), CpuOps()
+    whole = alpha_from_probability(prob, cfg, ops, image) >= 128
+    for y0, y1, x0, x1 in ((0, 150, 0, 640), (0, 480, 0, 200), (20, 460, 430, 640)):
+        crop = alpha_from_probability(np.ascontiguousarray(prob[y0:y1, x0:x1]), cfg, ops,
+                                      np.ascontiguousarray(image[y0:y1, x0:x1])) >= 128
+        shared = whole[y0:y1, x0:x1]
+        assert (crop & shared).sum() / max(1, (crop | shared).sum()) > 0.97, (y0, y1, x0, x1)
+
+
+def test_backdrop_and_item_rules_can_be_switched_off() -> None:
+    image, prob, parts = tray()
+    cfg = MaskPostprocess(backdrop_delta_e=0.0, item_prob=1.0)
+    alpha = alpha_from_probability(prob, cfg, CpuOps(), image) >= 128
+    assert alpha[parts["patch"]].mean() > 0.9  # the model's word is taken
+    assert alpha[parts["disc0"]].mean() < 0.05  # the island rule alone drops the far small discs
+
+
+def test_a_backdrop_coloured_part_held_by_one_sure_part_stays() -> None:
+    """The same patch touching the box alone (a grey camera body against a grey sky, held by
+    one hand): not backdrop between items, so the model's word is kept."""
+    image, prob, parts = tray()
+    gone = parts["disc6"]
+    image[gone] = image[5, 500]  # the disc beside the patch becomes backdrop
+    prob[gone] = 0.0
+    alpha = alpha_from_probability(cv2.GaussianBlur(prob, (0, 0), 0.5), MaskPostprocess(), CpuOps(), image) >= 128
+    beside = cv2.dilate(gone.astype(np.uint8), np.ones((9, 9), np.uint8)).astype(bool)
+    assert alpha[parts["patch"] & ~beside].mean() > 0.9

@@ -167,3 +167,15 @@ def test_help_paragraphs_wrap_at_the_terminal_width_not_at_the_source_lines() ->
     assert result.exit_code == 0
     assert "Exit code 1 when any input became a dead letter." in result.output
     assert "`<sku>.<preset>.<ext>`" in result.output or "<sku>.<preset>.<ext>" in result.output
+
+
+def test_one_time_parser_takes_iso_8601_and_epoch_ms() -> None:
+    import typer
+
+    from lightbox.cli.common import time_ms
+
+    assert time_ms("2026-11-30T10:00:00Z") == time_ms("2026-11-30T10:00:00") == 1_796_032_800_000
+    assert time_ms("2026-11-30T11:00:00+01:00") == 1_796_032_800_000
+    assert time_ms("1796032800000") == 1_796_032_800_000 and time_ms(None) is None
+    with pytest.raises(typer.BadParameter, match="ISO 8601"):
+        time_ms("yesterday")

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -128,3 +129,134 @@ def test_instance_names_are_checked() -> None:
     assert instance_key(None, None) == "default"
     with pytest.raises(ValueError, match="bad instance name"):
         instance_key("../etc", None)
+
+
+def _time_wait_on(port: int) -> int:
+    """Connections in TIME_WAIT (state 06) whose local port is ``port`` (Java's sockets are IPv6 ones
+    with IPv4-mapped addresses: /proc/net/tcp6 too)."""
+    rows = [r.split() for f in ("tcp", "tcp6") for r in Path(f"/proc/net/{f}").read_text().splitlines()[1:]]
+    return sum(1 for r in rows if r[3] == "06" and int(r[1].rsplit(":", 1)[1], 16) == port)
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_a_killed_broker_with_clients_starts_again_on_its_port_and_data(cli: Cli, tmp_path: Path) -> None:
+    """SIGKILL a broker while a producer is connected: the kill leaves the broker's side of those
+    connections in TIME_WAIT on its port. `kafka up --port P --data-dir D` starts it again there,
+    with the records it had."""
+    import asyncio
+    import contextlib
+    import time
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+    from lightbox.devservers.launch import free_port
+
+    data, port = tmp_path / "kafka-data", free_port()
+    up = cli("kafka", "up", "--port", str(port), "--data-dir", str(data))
+    assert up.returncode == 0, up.stderr
+    state = json.loads((tmp_path / "state" / f"kafka-{instance_key(None, data)}.json").read_text())
+
+    async def produce_then_kill() -> None:
+        prod = AIOKafkaProducer(bootstrap_servers=f"127.0.0.1:{port}", acks="all")
+        await prod.start()
+        await asyncio.gather(*[await prod.send("kept", b"r%d" % i, partition=0) for i in range(3)])
+        os.kill(state["pid"], 9)  # a crash, with the producer connected
+        for _ in range(100):  # the producer sees the connection end and closes its side
+            if _time_wait_on(port):
+                break
+            await asyncio.sleep(0.1)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(prod.stop(), 10)
+
+    asyncio.run(produce_then_kill())
+    deadline = time.monotonic() + 10
+    while same_process(state["pid"], state["started"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _time_wait_on(port) > 0, "the kill left no TIME_WAIT on the broker's port: the case is not exercised"
+    again = cli("kafka", "up", "--port", str(port), "--data-dir", str(data))
+    assert again.returncode == 0, again.stderr
+    assert f"127.0.0.1:{port}" in again.stdout
+
+    async def read_back() -> list[bytes]:
+        cons = AIOKafkaConsumer("kept", bootstrap_servers=f"127.0.0.1:{port}", auto_offset_reset="earliest",
+                                enable_auto_commit=False)
+        await cons.start()
+        try:
+            seen: list[bytes] = []
+            for _ in range(20):
+                got = await cons.getmany(timeout_ms=1000, max_records=10)
+                seen += [r.value for rs in got.values() for r in rs if r.value is not None]
+                if len(seen) >= 3:
+                    break
+            return seen
+        finally:
+            await cons.stop()
+
+    try:
+        assert sorted(asyncio.run(read_back())) == [b"r0", b"r1", b"r2"]
+    finally:
+        assert cli("kafka", "down", "--data-dir", str(data)).returncode == 0
+
+
+def test_toxiproxy_up_proxy_toxic_link_and_down(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`lightbox toxiproxy`: a proxy in front of a TCP echo server, a latency toxic that delays it,
+    a link taken down (refused) and up again, a toxic it does not know refused with the list, `down`."""
+    import threading
+    import time
+
+    from typer.testing import CliRunner
+
+    from lightbox.cli import app
+
+    monkeypatch.setenv("LIGHTBOX_STATE_DIR", str(tmp_path / "state"))
+    runner = CliRunner()
+
+    def cli(*args: str) -> Any:
+        return runner.invoke(app, list(args), env={"COLUMNS": "200"})
+
+    echo = socket.create_server(("127.0.0.1", 0))
+    upstream = echo.getsockname()[1]
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = echo.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(conn.recv(16))
+
+    threading.Thread(target=serve, daemon=True).start()
+
+    def roundtrip(port: int) -> float:
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as c:
+            c.sendall(b"ping")
+            assert c.recv(16) == b"ping"
+        return time.monotonic() - t0
+
+    try:
+        up = cli("toxiproxy", "up", "--name", "x")
+        assert up.exit_code == 0 and "Toxiproxy API at" in up.stdout, up.output
+        made = cli("toxiproxy", "proxy", "web", "--upstream", f"127.0.0.1:{upstream}", "--name", "x")
+        assert made.exit_code == 0, made.output
+        port = int(made.stdout.split("127.0.0.1:")[1].split()[0])
+        assert roundtrip(port) < 0.3
+        slow = cli("toxiproxy", "toxic", "web", "latency", "-a", "latency=400", "--name", "x")
+        assert slow.exit_code == 0 and "latency_downstream" in slow.stdout, slow.output
+        assert roundtrip(port) >= 0.4
+        assert cli("toxiproxy", "clear", "web", "--name", "x").exit_code == 0
+        assert cli("toxiproxy", "link", "web", "down", "--name", "x").exit_code == 0
+        with pytest.raises(ConnectionRefusedError):
+            roundtrip(port)
+        status = cli("toxiproxy", "status", "--name", "x")
+        assert status.exit_code == 0 and "web" in status.stdout and "(down)" in status.stdout, status.stdout
+        assert cli("toxiproxy", "link", "web", "up", "--name", "x").exit_code == 0
+        assert roundtrip(port) < 0.3
+        bogus = cli("toxiproxy", "toxic", "web", "bogus", "--name", "x")
+        assert bogus.exit_code == 1 and "unknown toxic 'bogus'" in bogus.output and "limit_data" in bogus.output
+    finally:
+        assert cli("toxiproxy", "down", "--name", "x").exit_code == 0
+        echo.close()
+    assert cli("toxiproxy", "status", "--name", "x").exit_code == 1
