@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup test test-gpu test-torch lint docs demo bench kafka-jars s3-jars image image-test clean
+.PHONY: setup test test-gpu test-torch lint docs demo bench kafka-jars s3-jars registry-app image image-test clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ kafka-jars: setup  ## fetch Apache Kafka's jars from Maven Central (once; cached
 
 s3-jars: setup  ## fetch s3proxy's jars (a local S3 for the tests) from Maven Central (once; cached)
 	$(BIN)/python -c "from lightbox.devservers.s3_local import ensure_jars; print(ensure_jars())"
+
+registry-app: setup  ## fetch Apicurio Registry (a schema registry for the tests) from Maven Central (once; cached)
+	$(BIN)/python -c "from lightbox.devservers.registry_local import ensure_app; print(ensure_app())"
 
 test: setup kafka-jars s3-jars  ## the whole suite; starts its own Kafka broker; GPU tests skip without a GPU
 	$(BIN)/pytest -q -p no:cacheprovider

@@ -155,9 +155,11 @@ class BatchProcessor:
 
     # -- fetch lane: one record -> a job or a dead letter ---------------------------------------
     def prepare(self, rec: InRecord) -> Prepared | OutRecord:
-        """Never raises: whatever goes wrong becomes this record's dead letter."""
+        """Raises only :class:`FatalError`: whatever else goes wrong becomes this record's dead letter."""
         try:
             return self._prepare(rec)
+        except FatalError:  # e.g. the schema registry refused lightbox's credential: the worker stops
+            raise
         except Exception as exc:  # not a LightboxError (those are handled inside): a bug or a library surprise
             return self._last_resort(rec, ProcessingFailed(_describe(exc), stage="prepare"))
 

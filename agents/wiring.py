@@ -18,8 +18,7 @@ from gpu_kernels.codec import make_decoder, make_encoder
 from gpu_kernels.pipeline import RetouchPipeline
 from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
-from schemas.codec import FileSchemaStore
-from schemas.events import EventCodecs
+from streams.registry import event_codecs
 from streams.settings import PIPELINE_VERSION, FetchSettings, Settings
 
 if TYPE_CHECKING:
@@ -47,13 +46,13 @@ def build_pipeline(settings: Settings, device: str, segmenters: Segmenters | Non
 
 def build_processor(settings: Settings, device: str | None = None, *,
                     segmenters: Segmenters | None = None, waiter: Waiter | None = None) -> BatchProcessor:
-    """The processor; ``waiter``: an object store that is down is waited for through it (else it
-    fail-stops the worker once its retries are spent)."""
+    """The processor; ``waiter``: an object store or a schema registry that is down is waited for
+    through it (else the store fail-stops the worker once its retries are spent)."""
     device = device or settings.resolved_device()
     pipeline, model_version = build_pipeline(settings, device, segmenters)
     return BatchProcessor(
         pipeline, load_presets(settings.worker.presets_file),
-        EventCodecs.create(FileSchemaStore(settings.worker.schema_store)),
+        event_codecs(settings, patience_s=None, waiter=waiter),  # a registry away: inputs wait, never dead letters
         worker_id=settings.worker.worker_id, pipeline_version=PIPELINE_VERSION, model_version=model_version,
         max_image_bytes=settings.limits.max_image_bytes, max_pixels=settings.limits.max_pixels,
         max_frames=settings.limits.max_frames, max_scans=settings.limits.max_scans,

@@ -272,6 +272,10 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
     say(f"lightbox worker {settings.worker.worker_id}: {settings.topics.input} → {settings.topics.output} "
         f"on {settings.kafka.bootstrap}, device {device}"
         + (f", metrics on :{obs.server.port}" if obs.server is not None else ""))
+    from streams.registry import describe
+
+    if (ids := describe(processor.codecs)) is not None:
+        say(ids)
     child = _start_backfill_child(retouch, settings, overrides, loglevel, port, say) if split else None
     code: Any = 0
     try:

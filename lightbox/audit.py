@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 from schemas.errors import LightboxError
 from schemas.events import EventCodecs
+from streams.registry import default_codecs
 
 __all__ = ["AuditInput", "AuditOutput", "AuditReport", "input_of", "output_of", "reconcile", "run_audit"]
 
@@ -232,7 +233,7 @@ async def run_audit(bootstrap: str, input_topics: Sequence[str], output_topics: 
     (``streams.security.aiokafka_kwargs``); from the ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
     from streams.consume import read_records
 
-    codecs = codecs or EventCodecs.create()
+    codecs = codecs or default_codecs()
     ins = await read_records(bootstrap, input_topics, from_offset=from_offset, to_offset=to_offset,
                              since_ms=since_ms, until_ms=until_ms, security=security)
     outs_raw = await read_records(bootstrap, output_topics, since_ms=since_ms, security=security)

@@ -25,6 +25,7 @@ from typing import Any
 from schemas.events import EventCodecs
 from schemas.headers import ATTEMPTS_HEADER
 from streams import clients
+from streams.registry import default_codecs
 
 __all__ = ["ATTEMPTS_HEADER", "REDRIVE_OF_HEADER", "RedriveFilter", "RedriveResult", "dead_letters", "run_redrive"]
 
@@ -83,7 +84,7 @@ async def dead_letters(bootstrap: str, topic: str, *, since_ms: int | None = Non
     from schemas.errors import SchemaInvalid
     from streams.clients import topic_partitions
 
-    codecs = codecs or EventCodecs.create()
+    codecs = codecs or default_codecs()
     parts = (await topic_partitions(bootstrap, [topic], security)).get(topic)
     if not parts:
         return

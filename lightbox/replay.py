@@ -50,6 +50,7 @@ from typing import Any, Protocol
 from lightbox.ratelimit import TokenBucket
 from schemas.events import EventCodecs
 from streams import clients
+from streams.registry import default_codecs
 from streams.settings import DEFAULT_PRESETS
 
 __all__ = ["REPLAY_JOB_HEADER", "REPLAY_OF_HEADER", "REPLAY_POSITION_HEADER", "REPLAY_SEQ_HEADER", "Checkpoint",
@@ -148,6 +149,12 @@ def _named_item(codecs: EventCodecs, d: Defaults, job: str, index: int, name: st
 
 
 # ------------------------------------------------------------------------------------ sources
+def _backfill_topic() -> str:
+    from streams.settings import Settings
+
+    return Settings().topics.backfill
+
+
 class ManifestSource:
     """A catalog manifest, read with :func:`streams.producer.read_manifest` (the reader ``lightbox
     produce`` uses): one event per row, ``file://`` URIs for local paths (never inline bytes)."""
@@ -158,7 +165,7 @@ class ManifestSource:
         self.path, self.defaults = path.resolve(), defaults
         if not self.path.is_file():
             raise ReplayError(f"{path}: no such manifest file")
-        self.codecs = codecs or EventCodecs.create()
+        self.codecs = codecs or default_codecs(product_topic=_backfill_topic())
         digest = hashlib.sha256()
         with self.path.open("rb") as f:
             for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -194,7 +201,7 @@ class FolderSource:
         self.folder, self.defaults, self.inline = folder.resolve(), defaults, inline
         if not self.folder.is_dir():
             raise ReplayError(f"{folder}: not a folder")
-        self.codecs = codecs or EventCodecs.create()
+        self.codecs = codecs or default_codecs(product_topic=_backfill_topic())
         self.files = list(iter_image_files([self.folder]))
         listing = hashlib.sha256()
         for f in self.files:
@@ -247,7 +254,7 @@ class PrefixSource:
         self.pattern = pattern or None
         self.endpoint = endpoint if self.scheme == "s3" else None
         self.defaults = defaults
-        self.codecs = codecs or EventCodecs.create()
+        self.codecs = codecs or default_codecs(product_topic=_backfill_topic())
         self._keys: list[str] | None = None
         try:
             self.store = open_bucket(self.scheme, self.bucket, endpoint=self.endpoint)

@@ -89,8 +89,8 @@ OUTSIDE: tuple[Outside, ...] = (
             "a worker reaches Triton by `LIGHTBOX_TRITON_URL`; this only starts a local server"),
     Outside("LIGHTBOX_STATE_FILE", "<LIGHTBOX_STATE_DIR>/kafka-….json",
             "the state file of the local Kafka broker `lightbox kafka up` started (also `LIGHTBOX_S3_STATE_FILE`, "
-            "`LIGHTBOX_AZURITE_STATE_FILE`, `LIGHTBOX_GCS_STATE_FILE`, `LIGHTBOX_TOXIPROXY_STATE_FILE` for the other "
-            "local servers)",
+            "`LIGHTBOX_AZURITE_STATE_FILE`, `LIGHTBOX_GCS_STATE_FILE`, `LIGHTBOX_TOXIPROXY_STATE_FILE`, "
+            "`LIGHTBOX_REGISTRY_STATE_FILE` for the other local servers)",
             "names one development-server instance for the commands that look for it"),
     Outside("LIGHTBOX_BIND", "127.0.0.1", "the address compose publishes every port on (`infra/docker-compose.yml`)",
             "read by Docker Compose, not by lightbox"),

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import fastavro
 from fastavro.schema import to_parsing_canonical_form
@@ -33,8 +33,10 @@ __all__ = [
     "AvroCodec",
     "FileSchemaStore",
     "IncompatibleSchema",
+    "SchemaStore",
     "check_backward",
     "load_schema",
+    "record_name",
     "split_frame",
 ]
 
@@ -97,6 +99,28 @@ def _check_type(where: str, ot: Any, nt: Any) -> None:
                 return
     if json.dumps(ot, sort_keys=True) != json.dumps(nt, sort_keys=True):
         raise IncompatibleSchema(f"{where}: type changed from {ot!r} to {nt!r}")
+
+
+def record_name(parsed: Any) -> str:
+    """The full name of a parsed schema's record (``io.lightbox.v1.ProductImageEvent``); a schema that
+    is not a named type reads as its type (``"string"``, ``"array"``)."""
+    if isinstance(parsed, dict):
+        return str(parsed.get("name") or parsed.get("type", "?"))
+    return str(parsed) if isinstance(parsed, str) else type(parsed).__name__
+
+
+class SchemaStore(Protocol):
+    """Schema ids ↔ schemas: :class:`FileSchemaStore` (packaged or a folder) or a schema registry
+    (``streams.registry.RegistrySchemaStore``). ``schema`` and ``parsed`` raise :class:`SchemaInvalid`
+    for an id the store does not know."""
+
+    def schema(self, schema_id: int) -> Schema: ...
+
+    def parsed(self, schema_id: int) -> Any: ...
+
+    def latest(self, subject: str) -> tuple[int, Schema]: ...
+
+    def register(self, subject: str, schema: Schema) -> int: ...
 
 
 def _canonical(schema: Schema) -> str:
@@ -209,7 +233,7 @@ class AvroCodec:
     ``decode`` resolves whatever schema id the record carries to ``reader_schema``.
     """
 
-    def __init__(self, store: FileSchemaStore, subject: str, *,
+    def __init__(self, store: SchemaStore, subject: str, *,
                  reader_schema: Schema | None = None, writer_schema: Schema | None = None) -> None:
         self.store = store
         self.subject = subject
@@ -221,6 +245,11 @@ class AvroCodec:
         reader: Any = fastavro.parse_schema(reader_schema or store.schema(self.writer_id))
         self._reader = reader
         self._reader_name: str = reader["name"]
+
+    @property
+    def reader_name(self) -> str:
+        """The full name of the record this codec reads (``io.lightbox.v1.ProductImageEvent``)."""
+        return self._reader_name
 
     def encode(self, record: Mapping[str, Any]) -> bytes:
         buf = io.BytesIO()
@@ -235,8 +264,8 @@ class AvroCodec:
     def decode(self, data: bytes) -> dict[str, Any]:
         schema_id, body = split_frame(data)
         writer = self.store.parsed(schema_id)
-        if writer.get("name") != self._reader_name:
-            raise SchemaInvalid(f"schema id {schema_id} is {writer.get('name')!r}, not {self._reader_name!r}",
+        if record_name(writer) != self._reader_name:
+            raise SchemaInvalid(f"schema id {schema_id} is {record_name(writer)!r}, not {self._reader_name!r}",
                                 stage="deserialize")
         try:
             stream = io.BytesIO(body)

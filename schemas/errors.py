@@ -15,7 +15,12 @@ onnxruntime, fastavro) are translated at the boundary of the stage that called t
     └── OutputTooLarge            OUTPUT_TOO_LARGE no
 
     FatalError                    (not a dead letter: the worker leaves its group and exits non-zero)
-    └── StoreUnavailable          the output store stayed unreachable past its retry budget
+    ├── StoreUnavailable          the output store stayed unreachable past its retry budget
+    └── RegistryRefused           the schema registry refused lightbox's credential (401/403)
+
+    RegistryError                 (a start or a command cannot go on: one line, never a dead letter)
+    ├── RegistryRejected          the registry refused one of lightbox's schemas
+    └── RegistryUnavailable       the registry stayed unreachable longer than a command waits
 """
 
 from __future__ import annotations
@@ -32,6 +37,10 @@ __all__ = [
     "LightboxError",
     "OutputTooLarge",
     "ProcessingFailed",
+    "RegistryError",
+    "RegistryRefused",
+    "RegistryRejected",
+    "RegistryUnavailable",
     "SchemaInvalid",
     "StoreUnavailable",
     "TooLarge",
@@ -115,6 +124,22 @@ class FatalError(Exception):
 
 class StoreUnavailable(FatalError):
     """The output store stayed unreachable (or unwritable) past its retry budget."""
+
+
+class RegistryRefused(FatalError):
+    """The schema registry refused lightbox's credential (401/403). Not retried: the worker stops."""
+
+
+class RegistryError(RuntimeError):
+    """The schema registry answered, and the answer means lightbox cannot go on as configured."""
+
+
+class RegistryRejected(RegistryError):
+    """The schema registry refused one of lightbox's schemas (incompatible, invalid, not registered)."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The schema registry stayed unreachable (or answered 5xx) for longer than a command waits."""
 
 
 def per_item(fn: Callable[[T], R], items: Iterable[T]) -> list[R | LightboxError]:

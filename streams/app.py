@@ -17,9 +17,12 @@ __all__ = ["create_app", "ensure_topics", "input_topic", "live_lag", "max_messag
 
 def create_app(settings: Settings) -> faust.App:
     """A Faust app for one worker process. Values travel as raw bytes: the agent decodes them
-    itself so that an unreadable record becomes a dead letter instead of a crashed stream."""
+    itself so that an unreadable record becomes a dead letter instead of a crashed stream; an
+    unreadable batch pauses its partition (:mod:`streams.fetching`)."""
+    from streams.fetching import lightbox_transport
+
     settings.worker.data_dir.mkdir(parents=True, exist_ok=True)
-    return faust.App(
+    app = faust.App(
         settings.kafka.group_id,
         broker=[f"kafka://{h.strip()}" for h in settings.kafka.bootstrap.split(",")],
         value_serializer="raw",
@@ -40,6 +43,10 @@ def create_app(settings: Settings) -> faust.App:
         broker_commit_interval=1.0,
         broker_credentials=faust_credentials(settings.kafka),
     )
+    # the input topic read with kafka_isolation_level; a batch no codec reads pauses its partition
+    # with one clear line instead of crashing the worker (streams/fetching.py)
+    app.transport = lightbox_transport(settings.kafka.isolation_level)(app.conf.broker_consumer, app)
+    return app
 
 
 def input_topic(app: faust.App, settings: Settings) -> faust.TopicT:

@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
-from streams.security import client_kwargs, preflight
+from streams.security import client_kwargs, preflight, producer_kwargs
 
 __all__ = ["FETCH_BYTES", "admin", "consumer", "new_admin", "new_consumer", "new_producer", "producer",
            "topic_partitions"]
@@ -24,13 +24,15 @@ REQUEST_BYTES = 48 << 20  # the producer's largest request: an event with inline
 
 async def new_producer(bootstrap: str, security: Mapping[str, Any] | None = None, **options: Any) -> Any:
     """An ``AIOKafkaProducer`` (not started) after the preflight: acks from every in-sync replica,
-    idempotent, a 5 ms linger and requests up to :data:`REQUEST_BYTES`; ``options`` override."""
+    idempotent, a 5 ms linger, requests up to :data:`REQUEST_BYTES` and the batches' compression of
+    ``LIGHTBOX_KAFKA_COMPRESSION_TYPE``; ``options`` override."""
     from aiokafka import AIOKafkaProducer
 
     kw = client_kwargs(security)
     await preflight(bootstrap, kw)
     return AIOKafkaProducer(**kw, **{"bootstrap_servers": bootstrap, "acks": "all", "enable_idempotence": True,
-                                     "linger_ms": 5, "max_request_size": REQUEST_BYTES, **options})
+                                     "linger_ms": 5, "max_request_size": REQUEST_BYTES, **producer_kwargs(),
+                                     **options})
 
 
 async def new_consumer(bootstrap: str, *topics: str, security: Mapping[str, Any] | None = None,

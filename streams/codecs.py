@@ -13,6 +13,7 @@ from faust.serializers import codecs
 
 from schemas.codec import AvroCodec
 from schemas.events import EventCodecs
+from streams.registry import default_codecs
 
 __all__ = ["FaustAvroCodec", "register_faust_codecs"]
 
@@ -33,7 +34,7 @@ class FaustAvroCodec(codecs.Codec):
 
 def register_faust_codecs(events: EventCodecs | None = None) -> dict[str, FaustAvroCodec]:
     """Register ``lightbox.product``, ``lightbox.processed`` and ``lightbox.dead_letter``."""
-    events = events or EventCodecs.create()
+    events = events or default_codecs()
     made = {"lightbox.product": FaustAvroCodec(events.product),
             "lightbox.processed": FaustAvroCodec(events.processed),
             "lightbox.dead_letter": FaustAvroCodec(events.dead_letter)}

@@ -9,10 +9,11 @@ from typing import Any
 
 from aiokafka.structs import TopicPartition
 
-from schemas.codec import split_frame
+from schemas.codec import record_name, split_frame
 from schemas.errors import SchemaInvalid
 from schemas.events import EventCodecs
 from streams import clients
+from streams.registry import default_codecs
 
 __all__ = ["RawRecord", "read_events", "read_records"]
 
@@ -20,10 +21,10 @@ __all__ = ["RawRecord", "read_events", "read_records"]
 def decode_any(codecs: EventCodecs, value: bytes) -> tuple[str, dict[str, Any]]:
     """``("processed" | "dead_letter" | "product", record)`` by the schema the record names."""
     schema_id, _ = split_frame(value)
-    name = codecs.store.parsed(schema_id).get("name", "")
+    name = record_name(codecs.store.parsed(schema_id))
     for kind, codec in (("processed", codecs.processed), ("dead_letter", codecs.dead_letter),
                         ("product", codecs.product)):
-        if name.endswith(codec.subject):
+        if name == codec.reader_name:
             return kind, codec.decode(value)
     raise SchemaInvalid(f"schema id {schema_id} ({name}) is not a lightbox event", stage="tail")
 
@@ -36,7 +37,7 @@ async def read_events(bootstrap: str, topics: Sequence[str], *, from_beginning: 
 
     Stops after ``limit`` events, or ``idle_s`` seconds without one. ``security``: aiokafka keyword
     arguments (``streams.security.aiokafka_kwargs``); from the ``LIGHTBOX_KAFKA_*`` environment when ``None``."""
-    codecs = codecs or EventCodecs.create()
+    codecs = codecs or default_codecs()
     # No group: the consumer reads every partition of the topics (and picks up topics that
     # appear later), from the start or the end, and commits nothing.
     consumer = await clients.new_consumer(bootstrap, *topics, security=security,

@@ -149,7 +149,9 @@ class ImageProducer:
         self.topic = topic
         self._bootstrap, self._security = bootstrap, client_kwargs(security)
         self._max_request_size = max_request_size
-        self.codecs = codecs or EventCodecs.create()
+        from streams.registry import default_codecs
+
+        self.codecs = codecs or default_codecs(product_topic=topic)
         self._producer: Any = None
 
     async def __aenter__(self) -> ImageProducer:

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from faust.types.auth import CredentialsT
 
 __all__ = ["KafkaSecurityError", "aiokafka_kwargs", "client_kwargs", "explain_connect_error", "faust_credentials",
-           "preflight", "sasl_password", "ssl_context"]
+           "preflight", "producer_kwargs", "sasl_password", "ssl_context"]
 
 _TLS = {"SSL", "SASL_SSL"}
 _SASL = {"SASL_PLAINTEXT", "SASL_SSL"}
@@ -130,6 +130,13 @@ def client_kwargs(security: Mapping[str, Any] | None) -> dict[str, Any]:
     """``security`` as given, or, when ``None``, :func:`aiokafka_kwargs` of the environment's settings
     (so a library client such as ``ImageProducer(bootstrap)`` follows ``LIGHTBOX_KAFKA_*``)."""
     return dict(security) if security is not None else aiokafka_kwargs(Settings().kafka)
+
+
+def producer_kwargs(kafka: KafkaSettings | None = None) -> dict[str, Any]:
+    """What a producer adds to :func:`aiokafka_kwargs`: its batches' compression
+    (``LIGHTBOX_KAFKA_COMPRESSION_TYPE``; the environment's settings when ``kafka`` is ``None``)."""
+    codec = (kafka or Settings().kafka).compression_type
+    return {"compression_type": None if codec == "none" else codec}
 
 
 def _chain(exc: BaseException) -> list[BaseException]:

@@ -27,8 +27,8 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from schemas import segment_runtimes
 
 __all__ = ["DEFAULT_PRESETS", "FLAT", "PIPELINE_VERSION", "BackfillSettings", "BatchingSettings", "FetchSettings",
-           "KafkaSettings", "LimitSettings", "ObserveSettings", "RunnerSettings", "SegmentSettings", "Settings",
-           "StoreSettings", "TopicSettings", "TritonSettings", "WorkerSettings"]
+           "KafkaSettings", "LimitSettings", "ObserveSettings", "RunnerSettings", "SchemaRegistrySettings",
+           "SegmentSettings", "Settings", "StoreSettings", "TopicSettings", "TritonSettings", "WorkerSettings"]
 
 DEFAULT_PRESETS: tuple[str, ...] = ("taobao_main", "jd_main", "amazon_main")  # an event's presets when none are named
 PIPELINE_VERSION = "0.3.0"  # bump whenever output bytes change: replays then get new event ids
@@ -96,6 +96,12 @@ class KafkaSettings(_Section):
                                                                   "if it is encrypted")
     allow_plain_over_plaintext: bool = Field(
         False, description="allow SASL PLAIN over SASL_PLAINTEXT (sends the password in the clear)")
+    compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "none", description="compression of the batches lightbox produces (outputs, dead letters, produce, replay, "
+                            "redrive); every codec is read whatever this says")
+    isolation_level: Literal["read_committed", "read_uncommitted"] = Field(
+        "read_committed", description="read_committed: records of aborted (and still open) transactions are never "
+                                      "read; read_uncommitted reads them too")
 
 
 class TopicSettings(_Section):
@@ -311,10 +317,42 @@ class BackfillSettings(_Section):
                                               "of its shape class into its empty seats (0: never)")
 
 
+class SchemaRegistrySettings(_Section):
+    """A Confluent-compatible schema registry (Confluent, Apicurio's /apis/ccompat/v7, Karapace) instead
+    of the packaged file store: inputs are read with the writer schema the registry holds for their id,
+    outputs carry the ids the registry gives lightbox's schemas (docs/schema-registry.md)."""
+
+    env_prefix: ClassVar[str] = "schema_registry_"
+
+    url: str | None = Field(None, description="base URL of the registry's REST API, which may carry a path "
+                                              "(http://host:8081, http://host:8080/apis/ccompat/v7); unset: the "
+                                              "packaged file store (schema_store)")
+    user_info: SecretStr | None = Field(None, description="basic auth as USER:PASSWORD (Confluent's "
+                                                          "basic.auth.user.info)")
+    bearer_token: SecretStr | None = Field(None, description="a static OAuth bearer token sent with every request "
+                                                             "(instead of user_info)")
+    bearer_logical_cluster: str | None = Field(None, description="with bearer_token: the registry's logical "
+                                                                 "cluster id (Confluent Cloud's lsrc-...; unset "
+                                                                 "elsewhere)")
+    ca: Path | None = Field(None, description="PEM CA bundle the registry's certificate must chain to "
+                                              "(the system's trust store if unset)")
+    certfile: Path | None = Field(None, description="client certificate (PEM) for mutual TLS with the registry")
+    keyfile: Path | None = Field(None, description="its private key (PEM)")
+    auto_register: bool = Field(True, description="register lightbox's output schemas at start (and set BACKWARD "
+                                                  "on their subjects when unset); false: only look them up, and "
+                                                  "refuse to start when one is missing")
+    subject_strategy: Literal["topic", "record"] = Field(
+        "topic", description="subject names: topic = TopicNameStrategy (TOPIC-value), record = "
+                             "RecordNameStrategy (the record's full name)")
+    timeout_s: float = Field(10.0, gt=0, description="one registry request; an unreachable registry is retried "
+                                                     "with backoff (inputs wait, nothing is dead-lettered)")
+
+
 _SECTIONS: dict[str, type[_Section]] = {
     "worker": WorkerSettings, "kafka": KafkaSettings, "topics": TopicSettings, "limits": LimitSettings,
     "batching": BatchingSettings, "runner": RunnerSettings, "segment": SegmentSettings, "triton": TritonSettings,
     "fetch": FetchSettings, "store": StoreSettings, "observe": ObserveSettings, "backfill": BackfillSettings,
+    "schema_registry": SchemaRegistrySettings,
 }
 
 
@@ -384,6 +422,7 @@ class Settings(BaseModel):
     store: StoreSettings
     observe: ObserveSettings
     backfill: BackfillSettings
+    schema_registry: SchemaRegistrySettings
 
     def __init__(self, **values: Any) -> None:
         """Flat names (``kafka_bootstrap=...``) and/or whole sections (``kafka=KafkaSettings(...)``)."""

@@ -18,7 +18,7 @@ from aiokafka.errors import KafkaError, KafkaTimeoutError
 from streams.app import max_message_bytes
 from streams.clients import new_producer
 from streams.records import Outgoing
-from streams.security import aiokafka_kwargs, preflight
+from streams.security import aiokafka_kwargs, preflight, producer_kwargs
 from streams.settings import KafkaSettings, TopicSettings
 
 __all__ = ["KafkaSink"]
@@ -40,7 +40,7 @@ class KafkaSink:
         request_max = max(by_topic.values())
         self.limits = {kind: by_topic[topic] for kind, topic in self.topics.items()}
         self._producer = await new_producer(
-            self.kafka.bootstrap, security, max_request_size=request_max,
+            self.kafka.bootstrap, security, max_request_size=request_max, **producer_kwargs(self.kafka),
             max_batch_size=min(16384, *by_topic.values()),  # batched small records stay under every limit
             request_timeout_ms=int(min(self.delivery_timeout_s, 30.0) * 1000),
             client_id=self.client_id)

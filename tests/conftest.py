@@ -180,3 +180,24 @@ def proxies(toxiproxy: Any) -> Iterator[Any]:
     yield toxiproxy
     for name in set(toxiproxy.proxies()) - before:
         toxiproxy.delete(name)
+
+
+# -- registry: a real Confluent-compatible schema registry (Apicurio Registry) for the session
+@pytest.fixture(scope="session")
+def schema_registry() -> Iterator[Any]:
+    """A local Apicurio Registry (``lightbox.devservers.registry_local``) on a data folder of its own (so a test can
+    stop and start it with its subjects kept); skipped with the reason when Java or Maven is missing."""
+    import shutil
+
+    from lightbox.devservers.registry_local import LocalRegistry, RegistryLaunchError, app_dir
+
+    if shutil.which("java") is None or (shutil.which("mvn") is None and not app_dir().exists()):
+        pytest.skip("the schema registry tests need Java 17+ and, once, Maven (to fetch Apicurio Registry)")
+    try:
+        reg = LocalRegistry.start()
+    except RegistryLaunchError as exc:
+        pytest.skip(f"Apicurio Registry could not be started: {exc}")
+    try:
+        yield reg
+    finally:
+        reg.stop()

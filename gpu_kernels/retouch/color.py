@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
 from gpu_kernels.array import Array
 
 __all__ = [
@@ -205,7 +207,13 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
 
     ``values``: ``(n,)`` float64; ``select``: ``(n,)`` bool with at least one True (the caller
     guarantees it). Returns ``(len(qs),)`` float64 on the same device.
+
+    On NumPy (host values: reading the count costs no device sync) only the order statistics
+    the percentiles read are placed (``np.partition`` at those ranks, not a full sort) and the
+    interpolation runs on Python floats: the same float64 operations, so the same values.
     """
+    if xp is np:
+        return _host_percentiles(values, select, qs)
     ordered = xp.sort(xp.where(select, values, xp.inf))
     last = xp.maximum(xp.count_nonzero(select) - 1, 0).astype(xp.float64)  # count_nonzero: no int cast
     out = []
@@ -218,6 +226,26 @@ def masked_percentiles(xp: Any, values: Array, select: Array, qs: tuple[float, .
         b = xp.take(ordered, hi.astype(xp.int64))
         out.append(a + (b - a) * frac)
     return xp.stack(out)
+
+
+def _host_percentiles(values: np.ndarray, select: np.ndarray, qs: tuple[float, ...]) -> np.ndarray:
+    """:func:`masked_percentiles` on NumPy: the ranks it reads, from one partial sort."""
+    count = int(np.count_nonzero(select))
+    last = float(max(count - 1, 0))
+    ranks = []
+    for q in qs:
+        pos = last * (q / 100.0)
+        floor = float(math.floor(pos))
+        ranks.append((pos, floor, min(floor + 1.0, last)))
+    # unselected values go past the end (+inf, as the full sort puts them); all selected: no copy
+    pool = values if count == values.shape[0] else np.where(select, values, np.inf)
+    kth = sorted({int(r) for _, lo, hi in ranks for r in (lo, hi)})
+    ordered = np.partition(pool, kth)
+    out = np.empty(len(qs), np.float64)
+    for k, (pos, lo, hi) in enumerate(ranks):
+        a, b = float(ordered[int(lo)]), float(ordered[int(hi)])
+        out[k] = a + (b - a) * (pos - lo)
+    return out
 
 
 def _srgb_linear(xp: Any, rgb: Array) -> Array:
@@ -302,6 +330,34 @@ def _balancing_gains(xp: Any, illuminant: Array) -> Array:
     return illuminant.mean() / xp.maximum(illuminant, 1e-6)
 
 
+def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_neutral_cluster`'s mean-shift on NumPy: ``(kernel (n,), centre (2,))``.
+
+    The per-pixel kernel runs on the pixels of non-zero weight alone (the others' is
+    ``exp(.) * 0 == +0.0``, which a zero-filled kernel holds already): each value by the same
+    float64 operations, and the sums over the full-length kernel, so the same bits."""
+    live = np.flatnonzero(weight > 0)
+    la, lb, lw = ab[live, 0], ab[live, 1], weight[live]
+    db = np.empty_like(la)
+    centre = np.zeros(2, np.float64)
+    kernel = weight
+    for sigma in sigmas:
+        k = np.subtract(la, centre[0])
+        k *= k
+        np.subtract(lb, centre[1], out=db)
+        db *= db
+        k += db
+        k *= -0.5
+        k /= sigma * sigma
+        np.exp(k, out=k)
+        k *= lw
+        kernel = np.zeros(weight.shape[0], np.float64)
+        kernel[live] = k
+        mass = kernel.sum()
+        centre = np.where(mass > 1e-12, (kernel @ ab) / np.maximum(mass, 1e-12), centre)
+    return kernel, centre
+
+
 def _neutral_cluster(
     xp: Any, flat: Array, light: Array, ab: Array, valid: Array, cfg: WhiteBalanceConfig
 ) -> tuple[Array, Array, Array]:
@@ -315,21 +371,24 @@ def _neutral_cluster(
     total = xp.maximum(xp.count_nonzero(valid), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
-    ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
-    db = xp.empty_like(ca)
-    for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
-        # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
-        kernel = xp.subtract(ca, centre[0])
-        kernel *= kernel
-        xp.subtract(cb, centre[1], out=db)
-        db *= db
-        kernel += db
-        kernel *= -0.5
-        kernel /= sigma * sigma
-        xp.exp(kernel, out=kernel)
-        kernel *= weight
-        mass = kernel.sum()
-        centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
+    if xp is np:
+        kernel, centre = _host_mean_shift(ab, weight, cfg.sigmas)
+    else:
+        ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+        db = xp.empty_like(ca)
+        for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
+            # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
+            kernel = xp.subtract(ca, centre[0])
+            kernel *= kernel
+            xp.subtract(cb, centre[1], out=db)
+            db *= db
+            kernel += db
+            kernel *= -0.5
+            kernel /= sigma * sigma
+            xp.exp(kernel, out=kernel)
+            kernel *= weight
+            mass = kernel.sum()
+            centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()
     confidence = _clamp(xp, mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
     confidence = xp.where(mass > 1e-12, confidence, 0.0)
@@ -439,6 +498,8 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     # the channel mean and max column by column: levels.mean(axis=1) / levels.max(axis=1) are
     # the same sums and maxima, but NumPy's reductions over a length-3 axis cost ~10x as much
     stats = ((c0 + c1 + c2) / 3.0, xp.maximum(xp.maximum(c0, c1), c2))
+    if xp is np:
+        return _host_tone(stats, alpha, cfg)
     everything = xp.ones(levels.shape[0], dtype=bool)
     qs = (cfg.high_pct, cfg.peak_pct)
     high_low = masked_percentiles(xp, stats[0], everything, (cfg.high_pct, cfg.low_pct))  # one sort
@@ -457,6 +518,27 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     dim = _clamp(xp, (cfg.veil_bright - refs[0] / 255.0) / 0.1, 0.0, 1.0)  # too dark to be veiled
     veil = xp.maximum(veil, dim)
     return (1.0 + (gain - 1.0) * veil).reshape(1)
+
+
+def _host_tone(stats: tuple[np.ndarray, np.ndarray], alpha: np.ndarray | None, cfg: ExposureConfig) -> np.ndarray:
+    """:func:`estimate_tone` on NumPy from its ``(channel mean, max channel)`` columns: the same
+    float64 operations on Python floats instead of 0-d arrays (a few microseconds each)."""
+    mean, peak = stats
+    everything = np.ones(mean.shape[0], dtype=bool)
+    high, low = (float(v) for v in _host_percentiles(mean, everything, (cfg.high_pct, cfg.low_pct)))
+    ref0, ref1 = high, float(_host_percentiles(peak, everything, (cfg.peak_pct,))[0])
+    if alpha is not None:
+        subject = alpha >= cfg.subject_min_alpha
+        select = subject if np.sum(subject) >= max(16.0, 0.005 * mean.shape[0]) else everything
+        ref0 = max(ref0, float(_host_percentiles(mean, select, (cfg.high_pct,))[0]))
+        ref1 = max(ref1, float(_host_percentiles(peak, select, (cfg.peak_pct,))[0]))
+    ref0, ref1 = max(ref0, 1e-6), max(ref1, 1e-6)
+    gain = min(cfg.target_high * 255.0 / ref0, cfg.ceiling * 255.0 / ref1)
+    gain = min(max(gain, 1.0), cfg.max_gain)
+    black = low / 255.0
+    veil = min(1.0, max(0.0, (cfg.veil_none - black) / (cfg.veil_none - cfg.veil_full)))
+    dim = min(1.0, max(0.0, (cfg.veil_bright - ref0 / 255.0) / 0.1))  # too dark to be veiled
+    return np.array([1.0 + (gain - 1.0) * max(veil, dim)], np.float64)
 
 
 def tone_lut(xp: Any, tone: Array, v_max: Array, cfg: ExposureConfig) -> tuple[Array, Array]:

@@ -84,7 +84,6 @@ def plan_correction(
     if lighting == "off":
         return ColorPlan(xp.ones(3, xp.float32), None, MapGrid(1, 1), None, None)
     rgb, a, grid = statistics_sample(xp, pixels, alpha, cfg)
-    gh, gw = rgb.shape[:2]
     flat_a = None if a is None else a.reshape(-1)
     levels = None  # the sample as uint8 when it is a strided pick of an RGB(A) image
     if cfg.sample == "strided" and pixels.shape[2] >= 3:
@@ -95,7 +94,7 @@ def plan_correction(
     gain_map = None
     v_max = 255.0 * xp.max(wb).astype(xp.float64) * 1.001
     if cfg.retinex.strength > 0:
-        weight = xp.ones((gh, gw), xp.float64) if a is None else a / 255.0
+        weight = None if a is None else a / 255.0  # None: 1 everywhere
         gain_map = illumination_gain(xp, lum, weight, cfg.retinex, matrix)
         v_max = v_max * xp.max(gain_map).astype(xp.float64)
     tone = estimate_tone(xp, rgb.reshape(-1, 3), flat_a, cfg.exposure)  # the camera's exposure

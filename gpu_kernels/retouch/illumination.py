@@ -103,16 +103,32 @@ def gaussian_matrix(n: int, sigma: float) -> np.ndarray:
     return g32
 
 
+@lru_cache(maxsize=32)
+def _blurred_ones(h: int, w: int, sigma: float, matrix: MatrixFn) -> np.ndarray:
+    """The weight plane of :func:`illumination_gain` for weights 1 everywhere (no mask), blurred
+    at ``sigma``: the same for every ``(h, w)`` sample, so computed once per process (NumPy; the
+    same matrix products as on a stack of planes, so the same bits). Read-only."""
+    ones = np.ones((1, h, w), np.float32)
+    plane: np.ndarray = (matrix(h, sigma) @ ones @ matrix(w, sigma).T).astype(np.float64)[0]
+    plane.flags.writeable = False
+    return plane
+
+
 def illumination_gain(
-    xp: Any, lum: Array, weight: Array, cfg: RetinexConfig, matrix: MatrixFn
+    xp: Any, lum: Array, weight: Array | None, cfg: RetinexConfig, matrix: MatrixFn
 ) -> Array:
     """Gain map ``(h, w)`` float32 (values in ``[min_gain, max_gain]``) for a sample.
 
-    ``lum``: ``(h, w)`` float64 luma in levels; ``weight``: ``(h, w)`` float64 in [0, 1];
+    ``lum``: ``(h, w)`` float64 luma in levels; ``weight``: ``(h, w)`` float64 in [0, 1], or None
+    for 1 everywhere (no mask: on NumPy its blurred planes come from a per-process table);
     ``matrix(n, sigma)`` returns :func:`gaussian_matrix` on the array's device.
     """
     h, w = lum.shape
-    stack = xp.stack([lum * weight, weight]).astype(xp.float32)
+    tabled = weight is None and xp is np
+    if weight is None and not tabled:
+        weight = xp.ones((h, w), xp.float64)
+    # with the table: the luma plane alone (lum * 1.0 == lum), the weight plane from the table
+    stack = lum.astype(xp.float32)[None] if tabled else xp.stack([lum * weight, weight]).astype(xp.float32)
     side = max(h, w)
     log_surround = None
     support = None
@@ -121,20 +137,24 @@ def illumination_gain(
     for frac in cfg.scales:
         sigma = frac * side
         blurred = (matrix(h, sigma) @ stack @ matrix(w, sigma).T).astype(xp.float64)
-        den = blurred[1]
+        den = _blurred_ones(h, w, sigma, matrix) if tabled else blurred[1]
         term = xp.maximum(den, 1e-12)
         xp.divide(blurred[0], term, out=term)  # the local surround
         xp.maximum(term, 0.0, out=term)
         xp.log1p(term, out=term)
         if log_surround is None:
-            log_surround, support = term, den
+            log_surround, support = term, den.copy()
         else:
             log_surround += term
             xp.maximum(support, den, out=support)
     assert log_surround is not None and support is not None
     log_surround /= len(cfg.scales)
-    total = xp.sum(weight)
-    log_mean = xp.sum(weight * log_surround) / xp.maximum(total, 1e-12)
+    if weight is None:  # sums of ones are exact: h * w, and weight * x == x
+        total = xp.float64(h * w)
+        log_mean = xp.sum(log_surround) / xp.maximum(total, 1e-12)
+    else:
+        total = xp.sum(weight)
+        log_mean = xp.sum(weight * log_surround) / xp.maximum(total, 1e-12)
     gain = xp.subtract(log_mean, log_surround, out=log_surround)
     gain *= cfg.strength
     xp.exp(gain, out=gain)

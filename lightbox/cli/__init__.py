@@ -18,7 +18,19 @@ startup.hold()  # before typer, rich and pydantic: what their imports make outli
 
 import typer  # noqa: E402
 
-from lightbox.cli import demo, doctor, events, faults, process, produce, replay, servers, settings, worker  # noqa: E402
+from lightbox.cli import (  # noqa: E402
+    demo,
+    doctor,
+    events,
+    faults,
+    process,
+    produce,
+    registry,
+    replay,
+    servers,
+    settings,
+    worker,
+)
 from lightbox.cli.common import err  # noqa: E402
 
 __all__ = ["app", "main"]
@@ -61,6 +73,8 @@ app.add_typer(servers.kafka_app, name="kafka")
 for _store in servers.OBJECT_STORES:
     app.add_typer(servers.object_store_app(_store), name=_store.command)
 app.add_typer(faults.toxiproxy_app, name="toxiproxy")
+app.add_typer(registry.registry_app, name="registry")
+app.add_typer(registry.schemas_app, name="schemas")
 app.command()(doctor.doctor)
 app.command()(settings.settings)
 app.command()(worker.worker)
@@ -89,12 +103,16 @@ def main() -> None:
 
     # aiokafka warns about topics that do not exist *yet* (they are created a moment later)
     logging.getLogger("aiokafka").setLevel(logging.ERROR)
+    from schemas.errors import RegistryError, RegistryRefused
     from streams.security import KafkaSecurityError
 
     try:
         app()
     except KafkaSecurityError as exc:  # a refused password, an untrusted certificate, a missing setting
         err.print(f"[red]kafka security:[/] {exc}", soft_wrap=True)
+        raise SystemExit(2) from None
+    except (RegistryError, RegistryRefused) as exc:  # refused credential, rejected schema, registry away
+        err.print(f"[red]schema registry:[/] {exc}", soft_wrap=True)
         raise SystemExit(2) from None
     finally:
         # The command is over and closed what it opened; the interpreter's last full collection at

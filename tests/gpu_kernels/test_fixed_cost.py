@@ -3,6 +3,8 @@ per-call tables. Each change here must leave every output bit as it was."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import skimage.data
@@ -15,6 +17,7 @@ from gpu_kernels.retouch.color import (
     _clamp,
     _neutral_cluster,
     estimate_tone,
+    masked_percentiles,
     srgb_to_lab,
 )
 from gpu_kernels.retouch.correction import _band_gain, correct_fused_cpu, correct_reference, plan_correction
@@ -259,3 +262,70 @@ def test_the_render_axis_plan_is_kept_per_placement_and_read_only() -> None:
     assert (a.lo, a.hi) == (int(live_rows[0]), int(live_rows[-1]) + 1)
     assert a.taps == tuple(t for t in range(weight.shape[1]) if (weight[:, t] != 0).any())
     assert render._axis_plan(2.5, -3.0, 64, 160, coeffs) is not a
+
+
+def _array_module_twin() -> types.ModuleType:
+    """NumPy under another name: the estimation takes its array-module-generic path (the one the
+    GPU runs), not the host shortcuts it takes when ``xp is numpy``."""
+    twin = types.ModuleType("numpy_twin")
+    twin.__dict__.update(np.__dict__)
+    return twin
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("shape", [(64, 64), (90, 50), (300, 200), (17, 33)])
+def test_the_host_estimate_equals_the_array_module_path_bit_for_bit(masked: bool, shape: tuple[int, int]) -> None:
+    """Partial sorts for the percentiles, the mean-shift on weighted pixels only and the Retinex
+    weight plane of an unmasked sample from a table give the generic path's plan, bit for bit."""
+    shot, hard = product_shot()
+    h, w = shape
+    image = np.ascontiguousarray(shot[40:40 + h, 60:60 + w]) if masked else _crop(h, w)
+    alpha = np.ascontiguousarray(soft_mask(hard)[40:40 + h, 60:60 + w]) if masked else None
+    cfg = RetouchConfig(retinex=RetinexConfig(strength=0.5))
+    for _ in range(2):  # the second time the weight planes come from the table
+        host = plan_correction(np, image, alpha, "auto", cfg, gaussian_matrix)
+        generic = plan_correction(_array_module_twin(), image, alpha, "auto", cfg, gaussian_matrix)
+        for a, b in [(host.wb, generic.wb), (host.gain_map, generic.gain_map), (host.lut, generic.lut),
+                     (host.lut_scale, generic.lut_scale)]:
+            assert a is not None and b is not None and np.array_equal(a, b)
+    assert not np.array_equal(host.wb, np.ones(3, np.float32))  # the estimate moved the colour
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5, 1 / 4096])
+def test_percentiles_by_partial_sort_equal_the_full_sort(share: float) -> None:
+    rng = np.random.default_rng(9)
+    values = np.round(rng.normal(50, 20, 4096), 1)  # ties too
+    select = rng.random(4096) < share
+    select[17] = True
+    qs = (99.5, 1.0, 95.0, 50.0, 0.0, 100.0)
+    got = masked_percentiles(np, values, select, qs)
+    want = masked_percentiles(_array_module_twin(), values, select, qs)
+    assert np.array_equal(got, want)
+    if share == 1.0:
+        assert np.allclose(got, np.percentile(values, qs), rtol=1e-12, atol=0)
+
+
+def test_the_retinex_gain_without_a_mask_equals_weights_of_one() -> None:
+    rng = np.random.default_rng(4)
+    lum = rng.uniform(20, 230, (40, 64))
+    cfg = RetinexConfig(strength=0.5)
+    ones = illumination_gain(np, lum, np.ones(lum.shape), cfg, gaussian_matrix)
+    assert np.array_equal(illumination_gain(np, lum, None, cfg, gaussian_matrix), ones)
+    assert np.array_equal(illumination_gain(np, lum, None, cfg, gaussian_matrix), ones)  # from the table
+    assert np.array_equal(illumination_gain(_array_module_twin(), lum, None, cfg, gaussian_matrix), ones)
+
+
+@pytest.mark.parametrize("scene", ["dark", "veiled", "bright", "masked_dark", "masked_few"])
+def test_the_host_tone_equals_the_array_module_path_bit_for_bit(scene: str) -> None:
+    rng = np.random.default_rng(8)
+    n = 4096
+    lo, hi = {"dark": (10, 140), "veiled": (110, 200), "bright": (30, 256)}.get(scene, (5, 120))
+    levels = rng.integers(lo, hi, (n, 3)).astype(np.float64)
+    levels[:, 2] += rng.random(n)
+    alpha = None
+    if scene.startswith("masked"):
+        alpha = np.where(rng.random(n) < (0.4 if scene == "masked_dark" else 0.002), 255.0, 0.0)
+    cfg = ExposureConfig()
+    host = estimate_tone(np, levels, alpha, cfg)
+    assert host.dtype == np.float64 and host.shape == (1,)
+    assert np.array_equal(host, estimate_tone(_array_module_twin(), levels, alpha, cfg))

@@ -101,6 +101,18 @@ ENV: list[tuple[str, str, Any]] = [
     ("LIGHTBOX_TRITON_URL", "x-triton_url", "x-triton_url"),
     ("LIGHTBOX_TRITON_MODEL", "x-triton_model", "x-triton_model"),
     ("LIGHTBOX_TRITON_TIMEOUT_S", "30.0", 30.0),
+    ("LIGHTBOX_KAFKA_COMPRESSION_TYPE", "zstd", "zstd"),
+    ("LIGHTBOX_KAFKA_ISOLATION_LEVEL", "read_uncommitted", "read_uncommitted"),
+    ("LIGHTBOX_SCHEMA_REGISTRY_URL", "http://registry:8081/apis/ccompat/v7", "http://registry:8081/apis/ccompat/v7"),
+    ("LIGHTBOX_SCHEMA_REGISTRY_USER_INFO", "user:pw", "user:pw"),
+    ("LIGHTBOX_SCHEMA_REGISTRY_BEARER_TOKEN", "tok", "tok"),
+    ("LIGHTBOX_SCHEMA_REGISTRY_BEARER_LOGICAL_CLUSTER", "lsrc-1", "lsrc-1"),
+    ("LIGHTBOX_SCHEMA_REGISTRY_CA", "/etc/ca.pem", Path("/etc/ca.pem")),
+    ("LIGHTBOX_SCHEMA_REGISTRY_CERTFILE", "/etc/c.pem", Path("/etc/c.pem")),
+    ("LIGHTBOX_SCHEMA_REGISTRY_KEYFILE", "/etc/k.pem", Path("/etc/k.pem")),
+    ("LIGHTBOX_SCHEMA_REGISTRY_AUTO_REGISTER", "false", False),
+    ("LIGHTBOX_SCHEMA_REGISTRY_SUBJECT_STRATEGY", "record", "record"),
+    ("LIGHTBOX_SCHEMA_REGISTRY_TIMEOUT_S", "3", 3.0),
 ]
 
 
