@@ -68,7 +68,7 @@ def child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
     settings = Settings().model_copy(update={"output_dir": None})
     marks.append((time.perf_counter(), time.process_time()))
     from gpu_kernels.segment import make_model_segmenter  # noqa: F401 - the model's runtimes (ONNX Runtime)
-    from gpu_kernels.segment.openvino_runner import openvino_available
+    from gpu_kernels.segment.machine import openvino_available
 
     openvino_available()  # imports OpenVINO as the runtime does (without its model converter)
     marks.append((time.perf_counter(), time.process_time()))

@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _torch_main(args: argparse.Namespace, gpu: bool, result: dict[str, Any]) -> int:
-    from gpu_kernels.segment.torch_runner import torch_available, torch_cuda_available
+    from gpu_kernels.segment.machine import torch_available, torch_cuda_available
 
     deadline = time.perf_counter() + args.deadline
     result["runtime"] = "torch"

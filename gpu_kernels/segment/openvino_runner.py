@@ -50,15 +50,14 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, Callers, batch_buckets
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
-from gpu_kernels.segment.machine import openvino_available, usable_cores
+from gpu_kernels.segment.machine import usable_cores
 from gpu_kernels.segment.model import U2NETP, ModelSpec, output_to_probability
 from gpu_kernels.segment.ops import CpuOps
 from gpu_kernels.segment.postprocess import MaskPostprocess
 from gpu_kernels.segment.variants import batch_copy
 from schemas.errors import ProcessingFailed
 
-# openvino_available: kept importable from here for bench/bench_startup.py (the probe is in machine.py)
-__all__ = ["RECHECK_UNSURE", "OpenVinoSegmenter", "openvino_available", "openvino_module", "shared_core",
+__all__ = ["RECHECK_UNSURE", "OpenVinoSegmenter", "openvino_module", "shared_core",
            "unsure_share"]
 
 STAGE = "segment"

@@ -42,16 +42,14 @@ from gpu_kernels.array import Array
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets
 from gpu_kernels.segment.fetch_model import sha256_file
 from gpu_kernels.segment.graphs import GraphTable
-from gpu_kernels.segment.machine import torch_available, torch_cuda_available
+from gpu_kernels.segment.machine import torch_cuda_available
 from gpu_kernels.segment.model import U2NETP, ModelSpec
 from gpu_kernels.segment.onnx_torch import import_torch
 from gpu_kernels.segment.ops import CpuOps, cupy_ops
 from gpu_kernels.segment.postprocess import MaskPostprocess
 from schemas.errors import LightboxError, ProcessingFailed
 
-# torch_available, torch_cuda_available: kept importable from here for bench/gpu/model_grid.py (the
-# probes are in machine.py)
-__all__ = ["PRECISIONS", "TorchSegmenter", "import_torch", "torch_available", "torch_cuda_available"]
+__all__ = ["PRECISIONS", "TorchSegmenter", "import_torch"]
 
 STAGE = "segment"
 Precision = Literal["fp32", "bf16", "fp16"]
