@@ -18,7 +18,7 @@ from streams.settings import Settings
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
-    """``LIGHTBOX_KAFKA_BOOTSTRAP`` when set, else a KRaft broker started for this session."""
+    """``LIGHTBOX_KAFKA_BOOTSTRAP`` when set, else a KRaft broker started for the test run."""
     if os.environ.get("LIGHTBOX_KAFKA_BOOTSTRAP"):
         yield os.environ["LIGHTBOX_KAFKA_BOOTSTRAP"]
         return
@@ -102,7 +102,7 @@ def secure_settings(kafka_secure: dict[str, str], tmp_path: Path) -> Settings:
 # -- objstore: a real S3-compatible server (s3proxy) for the session
 @dataclass(frozen=True)
 class S3Endpoint:
-    """Where the session's S3 is and how to sign for it; ``bucket`` exists (tests use fresh prefixes in it)."""
+    """Where the test run's S3 is and how to sign for it; ``bucket`` exists (tests use fresh prefixes in it)."""
 
     endpoint: str
     access_key: str
@@ -124,7 +124,7 @@ class S3Endpoint:
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Endpoint]:
     """``LIGHTBOX_S3_ENDPOINT`` (with ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` and an existing bucket
-    ``LIGHTBOX_S3_BUCKET``, default lightbox-test) when set, else s3proxy started for this session."""
+    ``LIGHTBOX_S3_BUCKET``, default lightbox-test) when set, else s3proxy started for the test run."""
     if os.environ.get("LIGHTBOX_S3_ENDPOINT"):
         yield S3Endpoint(os.environ["LIGHTBOX_S3_ENDPOINT"], os.environ.get("AWS_ACCESS_KEY_ID", ""),
                          os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
@@ -162,7 +162,7 @@ def _no_default_metrics_port() -> Iterator[None]:
 # -- network faults: a real fault proxy (Toxiproxy) for the session, built once with `go install`
 @pytest.fixture(scope="session")
 def toxiproxy() -> Iterator[Any]:
-    """The session's Toxiproxy API (:class:`lightbox.devservers.toxiproxy_local.Toxiproxy`); every proxy a test
+    """The test run's Toxiproxy API (:class:`lightbox.devservers.toxiproxy_local.Toxiproxy`); every proxy a test
     makes is removed after it (``proxies`` fixture) or at the end."""
     from lightbox.devservers.toxiproxy_local import LocalToxiproxy
 
@@ -175,7 +175,7 @@ def toxiproxy() -> Iterator[Any]:
 
 @pytest.fixture
 def proxies(toxiproxy: Any) -> Iterator[Any]:
-    """The session's Toxiproxy, with every proxy this test made removed afterwards."""
+    """The test run's Toxiproxy, with every proxy this test made removed afterwards."""
     before = set(toxiproxy.proxies())
     yield toxiproxy
     for name in set(toxiproxy.proxies()) - before:

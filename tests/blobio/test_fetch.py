@@ -1,5 +1,5 @@
 """Fetch, closed by default: each probe of the security review, SSRF guards against a real HTTP origin
-in a thread, and s3:// against the session's real S3 server (s3proxy)."""
+in a thread, and s3:// against the test run's real S3 server (s3proxy)."""
 
 from __future__ import annotations
 
