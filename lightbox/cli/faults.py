@@ -3,14 +3,13 @@ proxy that goes between a worker and the servers it talks to (:mod:`lightbox.dev
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from lightbox.cli.common import console, err
-from lightbox.cli.servers import DataDirOption, InstanceName, _down, _instance, _status
+from lightbox.cli.servers import DataDirOption, InstanceName, _down, _instance, _status, _up
 
 MODULE = "lightbox.devservers.toxiproxy_local"
 
@@ -50,22 +49,15 @@ def up(port: Annotated[int | None, typer.Option(help="the API port (default: a f
        name: InstanceName = None) -> None:
     """Build Toxiproxy with `go install` (once) and start its server on 127.0.0.1 in the background.
     Then make proxies with `lightbox toxiproxy proxy` and faults with `lightbox toxiproxy toxic`."""
-    from lightbox.devservers.toxiproxy_local import LocalToxiproxy, ToxiproxyLaunchError, read_state
+    from lightbox.devservers.toxiproxy_local import LocalToxiproxy
 
     key = _instance(name, data_dir)
-    state = read_state(key)
-    if state is not None and state.alive():
-        console.print(f"already running: [bold]{state.url}[/] (pid {state.pid}, instance {key!r})")
+    up = _up(MODULE, key, lambda state: state.url, "starting Toxiproxy (the first run builds it with go install)…",
+             "toxiproxy", lambda: LocalToxiproxy.start(port=port, data_dir=data_dir, name=key))
+    if up is None:
         return
-    t0 = time.monotonic()
-    try:
-        with console.status("starting Toxiproxy (the first run builds it with go install)…"):
-            server = LocalToxiproxy.start(port=port, data_dir=data_dir, name=key)
-    except ToxiproxyLaunchError as exc:
-        err.print(f"[red]toxiproxy up failed:[/] {exc}")
-        raise typer.Exit(1) from None
-    server.save_state()
-    console.print(f"Toxiproxy API at [bold]{server.url}[/] in {time.monotonic() - t0:.1f} s (pid {server.pid}, "
+    server, took = up
+    console.print(f"Toxiproxy API at [bold]{server.url}[/] in {took:.1f} s (pid {server.pid}, "
                   f"instance {key!r}, log {server.log_file})")
 
 

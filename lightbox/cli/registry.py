@@ -4,14 +4,13 @@ register|check`` (lightbox's schemas, or a producer's, against a Confluent-compa
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from lightbox.cli.common import console, err
-from lightbox.cli.servers import DataDirOption, InstanceName, _down, _instance, _status
+from lightbox.cli.servers import DataDirOption, InstanceName, _down, _instance, _status, _up
 
 __all__ = ["registry_app", "schemas_app"]
 
@@ -31,22 +30,16 @@ def registry_up(port: Annotated[int | None, typer.Option(help="HTTP port (defaul
                 name: InstanceName = None) -> None:
     """Fetch Apicurio Registry with Maven (once), start it on 127.0.0.1 in the background with
     canonical hashing and BACKWARD compatibility, and print the LIGHTBOX_SCHEMA_REGISTRY_URL to set."""
-    from lightbox.devservers.registry_local import LocalRegistry, RegistryLaunchError, read_state
+    from lightbox.devservers.registry_local import LocalRegistry
 
     key = _instance(name, data_dir)
-    state = read_state(key)
-    if state is not None and state.alive():
-        console.print(f"already running: [bold]{state.api_url}[/] (pid {state.pid}, instance {key!r})")
+    up = _up(MODULE, key, lambda state: state.api_url,
+             "starting Apicurio Registry (the first run fetches it with Maven)…", "registry",
+             lambda: LocalRegistry.start(port=port, data_dir=data_dir, name=key))
+    if up is None:
         return
-    t0 = time.monotonic()
-    try:
-        with console.status("starting Apicurio Registry (the first run fetches it with Maven)…"):
-            reg = LocalRegistry.start(port=port, data_dir=data_dir, name=key)
-    except RegistryLaunchError as exc:
-        err.print(f"[red]registry up failed:[/] {exc}")
-        raise typer.Exit(1) from None
-    reg.save_state()
-    console.print(f"schema registry up at [bold]{reg.api_url}[/] in {time.monotonic() - t0:.1f} s (pid {reg.pid}, "
+    reg, took = up
+    console.print(f"schema registry up at [bold]{reg.api_url}[/] in {took:.1f} s (pid {reg.pid}, "
                   f"instance {key!r}, BACKWARD, log {reg.log_file})")
     console.print("point lightbox (worker, produce, tail, ...) and your clients at it:")
     for k, v in reg.env().items():

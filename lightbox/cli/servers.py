@@ -39,6 +39,26 @@ def _others(kind: str, key: str) -> str:
     return f" (recorded instances: {', '.join(names)}; pass --name)" if names else ""
 
 
+def _up(module: str, key: str, address: Callable[[Any], str], starting: str, command: str,
+        start: Callable[[], Any]) -> tuple[Any, float] | None:
+    """`up` of a local server: None when instance ``key`` already runs (said so, at
+    ``address(state)``); else ``start()`` under the ``starting`` spinner, its record saved, and the
+    server with the seconds it took. A launch error (each server's is a RuntimeError) exits 1."""
+    state = importlib.import_module(module).read_state(key)
+    if state is not None and state.alive():
+        console.print(f"already running: [bold]{address(state)}[/] (pid {state.pid}, instance {key!r})")
+        return None
+    t0 = time.monotonic()
+    try:
+        with console.status(starting):
+            server = start()
+    except RuntimeError as exc:
+        err.print(f"[red]{command} up failed:[/] {exc}")
+        raise typer.Exit(1) from None
+    server.save_state()
+    return server, time.monotonic() - t0
+
+
 def _down(kind: str, module: str, key: str, noun: str, program: str) -> None:
     """`down` of a local server (Kafka, s3proxy, the emulators): stop the process that instance
     ``key``'s `up` started (pid and start time checked: that very process only), remove its
@@ -81,22 +101,16 @@ def kafka_up(port: Annotated[int | None, typer.Option(help="broker port (default
              name: InstanceName = None) -> None:
     """Fetch Kafka's jars with Maven (once), format a KRaft log dir and start a broker+controller
     on 127.0.0.1 in the background. Prints the settings a client needs."""
-    from lightbox.devservers.kafka_local import KafkaLaunchError, LocalKafka, read_state
+    from lightbox.devservers.kafka_local import LocalKafka
 
     key = _instance(name, data_dir)
-    state = read_state(key)
-    if state is not None and state.alive():
-        console.print(f"already running: [bold]{state.bootstrap}[/] (pid {state.pid}, instance {key!r})")
+    up = _up("lightbox.devservers.kafka_local", key, lambda state: state.bootstrap,
+             "starting Kafka (first run fetches its jars with Maven)…", "kafka",
+             lambda: LocalKafka.start(port=port, data_dir=data_dir, secure=secure, name=key))
+    if up is None:
         return
-    t0 = time.monotonic()
-    try:
-        with console.status("starting Kafka (first run fetches its jars with Maven)…"):
-            kafka = LocalKafka.start(port=port, data_dir=data_dir, secure=secure, name=key)
-    except KafkaLaunchError as exc:
-        err.print(f"[red]kafka up failed:[/] {exc}")
-        raise typer.Exit(1) from None
-    kafka.save_state()
-    console.print(f"Kafka up at [bold]{kafka.bootstrap}[/] in {time.monotonic() - t0:.1f} s "
+    kafka, took = up
+    console.print(f"Kafka up at [bold]{kafka.bootstrap}[/] in {took:.1f} s "
                   f"(pid {kafka.pid}, instance {key!r}, log {kafka.log_file})")
     console.print("lightbox commands here find it on their own; for other shells and clients:")
     for key, value in kafka.client_env().items():  # a secure broker: also protocol, user, CA and password files
@@ -152,22 +166,14 @@ def object_store_app(server: _ObjectStore) -> typer.Typer:
            name: InstanceName = None) -> None:
         """Install the server once, start it on 127.0.0.1 in the background and print the variables a
         client (a worker, `replay prefix`) needs."""
-        mod = importlib.import_module(server.module)
         key = _instance(name, data_dir)
-        state = mod.read_state(key)
-        if state is not None and state.alive():
-            console.print(f"already running: [bold]{state.url}[/] (pid {state.pid}, instance {key!r})")
+        up = _up(server.module, key, lambda state: state.url, f"starting {server.what} (first run {server.first_run})…",
+                 server.command, lambda: getattr(importlib.import_module(server.module), server.cls).start(
+                     port=port, data_dir=data_dir, name=key, **{serves: tuple(bucket or ["lightbox"])}))
+        if up is None:
             return
-        t0 = time.monotonic()
-        try:
-            with console.status(f"starting {server.what} (first run {server.first_run})…"):
-                started = getattr(mod, server.cls).start(port=port, data_dir=data_dir, name=key,
-                                                         **{serves: tuple(bucket or ["lightbox"])})
-        except RuntimeError as exc:  # each server's launch error
-            err.print(f"[red]{server.command} up failed:[/] {exc}")
-            raise typer.Exit(1) from None
-        started.save_state()
-        console.print(f"{server.what} up at [bold]{started.url}[/] in {time.monotonic() - t0:.1f} s (pid "
+        started, took = up
+        console.print(f"{server.what} up at [bold]{started.url}[/] in {took:.1f} s (pid "
                       f"{started.pid}, instance {key!r}, {serves} {', '.join(getattr(started, serves))}, "
                       f"log {started.log_file})")
         for var, val in started.env().items():
