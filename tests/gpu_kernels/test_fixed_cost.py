@@ -329,3 +329,30 @@ def test_the_host_tone_equals_the_array_module_path_bit_for_bit(scene: str) -> N
     host = estimate_tone(np, levels, alpha, cfg)
     assert host.dtype == np.float64 and host.shape == (1,)
     assert np.array_equal(host, estimate_tone(_array_module_twin(), levels, alpha, cfg))
+
+
+@pytest.mark.parametrize(("src", "canvas", "offset"), [
+    ((64, 64), (64, 64), (0.0, 0.0)),  # a 64x64 photo to a 64x64 preset at fill 1: the whole canvas
+    ((48, 90), (40, 40), (7.0, 3.0)),  # a window of a larger photo
+    ((30, 20), (40, 40), (-6.0, -4.0)),  # a smaller photo: a white border around it
+])
+def test_render_at_scale_one_copies_the_pixels_as_the_reference_resamples_them(
+    src: tuple[int, int], canvas: tuple[int, int], offset: tuple[float, float]
+) -> None:
+    """Scale 1 on whole pixels without sharpening is a copy (the fast path), bit for bit the
+    reference's resampling; a fractional offset or sharpening still resamples."""
+    rng = np.random.default_rng(11)
+    pixels = rng.integers(0, 256, (*src, 3), dtype=np.uint8)
+    coeffs = RetouchConfig().geometry.cubic_coefficients()
+    w, h = canvas
+    params = np.array([1.0, *offset], np.float32)
+    plan = render._axis_plan(1.0, offset[0], w, src[1], coeffs)
+    assert plan.copy  # the fast path is taken
+    fast = render_fused_cpu(pixels, params, w, h, False, 0.0, coeffs)
+    reference = np.asarray(render_reference(np, pixels, params, w, h, False, 0.0, coeffs))
+    assert np.array_equal(fast, reference)
+    assert not render._axis_plan(1.0, offset[0] + 0.5, w, src[1], coeffs).copy  # half a pixel: resampled
+    for amount, shift in ((0.3, 0.0), (0.0, 0.5)):
+        moved = np.array([1.0, offset[0] + shift, offset[1]], np.float32)
+        got = render_fused_cpu(pixels, moved, w, h, False, amount, coeffs)
+        assert np.array_equal(got, np.asarray(render_reference(np, pixels, moved, w, h, False, amount, coeffs)))
