@@ -456,7 +456,7 @@ def test_a_small_canvas_from_a_small_source_maps_no_blank_pixels_and_equals_unfu
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Canvas and source both at most MAP_MIN_PIXELS: the render skips the blank map (at 64x64
-    it cost more than the whole render, bench/bench_floor.py) and is still the unfused chain's,
+    it cost more than the whole render, bench/bench_overhead.py --fixed-cost) and is still the unfused chain's,
     bit for bit, white or transparent; one side larger and the map is made."""
     from gpu_kernels.retouch import render
 
