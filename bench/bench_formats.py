@@ -3,6 +3,7 @@
 Usage (from the repository root)::
 
     PYTHONPATH=. .venv/bin/python bench/bench_formats.py [--baseline REF] [--out PATH]
+    PYTHONPATH=. .venv/bin/python bench/bench_formats.py odd --out DIR [--json FILE] [--worker]
 
 Writes the mixed-format folder and the probe files (``tests/corpus.py``) once, then for each
 tree (this one, and the commit ``--baseline REF`` names, ``git archive``d) decodes them with that tree's
@@ -16,6 +17,9 @@ the parent's peak after exec) are its own:
   warmed-up baseline, and the header's ``decoded_nbytes`` where the tree has it.
 
 Compare trees side by side in one run: the machine is shared and timings drift.
+
+``odd``: how many of the odd-file corpus (``tests.corpus.odd_files``) lightbox processes against
+how many Pillow alone opens (see :data:`ODD_DOC`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tests.corpus import jpeg_scan_bomb, mixed_folder, png
+from tests.corpus import jpeg_scan_bomb, mixed_folder, odd_files, pillow_opens, png
+
+ODD_DOC = """How many odd files lightbox processes against how many Pillow alone opens.
+
+"Processed" = every stage of the default stage list ran and a variant came out (CPU backends,
+one small preset, batches of 8 as a worker forms them; with ``--worker``, also through a real
+``lightbox worker`` on a local Kafka, every file published as an event). "Pillow opens" =
+``Image.open`` + ``load()`` of the first frame raised nothing. The corpus is
+``tests.corpus.odd_files`` (also the one the decoder fallback tests read)."""
 
 CHILD = r"""
 import json, resource, sys, time
@@ -85,7 +97,112 @@ def run_tree(tree: Path, files: list[Path], one_process: bool) -> list[dict[str,
     return results
 
 
+def lightbox_processes(paths: list[Path], batch: int = 8) -> dict[str, str]:
+    """{file: "ok" or the dead letter's code and message} through the default CPU stage list."""
+    from gpu_kernels.backends import RetouchOptions
+    from gpu_kernels.codec import CpuEncoder, make_decoder
+    from gpu_kernels.pipeline import Job, RetouchPipeline
+    from gpu_kernels.presets import Preset
+    from gpu_kernels.retouch import CpuRetoucher
+    from gpu_kernels.spans import SpanRecorder
+
+    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder())
+    preset = Preset("odd", 128, 128, "jpeg", 85)
+    out: dict[str, str] = {}
+    for k in range(0, len(paths), batch):
+        chunk = paths[k:k + batch]
+        results = pipe.run_batch([Job(p.read_bytes(), [preset], RetouchOptions(), SpanRecorder()) for p in chunk])
+        for p, r in zip(chunk, results, strict=True):
+            out[p.name] = "ok" if r.ok else str(r.error)
+    pipe.close()
+    return out
+
+
+def worker_processes(paths: list[Path], out: Path) -> dict[str, str]:
+    """{file: "ok" or the dead letter's code and message} from a real CPU worker on a local broker."""
+    import asyncio
+    import uuid
+
+    from lightbox.demo import WorkerProcess, collect_outputs
+    from lightbox.devservers.kafka_local import LocalKafka
+    from streams.app import ensure_topics
+    from streams.producer import ImageProducer
+    from streams.settings import Settings
+
+    out.mkdir(parents=True, exist_ok=True)
+    presets = out / "presets.toml"
+    presets.write_text('[odd]\nwidth = 128\nheight = 128\nformat = "jpeg"\nquality = 85\nfill = 0.8\n')
+    kafka = LocalKafka.start()
+    tag = uuid.uuid4().hex[:6]
+    s = Settings(kafka_bootstrap=kafka.bootstrap, group_id=f"odd-{tag}", input_topic=f"odd-{tag}.images",
+                 backfill_topic=f"odd-{tag}.backfill", output_topic=f"odd-{tag}.processed",
+                 dlq_topic=f"odd-{tag}.dlq", data_dir=out / f"worker-{tag}")
+    names: dict[object, str] = {}
+
+    async def publish() -> None:
+        await ensure_topics(s)
+        async with ImageProducer(s.kafka.bootstrap, s.topics.input) as prod:
+            futs = []
+            for p in paths:
+                ev = prod.event_for_file(p, presets=["odd"])
+                futs.append((p.name, ev["event_id"], await prod.publish(ev)))
+            for name, eid, fut in futs:
+                meta = await fut
+                names[eid] = names[(meta.partition, meta.offset)] = name
+
+    env = {"LIGHTBOX_KAFKA_BOOTSTRAP": s.kafka.bootstrap, "LIGHTBOX_GROUP_ID": s.kafka.group_id,
+           "LIGHTBOX_INPUT_TOPIC": s.topics.input, "LIGHTBOX_OUTPUT_TOPIC": s.topics.output,
+           "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
+           "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
+           "LIGHTBOX_PRESETS_FILE": str(presets), "LIGHTBOX_METRICS_PORT": "0"}
+    worker = None
+    try:
+        asyncio.run(publish())
+        worker = WorkerProcess(env, out / "worker.log").start()
+        processed, dead = asyncio.run(collect_outputs(kafka.bootstrap, [s.topics.output, s.topics.dlq], len(paths),
+                                                      600, worker.running))
+    finally:
+        if worker is not None:
+            worker.stop()
+        kafka.stop()
+    verdict = {names[p["source_event_id"]]: "ok" for p in processed}
+    for d in dead:
+        verdict[names[(d["original"]["partition"], d["original"]["offset"])]] = f"[{d['error_code']}] {d['message']}"
+    return {p.name: verdict.get(p.name, "no output") for p in paths}
+
+
+def odd_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="bench_formats.py odd", description=ODD_DOC)
+    ap.add_argument("--out", type=Path, required=True, help="folder for the corpus")
+    ap.add_argument("--json", type=Path, help="write the per-file verdicts here")
+    ap.add_argument("--worker", action="store_true", help="also through a real worker on a local Kafka")
+    args = ap.parse_args(argv)
+    paths = odd_files(args.out / "corpus")
+    lb = lightbox_processes(paths)
+    pil = {p.name: pillow_opens(p.read_bytes()) for p in paths}
+    wk = worker_processes(paths, args.out / "worker") if args.worker else {}
+    if wk:
+        print(f"worker: {sum(v == 'ok' for v in wk.values())} of {len(paths)} processed")
+        for name in sorted(wk):
+            if wk[name] != "ok":
+                print(f"  {name:40s} worker={wk[name][:150]}")
+    both = sum(pil[n] and lb[n] == "ok" for n in lb)
+    print(f"{len(paths)} files; Pillow alone opens {sum(pil.values())}; lightbox processes "
+          f"{sum(v == 'ok' for v in lb.values())} (both: {both})")
+    for name in sorted(lb):
+        if lb[name] != "ok" or not pil[name]:
+            print(f"  {name:40s} pillow={'yes' if pil[name] else 'no ':3s} lightbox={lb[name][:150]}")
+    if args.json:
+        args.json.write_text(json.dumps({"files": len(paths), "pillow_opens": sum(pil.values()),
+                                         "lightbox_processed": sum(v == "ok" for v in lb.values()),
+                                         "worker_processed": sum(v == "ok" for v in wk.values()) if wk else None,
+                                         "pillow": pil, "lightbox": lb, "worker": wk}, indent=1))
+    return 0
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["odd"]:
+        raise SystemExit(odd_main(sys.argv[2:]))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", default="", metavar="REF",
                     help="git ref of a tree to run beside this one (default: none; bench.harness)")
