@@ -85,7 +85,7 @@ OUTSIDE: tuple[Outside, ...] = (
             "`bench/bench_faults.py`", "a development-server tool, not a worker setting"),
     Outside("LIGHTBOX_TRITON_PYTHON", "<LIGHTBOX_CACHE_DIR>/tritonenv/bin/python",
             "the Python of Triton's own environment (nvidia-pytriton), which starts a local Triton server "
-            "for the tests and `bench/bench_vs_triton.py`",
+            "for the tests and `bench/bench_batching.py triton`",
             "a worker reaches Triton by `LIGHTBOX_TRITON_URL`; this only starts a local server"),
     Outside("LIGHTBOX_STATE_FILE", "<LIGHTBOX_STATE_DIR>/kafka-….json",
             "the state file of the local Kafka broker `lightbox kafka up` started (also `LIGHTBOX_S3_STATE_FILE`, "
