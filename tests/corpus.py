@@ -13,7 +13,7 @@
   and each disposal method, first frame smaller than the canvas, interlaced), PNG modes (1/2/4-bit
   palettes, tRNS, LA, 16-bit, Adam7) and mutations of real photos (bit flips inside a JPEG's
   entropy data, trailing garbage, a PNG with a bad CRC, a TIFF strip cut short...);
-  :func:`pillow_opens` says which of them Pillow alone opens (``bench/bench_formats.py odd``).
+  :func:`pillow_opens` says which of them Pillow alone opens (``bench/bench_decode.py odd``).
 
 ``python -m tests.corpus DIR`` writes the three sets into ``DIR/mixed``, ``DIR/hostile`` and ``DIR/odd``.
 """
