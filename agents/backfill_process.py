@@ -6,8 +6,8 @@ In one process the backfill's decode, segment, correct and render hold the lock 
 waits for, whatever their threads' CPU priority, and a core stays partly idle. In a process of its
 own, at a lower CPU priority (``backfill_nice``) and in the kernel's idle scheduling class
 (``backfill_sched_idle``, Linux), the backfill takes only what the cores leave: the kernel, not the
-interpreter, puts live work first. ``bench/bench_contention.py`` and ``bench/bench_backfill.py``
-measure both; their figures are in docs/backfills.md.
+interpreter, puts live work first. ``bench/bench_load.py backfill``
+measures both; its figures are in docs/backfills.md.
 
 Starvation: under SCHED_IDLE the child gets no CPU while live work takes every core. Its consumer
 can then miss heartbeats and lose its backfill partitions to another worker; what it held is
