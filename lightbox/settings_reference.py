@@ -63,7 +63,7 @@ OUTSIDE: tuple[Outside, ...] = (
     Outside("LIGHTBOX_MODEL_DIR", "~/.cache/lightbox/models",
             "where models are fetched and cached, with the runtime gate's verdicts and OpenVINO's cache",
             "read by the model fetcher in gpu_kernels, which the import layers keep apart from streams "
-            "(and so from Settings), and by `python -m gpu_kernels.segment.fetch_model` without a worker"),
+            "(and so from Settings), and by `lightbox model fetch` without a worker"),
     Outside("LIGHTBOX_OFFLINE", "unset",
             "set (not 0): the model is never downloaded; a missing one is an error saying where to put it "
             "(the GPU validation run, `bench/gpu/suite.sh`, sets it)",

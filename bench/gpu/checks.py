@@ -885,7 +885,7 @@ device fails, it never falls back to the classical segmenter).
     python3 bench/gpu/checks.py e2e --model DIR/u2netp.batched.onnx [--device gpu] [--n 512]
                                   [--batches 8,32,64] [--out FILE]
 
-``--model``: the u2netp copy with a symbolic batch (``python -m gpu_kernels.segment.fetch_model``
+``--model``: the u2netp copy with a symbolic batch (``lightbox model fetch``
 writes one); without it the model cache (``$LIGHTBOX_MODEL_DIR``) is used, never a download.
 ``--device cpu`` (the default without a GPU) is the dry run: a small CPU grid so the code path
 is exercised.
