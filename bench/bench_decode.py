@@ -49,7 +49,6 @@ from PIL import Image
 from skimage import data
 
 from gpu_kernels.codec import DecoderChain, make_decoder
-from tests.corpus import jpeg_scan_bomb, mixed_folder, odd_files, pillow_opens, png
 
 TARGET = 800
 DECODER_MAX_SIDE = 1440
@@ -213,7 +212,12 @@ ODD_DOC = """How many odd files lightbox processes against how many Pillow alone
 one small preset, batches of 8 as a worker forms them; with ``--worker``, also through a real
 ``lightbox worker`` on a local Kafka, every file published as an event). "Pillow opens" =
 ``Image.open`` + ``load()`` of the first frame raised nothing. The corpus is
-``tests.corpus.odd_files`` (also the one the decoder fallback tests read)."""
+``tests.corpus.odd_files`` (also the one the decoder fallback tests read). Against another tree:
+write the corpus here, then read it there (``PYTHONPATH`` at that checkout)::
+
+    PYTHONPATH=. python bench/bench_decode.py odd --out out/odd --json after.json --worker
+    PYTHONPATH=<checkout> python bench/bench_decode.py odd --corpus out/odd/corpus --out out/odd-before --worker
+"""
 
 CHILD = r"""
 import json, resource, sys, time
@@ -344,13 +348,32 @@ def worker_processes(paths: list[Path], out: Path) -> dict[str, str]:
     return {p.name: verdict.get(p.name, "no output") for p in paths}
 
 
+def pillow_opens(blob: bytes) -> bool:
+    """``Image.open`` + ``load()`` of the first frame raised nothing (as ``tests.corpus.pillow_opens``,
+    here so that ``--corpus`` runs against another tree's ``tests``)."""
+    try:
+        with Image.open(io.BytesIO(blob)) as im:
+            im.seek(0)
+            im.load()
+        return True
+    except Exception:
+        return False
+
+
 def odd_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="bench_decode.py odd", description=ODD_DOC)
-    ap.add_argument("--out", type=Path, required=True, help="folder for the corpus")
+    ap = argparse.ArgumentParser(prog="bench_decode.py odd", description=ODD_DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="folder for the corpus (OUT/corpus) and the worker")
+    ap.add_argument("--corpus", type=Path, help="a corpus written by an earlier run (with PYTHONPATH at another tree)")
     ap.add_argument("--json", type=Path, help="write the per-file verdicts here")
     ap.add_argument("--worker", action="store_true", help="also through a real worker on a local Kafka")
     args = ap.parse_args(argv)
-    paths = odd_files(args.out / "corpus")
+    if args.corpus is not None:
+        paths = sorted(p for p in args.corpus.iterdir() if p.is_file())
+    else:
+        from tests.corpus import odd_files
+
+        paths = odd_files(args.out / "corpus")
     lb = lightbox_processes(paths)
     pil = {p.name: pillow_opens(p.read_bytes()) for p in paths}
     wk = worker_processes(paths, args.out / "worker") if args.worker else {}
@@ -381,6 +404,7 @@ def formats_main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     from bench.harness import ROOT, baseline_tree
+    from tests.corpus import jpeg_scan_bomb, mixed_folder, png
 
     base = baseline_tree(args.baseline)
     trees = [base, ROOT] if base is not None else [ROOT]

@@ -36,7 +36,7 @@ ROWS_DOC = """Rows of the GPU validation run, appended to one JSON Lines file as
 ``bench/gpu/suite.sh`` sets ``GPU_SUITE_ROWS`` (the file) and ``GPU_SUITE_STEP`` (the step
 running); :func:`append` then writes one line per row, flushed and synced, so a step cut off by
 its time limit keeps every row it finished. Outside the suite (neither variable set) it does
-nothing. ``bench/gpu/suite_report.py`` turns the file into the run's one JSON.
+nothing. ``suite.py report`` turns the file into the run's one JSON.
 """
 
 
