@@ -457,12 +457,13 @@ imports nothing else at run time. Without CuPy or a CUDA device it writes
 OBSERVE_REPORT = "gpu_check_observe.json"
 
 
-def observe_emit(report: dict[str, Any]) -> None:
+def emit(report: dict[str, Any], name: str) -> None:
+    """Print ``report`` and write it to ``$OUT/name`` (the observe and retouch checks)."""
     text = json.dumps(report, indent=2, default=str)
     print(text)
     out_dir = Path(os.environ.get("OUT") or ".")
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / OBSERVE_REPORT).write_text(text + "\n")
+    (out_dir / name).write_text(text + "\n")
 
 
 def metrics_observer_cost(n: int = 20000, batch: int = 8) -> float:
@@ -498,7 +499,7 @@ def observe_main() -> int:
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise RuntimeError("no CUDA device")
     except Exception as exc:
-        observe_emit({**report, "status": "skipped", "reason": f"{type(exc).__name__}: {exc}"})
+        emit({**report, "status": "skipped", "reason": f"{type(exc).__name__}: {exc}"}, OBSERVE_REPORT)
         return 0
     try:
         from prometheus_client import generate_latest
@@ -527,7 +528,7 @@ def observe_main() -> int:
         report["status"] = "ok" if report["device_memory"]["ok"] else "failed"
     except Exception as exc:
         report.update(status="error", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
-    observe_emit(report)
+    emit(report, OBSERVE_REPORT)
     return 0
 
 
@@ -553,14 +554,6 @@ Timings are CUDA-event times, best of ``--repeat`` after a warm-up.
 
 
 RETOUCH_REPORT = "gpu_check_retouch.json"
-
-
-def retouch_emit(report: dict[str, Any]) -> None:
-    text = json.dumps(report, indent=2, default=str)
-    print(text)
-    out_dir = Path(os.environ.get("OUT") or ".")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / RETOUCH_REPORT).write_text(text + "\n")
 
 
 def synthetic(h: int, w: int, seed: int, channels: int = 3) -> tuple[np.ndarray, np.ndarray]:
@@ -821,7 +814,7 @@ def retouch_main(argv: list[str] | None = None) -> int:
     except ImportError as exc:
         report["reason"] = f"CuPy is not installed ({exc}); nothing to check on this machine"
         append_row({"skipped": report["reason"]}, kind="skipped")
-        retouch_emit(report)
+        emit(report, RETOUCH_REPORT)
         return 0
     try:
         devices = cp.cuda.runtime.getDeviceCount()
@@ -830,7 +823,7 @@ def retouch_main(argv: list[str] | None = None) -> int:
     if devices == 0:
         report.setdefault("reason", "no CUDA device")
         append_row({"skipped": report["reason"]}, kind="skipped")
-        retouch_emit(report)
+        emit(report, RETOUCH_REPORT)
         return 0
     t0 = time.perf_counter()
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -864,7 +857,7 @@ def retouch_main(argv: list[str] | None = None) -> int:
     errors = [k for k, v in report.items() if isinstance(v, dict) and "error" in v]
     report["status"] = "error" if errors else "ok"
     report["seconds"] = time.perf_counter() - t0
-    retouch_emit(report)
+    emit(report, RETOUCH_REPORT)
     return 1 if errors else 0
 
 
