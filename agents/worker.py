@@ -2,7 +2,7 @@
 
 Two kinds of process run this module:
 
-- ``lightbox worker`` (:func:`run_worker`): a Faust app whose agent ``lightbox.retouch`` feeds the
+- ``lightbox worker`` (:func:`run_worker`): a Faust app whose agent ``lightbox.live`` feeds the
   live tier of a :class:`~agents.runner.BatchRunner`. The backfill tier runs either in the same
   runner (a :class:`~agents.backfill.BackfillConsumer` beside the agent) or, on a CPU worker on Linux
   by default (``LIGHTBOX_BACKFILL_PROCESS``), in a child process that this one starts, watches and
@@ -71,7 +71,7 @@ BACKFILL_COMMAND = "backfill-worker"  # python -m agents.worker backfill-worker:
 
 
 class RetouchWorker:
-    """The Faust app with the retouch agent, and how its process ends."""
+    """The Faust app with the live tier's agent, and how its process ends."""
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
@@ -110,7 +110,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
                  dependencies: Dependencies | None = None) -> RetouchWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
-    One runner, two tiers: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
+    One runner, two tiers: the Faust agent ``lightbox.live`` on the input topic (live), and a
     :class:`~agents.backfill.BackfillConsumer` on the backfill topic that gets only spare capacity
     (:mod:`agents.tiers`: a backfill batch is released only while no live batch waits for the
     device, and the device serves live batches first; the backfill partitions are paused while
@@ -127,8 +127,8 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     backfill = backfill_consumer(settings, lambda: worker.runner, worker.live_work)
     worker.backfill = backfill
 
-    @app.agent(input_topic(app, settings), name="lightbox.retouch")
-    async def retouch(stream: faust.StreamT[bytes]) -> None:
+    @app.agent(input_topic(app, settings), name="lightbox.live")
+    async def live(stream: faust.StreamT[bytes]) -> None:
         manual = stream.noack()  # type: ignore[attr-defined]  # on Stream, not in StreamT
 
         async def ack(event: Any) -> None:
