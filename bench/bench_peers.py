@@ -8,8 +8,8 @@ shell, one process per size class:
 - ``rembg``: rembg 2.0.86 from PyPI in its own virtualenv (``bench/peers/peer_rembg.py``);
 - ``naive``: Pillow + ONNX Runtime + OpenCV (``bench/peers/peer_naive.py``), u2netp at batch 1;
 - ``worker``: the same photos as events through a real ``lightbox worker`` on a local Apache Kafka
-  broker the benchmark starts (``bench/peers/peer_worker.py``: from the worker's start to the last
-  output's broker append time, and its steady ms per image); ``--no-worker`` skips it.
+  broker the benchmark starts (``bench.harness.run_file_worker``: from the worker's start to the
+  last output's broker append time, and its steady ms per image); ``--no-worker`` skips it.
 
 Before the timed rounds each tool runs once on one photo, untimed (lightbox's first start on a
 machine judges the segment runtimes and caches the verdicts; rembg's first import compiles its
@@ -20,7 +20,7 @@ for rembg's packages: a checkout run with ``PYTHONDONTWRITEBYTECODE`` set would 
 
 All three run the same u2netp file: lightbox's cached copy (md5 8e83ca70…) is linked to
 ``~/.u2net/u2netp.onnx``, where rembg looks, after its checksum is verified, so nothing downloads.
-The photo set (``bench/peers/peer_photos.py``) has three size classes (≤ 0.5 MP, 0.5–3 MP, 3–24 MP)
+The photo set (``bench.harness.peer_photos``) has three size classes (≤ 0.5 MP, 0.5–3 MP, 3–24 MP)
 in JPEG, progressive JPEG, CMYK JPEG, PNG and WebP. Each round runs every class with every tool,
 the tools' order alternating between rounds. Reported per class: the median whole-process
 seconds, the ratios ``peer / lightbox`` (above 1: lightbox is faster), the same for the CPU
@@ -34,6 +34,10 @@ known alpha), which says whether a mask that differs from rembg's is better or w
     PYTHONPATH=. .venv/bin/python bench/bench_peers.py [--quick] [--rounds 3] [--out bench/results/peers]
 
 Writes ``OUT/peers.json`` and ``OUT/peers.png``; prints the per-class ratio table.
+
+Subcommands, each with its own ``--help``: ``ab`` (this tree against ``--baseline``, paired
+rounds: :data:`AB_DOC`) and ``startup`` (where a one-photo ``lightbox process`` spends its time:
+:data:`STARTUP_DOC`).
 """
 
 from __future__ import annotations
@@ -55,9 +59,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-from bench.harness import add_baseline, baseline_tree  # noqa: E402
-from bench.peers.peer_photos import CLASSES, assemble  # noqa: E402
+# bench.harness and lightbox are imported where used: ``startup --child`` times the first imports
 
 PRESETS = "taobao_main,xiaohongshu_cover,thumb_webp"
 U2NETP_MD5 = "8e83ca70e441ab06c318d82300c84806"
@@ -144,10 +146,10 @@ def run_once(tool: str, files: list[Path], out: Path, model: Path, rembg_py: Pat
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     if tool == "worker":
-        from bench.peers.peer_worker import run_worker
+        from bench.harness import run_file_worker
 
         assert bootstrap is not None
-        return {"tool": tool, "images": len(files), **run_worker(files, out, bootstrap, PRESETS.split(","))}
+        return {"tool": tool, "images": len(files), **run_file_worker(files, out, bootstrap, PRESETS.split(","))}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc, seconds, cpu = run_timed(command(tool, files, out, model, rembg_py), env=env)
     if proc.returncode:
@@ -254,8 +256,10 @@ def truth_masks(out: Path, model: Path, rembg_py: Path | None) -> dict[str, Any]
 
 
 def summarise(runs: list[dict[str, Any]], tools: tuple[str, ...]) -> dict[str, Any]:
+    from bench.harness import PEER_CLASSES
+
     summary: dict[str, Any] = {}
-    for cls in ("start", *CLASSES):
+    for cls in ("start", *PEER_CLASSES):
         rows = [r for r in runs if r["class"] == cls]
         if not rows:
             continue
@@ -313,7 +317,7 @@ paired, alternated runs.
     PYTHONPATH=. .venv/bin/python bench/bench_peers.py ab [--baseline main] [--rounds 12]
         [--classes start,small,mid,large] [--worker] [--out bench/results/process_ab.json]
 
-The photos are the peer benchmark's (``bench/peers/peer_photos.py``: ``start`` is the first small
+The photos are the peer benchmark's (``bench.harness.peer_photos``: ``start`` is the first small
 photo, then the size classes), into its three presets, each run a whole process started the way
 this bench starts lightbox. The baseline is ``git archive <ref>`` unpacked into a
 temporary folder and run with that folder first on the path; both trees are byte-compiled and
@@ -321,8 +325,8 @@ run once untimed first. Every round runs both trees once per class, the order al
 round to round.
 
 ``--worker`` runs each tree's ``lightbox worker`` instead, through a local Apache Kafka broker
-the bench starts, as the peer benchmark does (``bench/peers/peer_worker.py``: from the worker's start
-to its last output's broker append time); it also reports the steady milliseconds per image (the
+the bench starts, as the peer benchmark does (``bench.harness.run_file_worker``: from the worker's
+start to its last output's broker append time); it also reports the steady milliseconds per image (the
 time between the first and the last output, per image).
 
 Reported per class: each tree's median seconds (and, for ``process``, the CPU seconds of the
@@ -341,9 +345,9 @@ def ab_run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = Non
     path), or of one ``lightbox worker`` run through ``bootstrap`` (``steady_ms`` too)."""
     shutil.rmtree(out, ignore_errors=True)
     if bootstrap is not None:
-        from bench.peers.peer_worker import run_worker
+        from bench.harness import run_file_worker
 
-        got = run_worker(files, out, bootstrap, PRESETS.split(","), tree=tree)
+        got = run_file_worker(files, out, bootstrap, PRESETS.split(","), tree=tree)
         return {"seconds": got["seconds"], "steady_ms": got["steady_ms_per_image"]}
     cmd = [sys.executable, "-c", "from lightbox.cli import main; main()", "process", *map(str, files),
            "-o", str(out), "--presets", PRESETS, "--no-table"]
@@ -354,6 +358,8 @@ def ab_run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = Non
 
 
 def ab_main(argv: list[str]) -> None:
+    from bench.harness import add_baseline, baseline_tree, peer_photos
+
     ap = argparse.ArgumentParser(prog="bench_peers.py ab", description=AB_DOC,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     add_baseline(ap)
@@ -366,7 +372,7 @@ def ab_main(argv: list[str]) -> None:
 
     if args.rounds < 2:
         raise SystemExit("--rounds must be at least 2 (a standard error needs two differences)")
-    sets = assemble(ROOT / "bench" / "results" / "peer-photos")
+    sets = peer_photos(ROOT / "bench" / "results" / "peer-photos")
     sets = {"start": sets["small"][:1], **sets}
     classes = [c for c in args.classes.split(",") if c]
     unknown = [c for c in classes if c not in sets]
@@ -422,15 +428,209 @@ def ab_main(argv: list[str]) -> None:
     print(f"wrote {args.out}")
 
 
+# --- startup: where a one-photo process spends its time --------------------------------------
+
+STARTUP_DOC = """Where a one-photo ``lightbox process`` spends its time, beside the naive script's whole run.
+
+    PYTHONPATH=. .venv/bin/python bench/bench_peers.py startup [--rounds 5] [--out bench/results]
+
+The photo is the peer benchmark's first small one (``bench.harness.peer_photos``; class ``start``),
+into the same three presets. Every round runs, the order alternating:
+
+- ``lightbox process PHOTO``, started as the peer benchmark starts it: wall and CPU seconds of
+  the whole process;
+- the naive script (``bench/peers/peer_naive.py``) on the same photo: the same two figures;
+- a child that makes ``lightbox process``'s steps one after another with a clock between them:
+  importing the CLI (typer, rich, pydantic-settings: the settings), reading the settings,
+  importing the model's runtimes (NumPy, ONNX Runtime, OpenVINO), the model made (its checksum,
+  the cached runtime verdict) and compiled for one caller (from OpenVINO's cache) on a thread
+  while the rest of the pipeline is imported (OpenCV, lightbox's own) and built
+  (``lightbox.startup.load_processor``, as ``process`` does), the photo through every stage
+  (with the stages' own milliseconds from its result line) and closing; Python's own start is a
+  ``python -c pass``;
+- the same ``lightbox process`` under ``python -X importtime``: each imported module's own time,
+  summed by package. That clock slows every import down, so read its shares, not its sum.
+
+Reported: the median of each figure over the rounds. Writes ``OUT/startup.json``. A benchmark,
+not a test: it asserts nothing. Run it on a quiet machine.
+"""
+
+STEPS = ("cli imports", "settings", "model imports", "model + pipeline", "photo", "close")
+# packages by who brings them in; the rest is Python's own library or "other"
+GROUPS = {
+    "numpy": ("numpy",),
+    "opencv": ("cv2",),
+    "openvino": ("openvino",),
+    "pydantic (settings)": ("pydantic", "pydantic_core", "pydantic_settings", "annotated_types",
+                            "typing_inspection", "dotenv"),
+    "typer + rich (CLI)": ("typer", "click", "rich", "shellingham", "annotated_doc"),
+    "lightbox's own": ("agents", "blobio", "gpu_kernels", "lightbox", "schemas", "streams"),
+    "fastavro + obstore (events, stores)": ("fastavro", "obstore"),
+}
+
+
+def startup_child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
+    """``lightbox process``'s steps for ``photo`` into ``presets`` (comma-separated), each timed
+    (wall seconds, ``steps``, and the process's CPU seconds, all threads, ``steps_cpu``: far less
+    disturbed by other load on a shared machine), and the photo's stage milliseconds. Run in a
+    fresh interpreter (``startup --child``): the imports are the first ones (this module imports
+    only Python's own library before it)."""
+    marks = [(time.perf_counter(), time.process_time())]
+    import lightbox.cli  # noqa: F401 - typer, rich, pydantic-settings, streams.settings
+    marks.append((time.perf_counter(), time.process_time()))
+    from streams.settings import Settings
+
+    settings = Settings().model_copy(update={"output_dir": None})
+    marks.append((time.perf_counter(), time.process_time()))
+    from gpu_kernels.segment import make_model_segmenter  # noqa: F401 - the model's runtimes (ONNX Runtime)
+    from gpu_kernels.segment.machine import openvino_available
+
+    openvino_available()  # imports OpenVINO as the runtime does (without its model converter)
+    marks.append((time.perf_counter(), time.process_time()))
+    from lightbox import startup
+
+    # as `process` does: the model made, its compilation on a thread beside the imports and the
+    # build of the rest of the pipeline, then the start's garbage-collection hold released
+    processor, _ = startup.load_processor(settings, 1)
+    startup.settle()
+    marks.append((time.perf_counter(), time.process_time()))
+    from lightbox.offline import process_files
+
+    summary = process_files([photo], processor, out, presets=presets.split(","), batch_size=1)
+    marks.append((time.perf_counter(), time.process_time()))
+    processor.close()
+    marks.append((time.perf_counter(), time.process_time()))
+    (result,) = summary.results
+    return {"steps": {name: b[0] - a[0] for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
+            "steps_cpu": {name: b[1] - a[1] for name, a, b in zip(STEPS, marks[:-1], marks[1:], strict=True)},
+            "stages_ms": result.line.get("stages_ms", {}), "ok": result.ok}
+
+
+def _timed_ok(cmd: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """Wall and CPU seconds of ``cmd`` run to its end (:func:`run_timed`); a failure raises."""
+    done, wall, cpu = run_timed(cmd, env=env, cwd=ROOT)
+    if done.returncode != 0:
+        raise RuntimeError(f"{cmd[:4]}… exited {done.returncode}: {done.stderr[-2000:]}")
+    return wall, cpu, done
+
+
+def import_times(stderr: str) -> dict[str, float]:
+    """``python -X importtime`` output -> seconds of each group's own import time (see ``GROUPS``;
+    ``python`` for the standard library, ``other`` for the rest)."""
+    top_of = {pkg: group for group, pkgs in GROUPS.items() for pkg in pkgs}
+    out: dict[str, float] = {}
+    for line in stderr.splitlines():
+        if not line.startswith("import time:") or "|" not in line:
+            continue
+        self_us, _, name = (part.strip() for part in line[len("import time:"):].split("|", 2))
+        if not self_us.isdigit():  # the header line
+            continue
+        top = name.split(".")[0]
+        group = top_of.get(top) or ("python" if top.lstrip("_") in sys.stdlib_module_names else "other")
+        out[group] = out.get(group, 0.0) + int(self_us) / 1e6
+    return out
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    keys = sorted({k for r in runs for k in r})
+    return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in keys}
+
+
+def startup_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="bench_peers.py startup", description=STARTUP_DOC,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--child", nargs=3, metavar=("PHOTO", "OUT", "PRESETS"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(startup_child(Path(args.child[0]), Path(args.child[1]), args.child[2])))
+        return 0
+
+    from bench.harness import peer_photos
+    from gpu_kernels.segment import ensure_u2netp
+
+    compile_packages()
+    model = Path(ensure_u2netp().original)
+    photo = peer_photos(ROOT / "bench" / "results" / "peer-photos")["small"][0]
+    work = Path(tempfile.mkdtemp(prefix="lightbox-startup-"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    lightbox = command("lightbox", [photo], work / "lb", model, None)
+    naive = command("naive", [photo], work / "naive", model, None)
+    steps = [sys.executable, str(Path(__file__).resolve()), "startup", "--child", str(photo), str(work / "steps"),
+             PRESETS]
+    whole: dict[str, list[dict[str, float]]] = {"lightbox": [], "naive": []}
+    step_runs: list[dict[str, float]] = []
+    step_cpu_runs: list[dict[str, float]] = []
+    stage_runs: list[dict[str, float]] = []
+    import_runs: list[dict[str, float]] = []
+    python_runs: list[float] = []
+    try:
+        for tool in ("lightbox", "naive"):  # untimed: caches warm (the runtime verdict, OpenVINO's blob)
+            _timed_ok(lightbox if tool == "lightbox" else naive, env)
+        for r in range(args.rounds):
+            order = ("lightbox", "naive") if r % 2 == 0 else ("naive", "lightbox")
+            for tool in order:
+                shutil.rmtree(work / "lb", ignore_errors=True)
+                wall, cpu, _ = _timed_ok(lightbox if tool == "lightbox" else naive, env)
+                whole[tool].append({"wall_s": wall, "cpu_s": cpu})
+            python_runs.append(_timed_ok([sys.executable, "-c", "pass"], env)[0])
+            got = json.loads(_timed_ok(steps, env)[2].stdout)
+            step_runs.append(got["steps"])
+            step_cpu_runs.append(got["steps_cpu"])
+            stage_runs.append(got["stages_ms"])
+            shutil.rmtree(work / "lb", ignore_errors=True)
+            import_runs.append(import_times(_timed_ok([sys.executable, "-X", "importtime", *lightbox[1:]],
+                                                      env)[2].stderr))
+            print(f"round {r}: lightbox {whole['lightbox'][-1]['wall_s']:.2f} s, "
+                  f"naive {whole['naive'][-1]['wall_s']:.2f} s", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    report = {"photo": photo.name, "rounds": args.rounds,
+              "whole": {tool: median_of(runs) for tool, runs in whole.items()},
+              "python_start_s": statistics.median(python_runs), "steps_s": median_of(step_runs),
+              "steps_cpu_s": median_of(step_cpu_runs),
+              "stages_ms": median_of(stage_runs), "imports_s": median_of(import_runs)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "startup.json").write_text(json.dumps(report, indent=2))
+    print_startup(report)
+    print(f"wrote {args.out / 'startup.json'}")
+    return 0
+
+
+def print_startup(report: dict[str, Any]) -> None:
+    w = report["whole"]
+    print(f"\none photo ({report['photo']}), whole processes, median of {report['rounds']} rounds:")
+    for tool in ("lightbox", "naive"):
+        print(f"  {tool:9} {w[tool]['wall_s']:.2f} s wall, {w[tool]['cpu_s']:.2f} s CPU")
+    print("lightbox process, step by step (a child replaying its steps; wall and CPU seconds):")
+    print(f"  {'python start':18} {report['python_start_s']:.3f}")
+    for name in STEPS:
+        extra = ""
+        if name == "photo":
+            stages = report["stages_ms"]
+            extra = "  (" + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 1) + " ms)"
+        print(f"  {name:18} {report['steps_s'][name]:.3f}  cpu {report['steps_cpu_s'][name]:.3f}{extra}")
+    imports = report["imports_s"]
+    total = sum(imports.values()) or 1.0
+    print("import time by package (python -X importtime, own time summed; shares of its total):")
+    for group, s in sorted(imports.items(), key=lambda kv: -kv[1]):
+        print(f"  {group:36} {100 * s / total:4.0f} %")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["ab"]:
         ab_main(sys.argv[2:])
         return
+    if sys.argv[1:2] == ["startup"]:
+        raise SystemExit(startup_main(sys.argv[2:]))
+    from bench.harness import PEER_CLASSES, peer_photos
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "peers")
     ap.add_argument("--quick", action="store_true", help="7 photos, 1 round (for development)")
     ap.add_argument("--rounds", type=int, default=None, help="rounds (default 3; 1 with --quick)")
-    ap.add_argument("--classes", default=",".join(CLASSES), help="size classes to run")
+    ap.add_argument("--classes", default=",".join(PEER_CLASSES), help="size classes to run")
     ap.add_argument("--no-rembg", action="store_true", help="skip rembg (no virtualenv, no IoU)")
     ap.add_argument("--no-worker", action="store_true", help="skip the lightbox worker on Kafka (no broker)")
     ap.add_argument("--rembg-venv", type=Path, default=None, help="rembg's virtualenv (default OUT/../rembg-venv)")
@@ -438,7 +638,7 @@ def main() -> None:
     rounds = args.rounds or (1 if args.quick else 3)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    sets = assemble(out.parent / ("peer-photos-quick" if args.quick else "peer-photos"), quick=args.quick)
+    sets = peer_photos(out.parent / ("peer-photos-quick" if args.quick else "peer-photos"), quick=args.quick)
     sets = {c: v for c, v in sets.items() if c in args.classes.split(",")}
     model = model_file()
     tools: tuple[str, ...] = tuple(t for t in TOOLS if not (args.no_rembg and t == "rembg")
