@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.review.quality_review import JUDGEMENT, fingerprint, fingerprint_iou, framing_consistency, load_judgement
+from bench.bench_quality import JUDGEMENT, fingerprint, fingerprint_iou, framing_consistency, load_judgement
 from bench.review.review_set import FRAMINGS, PHOTOS, ReviewItem, to_photo
 
 
