@@ -609,7 +609,7 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None,
                         help="review, set (its 'after' run): another U2-Net ONNX file, e.g. "
                              "~/.cache/lightbox/models/u2net/u2net.onnx "
-                             "(python -m gpu_kernels.segment.fetch_model --model u2net)")
+                             "(lightbox model fetch u2net)")
     parser.add_argument("--rembg-venv", type=Path, default=Path.home() / ".cache" / "lightbox" / "rembg-venv",
                         help="review: rembg's virtualenv (made from PyPI on first use)")
     parser.add_argument("--no-rembg", action="store_true", help="review: leave rembg out")

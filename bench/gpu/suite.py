@@ -120,7 +120,7 @@ def closure(roots: list[str]) -> list[md.Distribution]:
         try:
             dist = md.distribution(req.name)
         except md.PackageNotFoundError:
-            raise SystemExit(f"gpu_suite_pack: {req.name} is not installed here (pip install it, or pack without "
+            raise SystemExit(f"suite.py pack: {req.name} is not installed here (pip install it, or pack without "
                              "--from-installed)") from None
         seen[name] = dist
         for text in dist.requires or []:
@@ -170,7 +170,7 @@ def pack_model(folder: Path) -> None:
 
         export_gate_images(model / "gate")
     except ImportError:
-        print("gpu_suite_pack: no scikit-image here: no gate images (the fp16 gates report skipped)")
+        print("suite.py pack: no scikit-image here: no gate images (the fp16 gates report skipped)")
 
 
 def pack_main(argv: list[str] | None = None) -> int:
@@ -188,12 +188,12 @@ def pack_main(argv: list[str] | None = None) -> int:
         site = args.folder / "site"
         shutil.rmtree(site, ignore_errors=True)
         dists = closure(reqs)
-        print(f"gpu_suite_pack: {len(dists)} distributions, {copy_installed(dists, site)} files linked into {site}")
+        print(f"suite.py pack: {len(dists)} distributions, {copy_installed(dists, site)} files linked into {site}")
     else:
         download(reqs, args.folder / "wheels", args.python_version, args.platform)
     if not args.no_model:
         pack_model(args.folder)
-    print(f"gpu_suite_pack: {args.folder} is ready: bash bench/gpu/suite.sh {args.folder}")
+    print(f"suite.py pack: {args.folder} is ready: bash bench/gpu/suite.sh {args.folder}")
     return 0
 
 
