@@ -97,6 +97,7 @@ def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: in
     slots = (1 + depth) + (device_threads + depth) + (settings.runner.output_threads + depth) + 1
     backfill = backfill_batching(settings, batching)
     return RunnerConfig(max_in_flight=max(settings.batching.max_in_flight, slots * batching.max_batch + 8),
+                        max_in_flight_bytes=settings.batching.max_in_flight_bytes,
                         backfill_in_flight=max(settings.backfill.in_flight, backfill.max_batch),
                         prepare_threads=settings.runner.prepare_threads, output_threads=settings.runner.output_threads,
                         device_threads=device_threads,
