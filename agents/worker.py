@@ -174,7 +174,7 @@ def _runner_parts(settings: Settings, device: str,
     """The runner's configuration and its tiers' batcher, as every worker process builds them; the
     processor's model is told how many device threads will call it."""
     batching = batching_config(settings, device)
-    config = runner_config(settings, batching, processor.pipeline.side_by_side)
+    config = runner_config(settings, batching, processor.pipeline.side_by_side, device)
     processor.pipeline.device_callers(config.device_threads)
     return config, tier_batcher(settings, batching)
 

@@ -54,7 +54,7 @@ into ``--out``)::
     PYTHONPATH=. python bench/bench_faults.py                # the full table: 60 s faults
     PYTHONPATH=. python bench/bench_faults.py --quick        # 15 s faults, shorter windows
     PYTHONPATH=. python bench/bench_faults.py --quick --links s3 --faults timeout,down
-    PYTHONPATH=. python bench/bench_faults.py --port-base 19300   # every server on 19300..19311
+    PYTHONPATH=. python bench/bench_faults.py --port-base 19300   # every server on 19300..19312
 """
 
 from __future__ import annotations
@@ -214,10 +214,10 @@ def servers(work: Path, port_base: int | None, registry: bool = False) -> Iterat
         proxies = {"broker": api.create("broker", kafka.proxied_upstream, listen=f"127.0.0.1:{port(1)}"),
                    "s3": api.create("s3", f"127.0.0.1:{s3.port}", listen=f"127.0.0.1:{port(2)}"),
                    "origin": api.create("origin", f"127.0.0.1:{port(8)}", listen=f"127.0.0.1:{port(3)}")}
-        if registry:
+        if registry:  # port(10) is the worker's backfill process's metrics port (metrics + 1)
             from lightbox.devservers.registry_local import LocalRegistry
 
-            reg = LocalRegistry.start(port=port(10), data_dir=work / "registry", name=f"bench-faults-{port(10)}")
+            reg = LocalRegistry.start(port=port(12), data_dir=work / "registry", name=f"bench-faults-{port(12)}")
             proxies["registry"] = api.create("registry", f"127.0.0.1:{reg.port}", listen=f"127.0.0.1:{port(11)}")
         yield Servers(kafka, s3, api, origin, proxies, port(9), reg)
     finally:
@@ -451,7 +451,7 @@ class Outputs:
 
 async def run_cell(srv: Servers, stream_photos: tuple[list[Path], list[bytes]], link: str, fault: str, *,
                    rate: float, steady_s: float, fault_s: float, after_s: float, drain_s: float,
-                   work: Path) -> Cell:
+                   work: Path, extra_env: dict[str, str] | None = None) -> Cell:
     from lightbox.audit import run_audit
     from lightbox.demo import WorkerProcess
     from streams.producer import ImageProducer
@@ -459,7 +459,7 @@ async def run_cell(srv: Servers, stream_photos: tuple[list[Path], list[bytes]], 
     cell = Cell(link, fault)
     tag = f"faults-{link}-{fault}-{uuid.uuid4().hex[:4]}"
     topics = run_topics(tag)
-    env = worker_env(srv, topics, tag, work / tag, registry=link == "registry")
+    env = {**worker_env(srv, topics, tag, work / tag, registry=link == "registry"), **(extra_env or {})}
     stream = Stream(*stream_photos, srv.origin_url)
     if link == "registry":
         stream.codec = await asyncio.to_thread(registry_codec, srv.registry.api_url, topics["input"],
@@ -633,14 +633,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 t0 = time.monotonic()
                 cell = await run_cell(srv, photos, link, fault, rate=rate, steady_s=steady_s, fault_s=fault_s,
-                                      after_s=after_s, drain_s=args.drain_s, work=work)
+                                      after_s=after_s, drain_s=args.drain_s, work=work,
+                                      extra_env=dict(kv.split("=", 1) for kv in args.worker_env))
                 cells.append(asdict(cell))
                 print(f"{link:7s} {fault:14s} {time.monotonic() - t0:5.0f} s  " + json.dumps(
                     {k: v for k, v in asdict(cell).items() if k not in ("link", "fault")}), flush=True)
                 record("bench_faults_quick" if args.quick else "bench_faults",
                        {"capacity_per_s": cap, "rate_per_s": rate, "fault_s": fault_s, "quick": args.quick,
-                        "cells": cells}, args.out)
-    return {"capacity_per_s": cap, "rate_per_s": rate, "fault_s": fault_s, "quick": args.quick, "cells": cells}
+                        "worker_env": args.worker_env, "cells": cells}, args.out)
+    return {"capacity_per_s": cap, "rate_per_s": rate, "fault_s": fault_s, "quick": args.quick,
+            "worker_env": args.worker_env, "cells": cells}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -684,13 +686,18 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=None, help="inputs/s to feed (default: half the measured "
                                                              "capacity)")
     ap.add_argument("--drain-s", type=float, default=300.0, help="longest wait for the backlog after a heal")
-    ap.add_argument("--port-base", type=int, default=None, help="put every server on PORT..PORT+11 (default: "
+    ap.add_argument("--port-base", type=int, default=None, help="put every server on PORT..PORT+12 (default: "
                                                                 "free ports)")
+    ap.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="a setting for every cell's worker (repeatable), e.g. LIGHTBOX_MAX_IN_FLIGHT_BYTES=67108864")
     ap.add_argument("--work", default=None, help="folder for the servers' data and the workers' logs")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder of the result file")
     ap.add_argument("--markdown", type=Path, default=None, metavar="RESULT_JSON",
                     help="print the table of an earlier run's result file and exit")
     args = ap.parse_args()
+    bad = [kv for kv in args.worker_env if "=" not in kv]
+    if bad:
+        ap.error(f"--worker-env takes NAME=VALUE; got {bad}")
     if args.markdown is not None:
         print(markdown(json.loads(args.markdown.read_text())))
         return 0

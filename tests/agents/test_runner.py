@@ -790,3 +790,21 @@ def test_the_worker_gives_its_device_lane_as_many_threads_as_the_model_runs_side
     one, _ = _runner_parts(Settings(device="cpu", device_threads=1), "cpu", proc)  # type: ignore[arg-type]
     assert one.device_threads == 1 and proc.pipeline.callers[-1] == 1
     assert auto.max_in_flight > one.max_in_flight  # room for the second device thread's batch
+
+
+def test_the_decoded_bytes_bound_defaults_by_device_and_follows_its_setting() -> None:
+    from agents.worker import _runner_parts
+    from streams.settings import Settings
+
+    class Pipeline:
+        side_by_side = 1
+
+        def device_callers(self, n: int) -> None:
+            pass
+
+    proc = SimpleNamespace(pipeline=Pipeline())
+    cpu, _ = _runner_parts(Settings(device="cpu"), "cpu", proc)  # type: ignore[arg-type]
+    gpu, _ = _runner_parts(Settings(device="gpu"), "gpu", proc)  # type: ignore[arg-type]
+    assert (cpu.max_in_flight_bytes, gpu.max_in_flight_bytes) == (256 * 2**20, 4 * 2**30)
+    set_, _ = _runner_parts(Settings(device="cpu", max_in_flight_bytes=5 << 20), "cpu", proc)  # type: ignore[arg-type]
+    assert set_.max_in_flight_bytes == 5 << 20
