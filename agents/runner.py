@@ -142,7 +142,7 @@ class BatchRunner:
         self._output_q: asyncio.Queue[tuple[list[Pair], Any]] = asyncio.Queue(cfg.queue_depth)
         self._wake = asyncio.Event()
         self._calls: dict[str, int] = dict.fromkeys(RUNNER_LANES, 0)  # lane calls handed to threads, not yet back
-        self.decoded_bytes = 0  # decoded bytes held from the batcher to the end of the output call (max_in_flight_bytes)
+        self.decoded_bytes = 0  # decoded bytes from the batcher to the end of the output call (max_in_flight_bytes)
 
     # -- public ------------------------------------------------------------------------------
     @property
