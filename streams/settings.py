@@ -68,6 +68,9 @@ class WorkerSettings(_Section):
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
     presets_file: Path | None = Field(None, description="TOML presets file; the packaged one if unset")
     schema_store: Path | None = Field(None, description="folder of a file-backed schema store; packaged if unset")
+    malloc_arenas: int = Field(2, ge=0, description="glibc malloc arenas the worker's processes may use (0: glibc's "
+                                                    "default, 8 per core): with one per thread, a backlog drained "
+                                                    "after an outage leaves the process's RSS up (agents/memory.py)")
 
 
 class KafkaSettings(_Section):
