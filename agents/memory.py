@@ -8,7 +8,8 @@ backlog is gone. Capping the arenas (``mallopt(M_ARENA_MAX)``, what ``MALLOC_ARE
 set before start) makes the threads share a few. Measured with ``bench/bench_faults.py --links
 broker --faults timeout --rate 0.64`` (a 60 s blackhole, a 38-input backlog drained at the heal;
 2026-12-07, a shared 2-vCPU host): the worker process's RSS rose 72 MiB over its steady value with
-glibc's default arenas and 28 MiB with 2.
+glibc's default arenas and about 30 MiB with 2 (28 with MALLOC_ARENA_MAX=2 in the environment, 33 with
+this cap).
 """
 
 from __future__ import annotations
