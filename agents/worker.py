@@ -51,6 +51,7 @@ from agents import backfill_process
 from agents.backfill import BackfillConsumer, BackfillEvent
 from agents.dependencies import Dependencies
 from agents.dependencies import dependencies as make_dependencies
+from agents.memory import cap_malloc_arenas
 from agents.observe import REFRESH_S, Observability, version
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
@@ -174,7 +175,7 @@ def _runner_parts(settings: Settings, device: str,
     """The runner's configuration and its tiers' batcher, as every worker process builds them; the
     processor's model is told how many device threads will call it."""
     batching = batching_config(settings, device)
-    config = runner_config(settings, batching, processor.pipeline.side_by_side)
+    config = runner_config(settings, batching, processor.pipeline.side_by_side, device)
     processor.pipeline.device_callers(config.device_threads)
     return config, tier_batcher(settings, batching)
 
@@ -232,6 +233,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
     from streams.app import ensure_topics
     from streams.security import KafkaSecurityError
 
+    cap_malloc_arenas(settings.worker.malloc_arenas)  # before the lanes' threads
     logs = logging_config(settings.observe.log_format, loglevel)
     logging.config.dictConfig(logs)  # Faust's Worker applies the same again when it starts
     logging.captureWarnings(True)
@@ -323,6 +325,7 @@ def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides:
 def run_backfill_worker(settings: Settings, loglevel: str) -> int:
     """The backfill tier alone, at the lower CPU priority, until SIGTERM/SIGINT (0) or a fail-stop (70)."""
     backfill_process.lower_priority(settings.backfill.nice, settings.backfill.sched_idle)  # before any thread
+    cap_malloc_arenas(settings.worker.malloc_arenas)
     import logging.config
 
     from agents.logs import logging_config
