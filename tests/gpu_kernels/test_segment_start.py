@@ -58,10 +58,10 @@ print(json.dumps({"runtime": choice.runtime, "openvino": "openvino" in sys.modul
 def test_a_start_that_runs_onnx_runtime_imports_no_other_runtime_and_reuses_its_graph(
         u2netp: Any, tmp_path: Path) -> None:
     """Every cached verdict failed: fp32, OpenVINO never imported; the second start loads the
-    optimised graph the first one kept (in the model cache: ``LIGHTBOX_MODEL_DIR``)."""
+    optimised graph the first one kept (under the runtime choice's cache folder)."""
     _seed(tmp_path, u2netp.batched, {"openvino-f32": (1.0, 290.0), "int8": (0.3, 170.0)}, usable_cores())
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "LIGHTBOX_MODEL_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    env = {**os.environ, "PYTHONPATH": str(root)}
 
     def start() -> dict[str, Any]:
         done = subprocess.run([sys.executable, "-c", START, str(u2netp.batched), str(tmp_path)], cwd=root, env=env,
