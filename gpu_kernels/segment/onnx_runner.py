@@ -137,23 +137,27 @@ def _cpu_session(path: Path, opts: ort.SessionOptions,
     """A CPU session of ``path`` under ``opts``, and the kept graph it was loaded from (None: it
     was optimised now): from its optimised graph in ``cache_dir`` (see :func:`compiled_path`)
     with the graph optimisations off when that is there, else from ``path``, saving the
-    optimised graph there for the next start. A kept graph that does not load is logged,
-    deleted and made again; a cache that cannot be written is not used. ``cache_dir`` None: no
-    cache."""
+    optimised graph there for the next start, with its SHA-256 beside it (``.sha256``). A kept
+    graph that does not match its checksum or does not load is logged, deleted and made again; a
+    cache that cannot be written is not used. ``cache_dir`` None: no cache."""
     ort = _onnxruntime()
     providers = ["CPUExecutionProvider"]
     if cache_dir is None or opts.graph_optimization_level == ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
         return ort.InferenceSession(str(path), opts, providers=providers), None
     kept = compiled_path(path, opts, cache_dir)
+    digest = kept.with_name(kept.name + ".sha256")
     if kept.is_file():
         level = opts.graph_optimization_level
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         try:
+            if not digest.is_file() or digest.read_text().strip() != sha256_file(kept):
+                raise ValueError("it does not match its checksum")
             return ort.InferenceSession(str(kept), opts, providers=providers), kept
-        except ort_errors() as exc:
+        except ort_errors() as exc:  # OSError and ValueError among them
             log.warning("the optimised graph %s did not load (%s); optimising %s again", kept, exc, path.name)
-            with contextlib.suppress(OSError):
-                kept.unlink()
+            for stale in (kept, digest):
+                with contextlib.suppress(OSError):
+                    stale.unlink()
         finally:
             opts.graph_optimization_level = level
     tmp = kept.with_name(f"{kept.name}.{os.getpid()}.tmp")
@@ -173,12 +177,16 @@ def _cpu_session(path: Path, opts: ort.SessionOptions,
         return ort.InferenceSession(str(path), opts, providers=providers), None
     finally:
         opts.optimized_model_filepath, opts.log_severity_level = "", severity
-    try:
-        tmp.replace(kept)  # whole or not at all: another process may be reading or writing it
+    try:  # each file whole or not at all: another process may be reading or writing them
+        digest_tmp = digest.with_name(f"{digest.name}.{os.getpid()}.tmp")
+        digest_tmp.write_text(sha256_file(tmp))
+        tmp.replace(kept)
+        digest_tmp.replace(digest)
     except OSError as exc:
         log.info("the optimised graph of %s is not kept (%s)", path.name, exc)
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        for stale in (tmp, digest_tmp):
+            with contextlib.suppress(OSError):
+                stale.unlink()
     return session, None
 
 

@@ -35,7 +35,7 @@ def test_a_kept_graph_gives_the_same_masks_byte_for_byte(u2netp: Any, images: li
     first = OnnxSegmenter(u2netp.batched, threads=2, compiled_dir=tmp_path)  # optimises, keeps the graph
     kept = compiled_path(u2netp.batched, cpu_session_options(2), tmp_path)
     assert first.compiled_from is None and kept.is_file()
-    assert list(tmp_path.iterdir()) == [kept]  # no temporary file left beside it
+    assert sorted(tmp_path.iterdir()) == [kept, kept.with_name(kept.name + ".sha256")]  # no temporary file left
     again = OnnxSegmenter(u2netp.batched, threads=2, compiled_dir=tmp_path)
     assert again.compiled_from == kept
     expected = masks(plain, images)
@@ -68,11 +68,19 @@ def test_the_key_changes_with_the_model_runtime_options_and_cpu(u2netp: Any, tmp
     assert compiled_path(u2netp.batched, opts, tmp_path) != base
 
 
-def test_a_kept_graph_that_does_not_load_is_made_again(u2netp: Any, images: list[np.ndarray], tmp_path: Path,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("damage", ["cut short", "one byte changed", "no checksum"])
+def test_a_kept_graph_that_is_damaged_is_made_again(u2netp: Any, images: list[np.ndarray], tmp_path: Path,
+                                                    caplog: pytest.LogCaptureFixture, damage: str) -> None:
+    OnnxSegmenter(u2netp.batched, threads=2, compiled_dir=tmp_path)
     kept = compiled_path(u2netp.batched, cpu_session_options(2), tmp_path)
-    tmp_path.mkdir(exist_ok=True)
-    kept.write_bytes(u2netp.batched.read_bytes()[:100_000])  # cut short, as by a full disk
+    data = bytearray(kept.read_bytes())
+    if damage == "cut short":  # as by a full disk
+        kept.write_bytes(bytes(data[:100_000]))
+    elif damage == "one byte changed":  # a weight: the file still loads, its masks would differ
+        data[len(data) // 2] ^= 0x40
+        kept.write_bytes(bytes(data))
+    else:
+        kept.with_name(kept.name + ".sha256").unlink()
     with caplog.at_level(logging.WARNING, logger=onnx_runner.__name__):
         seg = OnnxSegmenter(u2netp.batched, threads=2, compiled_dir=tmp_path)
     assert seg.compiled_from is None
@@ -98,3 +106,4 @@ def test_the_kept_graph_is_per_model_file(u2netp: Any, tmp_path: Path) -> None:
     OnnxSegmenter(model, threads=2, compiled_dir=tmp_path / "kept")
     OnnxSegmenter(u2netp.batched, threads=2, compiled_dir=tmp_path / "kept")
     assert len(list((tmp_path / "kept").glob("*.onnx"))) == 2
+    assert len(list((tmp_path / "kept").glob("*.onnx.sha256"))) == 2
