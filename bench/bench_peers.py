@@ -442,14 +442,19 @@ into the same three presets. Every round runs, the order alternating:
 - the naive script (``bench/peers/peer_naive.py``) on the same photo: the same two figures;
 - a child that makes ``lightbox process``'s steps one after another with a clock between them:
   importing the CLI (typer, rich, pydantic-settings: the settings), reading the settings,
-  importing the model's runtimes (NumPy, ONNX Runtime, OpenVINO), the model made (its checksum,
-  the cached runtime verdict) and compiled for one caller (from OpenVINO's cache) on a thread
-  while the rest of the pipeline is imported (OpenCV, lightbox's own) and built
+  importing the segment package (NumPy, OpenCV), the model made (its checksum, the cached
+  runtime verdict, the runtime's import: ONNX Runtime or OpenVINO, whichever the verdict chose)
+  and compiled for one caller (from the runtime's cache: OpenVINO's blob, ONNX Runtime's
+  optimised graph) on a thread while the rest of the pipeline is imported (lightbox's own) and built
   (``lightbox.startup.load_processor``, as ``process`` does), the photo through every stage
   (with the stages' own milliseconds from its result line) and closing; Python's own start is a
   ``python -c pass``;
 - the same ``lightbox process`` under ``python -X importtime``: each imported module's own time,
   summed by package. That clock slows every import down, so read its shares, not its sum.
+
+``--baseline TREE`` (another checkout of lightbox, e.g. the main branch's) adds, in every round and
+in alternating order with this tree's, that tree's whole ``lightbox process`` and its own step
+replay, so a change is read as this tree's steps beside the baseline's on the same load.
 
 Reported: the median of each figure over the rounds. Writes ``OUT/startup.json``. A benchmark,
 not a test: it asserts nothing. Run it on a quiet machine.
@@ -482,10 +487,8 @@ def startup_child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
 
     settings = Settings().model_copy(update={"output_dir": None})
     marks.append((time.perf_counter(), time.process_time()))
-    from gpu_kernels.segment import make_model_segmenter  # noqa: F401 - the model's runtimes (ONNX Runtime)
-    from gpu_kernels.segment.machine import openvino_available
+    from gpu_kernels.segment import make_model_segmenter  # noqa: F401 - NumPy, OpenCV, the segment package
 
-    openvino_available()  # imports OpenVINO as the runtime does (without its model converter)
     marks.append((time.perf_counter(), time.process_time()))
     from lightbox import startup
 
@@ -506,9 +509,10 @@ def startup_child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
             "stages_ms": result.line.get("stages_ms", {}), "ok": result.ok}
 
 
-def _timed_ok(cmd: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+def _timed_ok(cmd: list[str], env: dict[str, str],
+              cwd: Path = ROOT) -> tuple[float, float, subprocess.CompletedProcess[str]]:
     """Wall and CPU seconds of ``cmd`` run to its end (:func:`run_timed`); a failure raises."""
-    done, wall, cpu = run_timed(cmd, env=env, cwd=ROOT)
+    done, wall, cpu = run_timed(cmd, env=env, cwd=cwd)
     if done.returncode != 0:
         raise RuntimeError(f"{cmd[:4]}… exited {done.returncode}: {done.stderr[-2000:]}")
     return wall, cpu, done
@@ -541,6 +545,7 @@ def startup_main(argv: list[str]) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--baseline", type=Path, help="another lightbox checkout to measure beside this one")
     ap.add_argument("--child", nargs=3, metavar=("PHOTO", "OUT", "PRESETS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -562,23 +567,46 @@ def startup_main(argv: list[str]) -> int:
     whole: dict[str, list[dict[str, float]]] = {"lightbox": [], "naive": []}
     step_runs: list[dict[str, float]] = []
     step_cpu_runs: list[dict[str, float]] = []
+    base = args.baseline.resolve() if args.baseline else None
+    base_env = {**os.environ, "PYTHONPATH": str(base)}
+    base_steps: list[str] = []
+    if base is not None:  # the baseline's own step replay: this subcommand, or the bench it was before
+        old_bench = base / "bench" / "bench_startup.py"
+        base_steps = ([sys.executable, str(old_bench), *steps[3:]] if old_bench.exists()
+                      else [sys.executable, str(base / "bench" / "bench_peers.py"), *steps[2:]])
+        compile_packages(base)  # both trees byte-compiled, as an installed wheel is
+    base_runs: dict[str, list[dict[str, float]]] = {"whole": [], "steps_s": [], "steps_cpu_s": []}
     stage_runs: list[dict[str, float]] = []
     import_runs: list[dict[str, float]] = []
     python_runs: list[float] = []
     try:
-        for tool in ("lightbox", "naive"):  # untimed: caches warm (the runtime verdict, OpenVINO's blob)
+        for tool in ("lightbox", "naive"):  # untimed: caches warm (the runtime verdict, the compiled model)
             _timed_ok(lightbox if tool == "lightbox" else naive, env)
+        if base is not None:
+            _timed_ok(lightbox, base_env, cwd=base)
         for r in range(args.rounds):
-            order = ("lightbox", "naive") if r % 2 == 0 else ("naive", "lightbox")
+            order: tuple[str, ...] = ("lightbox", "naive") if r % 2 == 0 else ("naive", "lightbox")
+            if base is not None:
+                order = (*order, "baseline") if r % 2 == 0 else ("baseline", *order)
             for tool in order:
                 shutil.rmtree(work / "lb", ignore_errors=True)
+                if tool == "baseline" and base is not None:  # cwd: `-c` puts the working folder first on the path
+                    wall, cpu, _ = _timed_ok(lightbox, base_env, cwd=base)
+                    base_runs["whole"].append({"wall_s": wall, "cpu_s": cpu})
+                    continue
                 wall, cpu, _ = _timed_ok(lightbox if tool == "lightbox" else naive, env)
                 whole[tool].append({"wall_s": wall, "cpu_s": cpu})
             python_runs.append(_timed_ok([sys.executable, "-c", "pass"], env)[0])
-            got = json.loads(_timed_ok(steps, env)[2].stdout)
-            step_runs.append(got["steps"])
-            step_cpu_runs.append(got["steps_cpu"])
-            stage_runs.append(got["stages_ms"])
+            for which in ("this", "baseline") if r % 2 == 0 else ("baseline", "this"):
+                if which == "baseline" and base is not None:
+                    got = json.loads(_timed_ok(base_steps, base_env, cwd=base)[2].stdout)
+                    base_runs["steps_s"].append(got["steps"])
+                    base_runs["steps_cpu_s"].append(got["steps_cpu"])
+                elif which == "this":
+                    got = json.loads(_timed_ok(steps, env)[2].stdout)
+                    step_runs.append(got["steps"])
+                    step_cpu_runs.append(got["steps_cpu"])
+                    stage_runs.append(got["stages_ms"])
             shutil.rmtree(work / "lb", ignore_errors=True)
             import_runs.append(import_times(_timed_ok([sys.executable, "-X", "importtime", *lightbox[1:]],
                                                       env)[2].stderr))
@@ -591,6 +619,8 @@ def startup_main(argv: list[str]) -> int:
               "python_start_s": statistics.median(python_runs), "steps_s": median_of(step_runs),
               "steps_cpu_s": median_of(step_cpu_runs),
               "stages_ms": median_of(stage_runs), "imports_s": median_of(import_runs)}
+    if base is not None:
+        report["baseline"] = {"tree": str(base), **{k: median_of(v) for k, v in base_runs.items()}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "startup.json").write_text(json.dumps(report, indent=2))
     print_startup(report)
@@ -601,15 +631,22 @@ def startup_main(argv: list[str]) -> int:
 def print_startup(report: dict[str, Any]) -> None:
     w = report["whole"]
     print(f"\none photo ({report['photo']}), whole processes, median of {report['rounds']} rounds:")
+    base = report.get("baseline")
     for tool in ("lightbox", "naive"):
         print(f"  {tool:9} {w[tool]['wall_s']:.2f} s wall, {w[tool]['cpu_s']:.2f} s CPU")
-    print("lightbox process, step by step (a child replaying its steps; wall and CPU seconds):")
+    if base:
+        print(f"  {'baseline':9} {base['whole']['wall_s']:.2f} s wall, {base['whole']['cpu_s']:.2f} s CPU"
+              f"  ({base['tree']})")
+    print("lightbox process, step by step (a child replaying its steps; wall and CPU seconds"
+          + ("; the baseline's CPU seconds beside)" if base else ")") + ":")
     print(f"  {'python start':18} {report['python_start_s']:.3f}")
     for name in STEPS:
         extra = ""
+        if base:
+            extra = f"  baseline cpu {base['steps_cpu_s'].get(name, 0.0):.3f}"
         if name == "photo":
             stages = report["stages_ms"]
-            extra = "  (" + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 1) + " ms)"
+            extra += "  (" + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 1) + " ms)"
         print(f"  {name:18} {report['steps_s'][name]:.3f}  cpu {report['steps_cpu_s'][name]:.3f}{extra}")
     imports = report["imports_s"]
     total = sum(imports.values()) or 1.0
