@@ -29,7 +29,8 @@ then ``transparent_png`` over a coloured page).
 
 ``review``: the real-photo review set (``bench/review/review_set.py``, 123 images of 41
 photographs shipped in packages) through lightbox and rembg, a contact sheet to judge by eye and
-the table of the kept verdicts (``bench/review/review_judgement.toml``). Per image: lightbox's
+the table of the kept verdicts (``bench/review/review_judgement.toml``; for ``--model
+.../u2net.onnx``, ``review_judgement_u2net.toml``). Per image: lightbox's
 default path (u2netp, or ``--model FILE``: another U²-Net ONNX file such as u2net;
 post-processing, pass (a) on white, ``taobao_main``) run with the code of this checkout (or of
 ``--baseline REF``) in a subprocess, and rembg 2.0.86 (u2netp, in its own virtualenv:
@@ -382,6 +383,13 @@ def bench_set(before: Path, sheet: Path | None, model: Path | None = None) -> No
 JUDGEMENT = ROOT / "bench" / "review" / "review_judgement.toml"
 
 
+def judgement_for(model: Path | None) -> Path:
+    """The kept verdicts for ``model``'s masks: ``review_judgement_<stem>.toml`` beside the
+    default file where one was judged for that model (u2net), else the default (u2netp)."""
+    own = JUDGEMENT.with_name(f"{JUDGEMENT.stem}_{model.stem}.toml") if model is not None else JUDGEMENT
+    return own if own.is_file() else JUDGEMENT
+
+
 def run_rembg(images: dict[str, np.ndarray], venv: Path) -> dict[str, np.ndarray]:
     """rembg's full-size masks and taobao_main outputs (``bench/peers/peer_rembg.py`` in its venv),
     kept beside the review photos (``review_set.cache_dir()``) by the inputs' sha256: rembg
@@ -613,8 +621,8 @@ def main() -> None:
     parser.add_argument("--rembg-venv", type=Path, default=Path.home() / ".cache" / "lightbox" / "rembg-venv",
                         help="review: rembg's virtualenv (made from PyPI on first use)")
     parser.add_argument("--no-rembg", action="store_true", help="review: leave rembg out")
-    parser.add_argument("--judgement", type=Path, default=None, help="review: the kept verdicts "
-                        "(default bench/review/review_judgement.toml)")
+    parser.add_argument("--judgement", type=Path, default=None, help="review: the kept verdicts (default "
+                        "bench/review/review_judgement.toml; with --model u2net.onnx, review_judgement_u2net.toml)")
     parser.add_argument("--template", type=Path, default=None,
                         help="review: write a judgement file with the current fingerprints to fill in")
     args = parser.parse_args()
@@ -625,7 +633,7 @@ def main() -> None:
     before = baseline_tree(args.baseline)
     if "review" in args.parts:
         bench_review(before or Path(__file__).resolve().parents[1], args.model, args.sheet,
-                     None if args.no_rembg else args.rembg_venv, args.judgement or JUDGEMENT, args.template)
+                     None if args.no_rembg else args.rembg_venv, args.judgement or judgement_for(args.model), args.template)
         return
     if "wb" in args.parts:
         bench_wb(before, args.png)  # not None: checked above
