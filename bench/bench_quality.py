@@ -45,6 +45,11 @@ rembg. ``--template FILE`` writes a judgement file with the current fingerprints
 kept so far (new items marked ``"?"``), to be filled in by looking at the sheet.
 ``PYTHONPATH=. python bench/bench_quality.py review [--model FILE] [--sheet docs/img/review.png]``
 
+``speed --model FILE``: u2netp against another U²-Net ONNX file on CPU, the CPU time of the
+process per image of ``segment_batch`` (model and post-processing, ONNX Runtime on one thread),
+18 review images, four rounds alternating in one process.
+``PYTHONPATH=. python bench/bench_quality.py speed --model ~/.cache/lightbox/models/u2net/u2net.onnx``
+
 Usage: ``PYTHONPATH=. python bench/bench_quality.py [wb] [mask] [set] --baseline 96ff878 [--png DIR] [--sheet PNG]``
 (``set`` compares with any older commit, e.g. ``--baseline a378c6f``).
 """
@@ -56,6 +61,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -604,6 +610,36 @@ def bench_review(tree: Path, model: Path | None, sheet: Path | None, rembg_venv:
         print(f"judgement template: {template}")
 
 
+SPEED_PHOTOS = ("smarties", "stuff", "coffee", "chelsea", "astronaut", "coins")
+
+
+def bench_speed(model: Path, rounds: int = 4) -> None:
+    """u2netp against ``model``: CPU time of this process per image of ``segment_batch`` (model and
+    post-processing; ONNX Runtime on one thread, so the figure is the work done, not spinning) on
+    six review photographs in their three framings, rounds alternating in one process."""
+    from bench.review.review_set import PHOTOS, review_set
+    from gpu_kernels.segment import OnnxSegmenter, ensure_u2netp
+
+    items = review_set(photos=tuple(p for p in PHOTOS if p.name in SPEED_PHOTOS))
+    segs = {"u2netp": OnnxSegmenter(ensure_u2netp().original, threads=1),
+            model.stem: OnnxSegmenter(model.expanduser(), threads=1)}
+    for seg in segs.values():
+        seg.segment_batch([items[0].image])  # warm-up
+    cpu: dict[str, list[float]] = {k: [] for k in segs}
+    wall: dict[str, list[float]] = {k: [] for k in segs}
+    for r in range(rounds):
+        for k in (list(segs) if r % 2 == 0 else list(segs)[::-1]):
+            c0, w0 = time.process_time(), time.perf_counter()
+            for it in items:
+                segs[k].segment_batch([it.image])
+            cpu[k].append((time.process_time() - c0) / len(items) * 1000)
+            wall[k].append((time.perf_counter() - w0) / len(items) * 1000)
+    for k in segs:
+        print(f"{k:<8} CPU per image {np.median(cpu[k]):6.0f} ms (rounds {', '.join(f'{x:.0f}' for x in cpu[k])}); "
+              f"wall {np.median(wall[k]):.0f} ms; {len(items)} images, 1 ONNX Runtime thread")
+    print(f"{model.stem} / u2netp CPU: {np.median(cpu[model.stem]) / np.median(cpu['u2netp']):.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", default=["wb", "mask"])
@@ -631,9 +667,15 @@ def main() -> None:
     from bench.harness import baseline_tree
 
     before = baseline_tree(args.baseline)
+    if "speed" in args.parts:
+        if args.model is None:
+            parser.error("speed needs --model FILE (e.g. ~/.cache/lightbox/models/u2net/u2net.onnx)")
+        bench_speed(args.model)
+        return
     if "review" in args.parts:
         bench_review(before or Path(__file__).resolve().parents[1], args.model, args.sheet,
-                     None if args.no_rembg else args.rembg_venv, args.judgement or judgement_for(args.model), args.template)
+                     None if args.no_rembg else args.rembg_venv, args.judgement or judgement_for(args.model),
+                     args.template)
         return
     if "wb" in args.parts:
         bench_wb(before, args.png)  # not None: checked above
