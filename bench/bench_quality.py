@@ -29,7 +29,8 @@ then ``transparent_png`` over a coloured page).
 
 ``review``: the real-photo review set (``bench/review/review_set.py``, 123 images of 41
 photographs shipped in packages) through lightbox and rembg, a contact sheet to judge by eye and
-the table of the kept verdicts (``bench/review/review_judgement.toml``). Per image: lightbox's
+the table of the kept verdicts (``bench/review/review_judgement.toml``; for ``--model
+.../u2net.onnx``, ``review_judgement_u2net.toml``). Per image: lightbox's
 default path (u2netp, or ``--model FILE``: another U²-Net ONNX file such as u2net;
 post-processing, pass (a) on white, ``taobao_main``) run with the code of this checkout (or of
 ``--baseline REF``) in a subprocess, and rembg 2.0.86 (u2netp, in its own virtualenv:
@@ -44,6 +45,11 @@ rembg. ``--template FILE`` writes a judgement file with the current fingerprints
 kept so far (new items marked ``"?"``), to be filled in by looking at the sheet.
 ``PYTHONPATH=. python bench/bench_quality.py review [--model FILE] [--sheet docs/img/review.png]``
 
+``speed --model FILE``: u2netp against another U²-Net ONNX file on CPU, the CPU time of the
+process per image of ``segment_batch`` (model and post-processing, ONNX Runtime on one thread),
+18 review images, four rounds alternating in one process.
+``PYTHONPATH=. python bench/bench_quality.py speed --model ~/.cache/lightbox/models/u2net/u2net.onnx``
+
 Usage: ``PYTHONPATH=. python bench/bench_quality.py [wb] [mask] [set] --baseline 96ff878 [--png DIR] [--sheet PNG]``
 (``set`` compares with any older commit, e.g. ``--baseline a378c6f``).
 """
@@ -55,6 +61,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -382,6 +389,13 @@ def bench_set(before: Path, sheet: Path | None, model: Path | None = None) -> No
 JUDGEMENT = ROOT / "bench" / "review" / "review_judgement.toml"
 
 
+def judgement_for(model: Path | None) -> Path:
+    """The kept verdicts for ``model``'s masks: ``review_judgement_<stem>.toml`` beside the
+    default file where one was judged for that model (u2net), else the default (u2netp)."""
+    own = JUDGEMENT.with_name(f"{JUDGEMENT.stem}_{model.stem}.toml") if model is not None else JUDGEMENT
+    return own if own.is_file() else JUDGEMENT
+
+
 def run_rembg(images: dict[str, np.ndarray], venv: Path) -> dict[str, np.ndarray]:
     """rembg's full-size masks and taobao_main outputs (``bench/peers/peer_rembg.py`` in its venv),
     kept beside the review photos (``review_set.cache_dir()``) by the inputs' sha256: rembg
@@ -596,6 +610,36 @@ def bench_review(tree: Path, model: Path | None, sheet: Path | None, rembg_venv:
         print(f"judgement template: {template}")
 
 
+SPEED_PHOTOS = ("smarties", "stuff", "coffee", "chelsea", "astronaut", "coins")
+
+
+def bench_speed(model: Path, rounds: int = 4) -> None:
+    """u2netp against ``model``: CPU time of this process per image of ``segment_batch`` (model and
+    post-processing; ONNX Runtime on one thread, so the figure is the work done, not spinning) on
+    six review photographs in their three framings, rounds alternating in one process."""
+    from bench.review.review_set import PHOTOS, review_set
+    from gpu_kernels.segment import OnnxSegmenter, ensure_u2netp
+
+    items = review_set(photos=tuple(p for p in PHOTOS if p.name in SPEED_PHOTOS))
+    segs = {"u2netp": OnnxSegmenter(ensure_u2netp().original, threads=1),
+            model.stem: OnnxSegmenter(model.expanduser(), threads=1)}
+    for seg in segs.values():
+        seg.segment_batch([items[0].image])  # warm-up
+    cpu: dict[str, list[float]] = {k: [] for k in segs}
+    wall: dict[str, list[float]] = {k: [] for k in segs}
+    for r in range(rounds):
+        for k in (list(segs) if r % 2 == 0 else list(segs)[::-1]):
+            c0, w0 = time.process_time(), time.perf_counter()
+            for it in items:
+                segs[k].segment_batch([it.image])
+            cpu[k].append((time.process_time() - c0) / len(items) * 1000)
+            wall[k].append((time.perf_counter() - w0) / len(items) * 1000)
+    for k in segs:
+        print(f"{k:<8} CPU per image {np.median(cpu[k]):6.0f} ms (rounds {', '.join(f'{x:.0f}' for x in cpu[k])}); "
+              f"wall {np.median(wall[k]):.0f} ms; {len(items)} images, 1 ONNX Runtime thread")
+    print(f"{model.stem} / u2netp CPU: {np.median(cpu[model.stem]) / np.median(cpu['u2netp']):.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("parts", nargs="*", default=["wb", "mask"])
@@ -613,8 +657,8 @@ def main() -> None:
     parser.add_argument("--rembg-venv", type=Path, default=Path.home() / ".cache" / "lightbox" / "rembg-venv",
                         help="review: rembg's virtualenv (made from PyPI on first use)")
     parser.add_argument("--no-rembg", action="store_true", help="review: leave rembg out")
-    parser.add_argument("--judgement", type=Path, default=None, help="review: the kept verdicts "
-                        "(default bench/review/review_judgement.toml)")
+    parser.add_argument("--judgement", type=Path, default=None, help="review: the kept verdicts (default "
+                        "bench/review/review_judgement.toml; with --model u2net.onnx, review_judgement_u2net.toml)")
     parser.add_argument("--template", type=Path, default=None,
                         help="review: write a judgement file with the current fingerprints to fill in")
     args = parser.parse_args()
@@ -623,9 +667,15 @@ def main() -> None:
     from bench.harness import baseline_tree
 
     before = baseline_tree(args.baseline)
+    if "speed" in args.parts:
+        if args.model is None:
+            parser.error("speed needs --model FILE (e.g. ~/.cache/lightbox/models/u2net/u2net.onnx)")
+        bench_speed(args.model)
+        return
     if "review" in args.parts:
         bench_review(before or Path(__file__).resolve().parents[1], args.model, args.sheet,
-                     None if args.no_rembg else args.rembg_venv, args.judgement or JUDGEMENT, args.template)
+                     None if args.no_rembg else args.rembg_venv, args.judgement or judgement_for(args.model),
+                     args.template)
         return
     if "wb" in args.parts:
         bench_wb(before, args.png)  # not None: checked above

@@ -9,12 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.bench_quality import JUDGEMENT, fingerprint, fingerprint_iou, framing_consistency, load_judgement
+from bench.bench_quality import (
+    JUDGEMENT,
+    fingerprint,
+    fingerprint_iou,
+    framing_consistency,
+    judgement_for,
+    load_judgement,
+)
 from bench.review.review_set import FRAMINGS, PHOTOS, ReviewItem, to_photo
 
 
-def test_every_review_image_has_a_verdict_with_a_reason_for_each_tool() -> None:
-    kept = load_judgement(JUDGEMENT)
+@pytest.mark.parametrize("model", [None, Path("u2net.onnx")], ids=["u2netp", "u2net"])
+def test_every_review_image_has_a_verdict_with_a_reason_for_each_tool(model: Path | None) -> None:
+    kept = load_judgement(judgement_for(model))
     names = {f"{p.name}-{f}" for p in PHOTOS for f in FRAMINGS}
     assert set(kept) == names and len(names) >= 40
     for name, v in kept.items():
@@ -22,6 +30,15 @@ def test_every_review_image_has_a_verdict_with_a_reason_for_each_tool() -> None:
         for who in ("lightbox", "rembg"):
             assert v[who] in ("accept", "reject") and v[f"{who}_why"].strip(), (name, who)
         assert len(bytes.fromhex(v["fingerprint"])) == 24 * 24 // 8
+
+
+def test_a_model_s_own_verdicts_are_read_where_they_were_judged() -> None:
+    assert judgement_for(None) == JUDGEMENT
+    assert judgement_for(Path("/models/u2net/u2net.onnx")).name == "review_judgement_u2net.toml"
+    assert judgement_for(Path("/models/other.onnx")) == JUDGEMENT
+    mine, default = load_judgement(judgement_for(Path("u2net.onnx"))), load_judgement(JUDGEMENT)
+    assert mine.keys() == default.keys()
+    assert all(mine[k]["rembg"] == default[k]["rembg"] for k in mine)  # the same rembg run, judged once
 
 
 def test_fingerprints_tell_a_moved_mask_from_the_same_one() -> None:
