@@ -222,14 +222,12 @@ def synth(k: int, size: int) -> tuple[np.ndarray, np.ndarray]:
 
 def count_batch(batch: int, size: int) -> dict[str, Any]:
     """Tally the counted stages over ``batch`` images; per image and per batch figures."""
-    from gpu_kernels.retouch.matting_device import decontaminate_device as decontaminate
     from gpu_kernels.segment.ops import XpOps
-    from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability
 
     xp, ndi = counted_modules()
     ops = XpOps(xp, ndi, "gpu")
     with _AsCupyx(ndi):
-        return _count(xp, ops, batch, size, decontaminate, MaskPostprocess(), alpha_from_probability)
+        return _count(xp, ops, batch, size)
 
 
 class _AsCupyx:
@@ -255,22 +253,20 @@ class _AsCupyx:
                 sys.modules[name] = mod
 
 
-def _count(xp: Any, ops: Any, batch: int, size: int, decontaminate: Any, cfg: Any,
-           alpha_from_probability: Any) -> dict[str, Any]:
+def _count(xp: Any, ops: Any, batch: int, size: int) -> dict[str, Any]:
+    from gpu_kernels.retouch.matting_device import decontaminate_batch
+    from gpu_kernels.segment.postprocess import MaskPostprocess
+    from gpu_kernels.segment.postprocess_batch import alpha_batch
+
     inputs = [synth(k, size) for k in range(min(batch, 4))]  # 4 distinct photos, cycled
-    stage: dict[str, tuple[int, int]] = {}
+    images = [_wrap(inputs[i % len(inputs)][0]) for i in range(batch)]
+    probs = [_wrap(inputs[i % len(inputs)][1]) for i in range(batch)]
     TALLY.__init__()  # type: ignore[misc]
-    for i in range(batch):
-        img, prob = inputs[i % len(inputs)]
-        image, p = _wrap(img), _wrap(prob)
-        c0, s0 = TALLY.calls, TALLY.syncs
-        alpha = alpha_from_probability(p, cfg, ops, image)
-        c1, s1 = TALLY.calls, TALLY.syncs
-        decontaminate(xp, image, alpha)
-        c2, s2 = TALLY.calls, TALLY.syncs
-        for name, (dc, ds) in (("segment.refine", (c1 - c0, s1 - s0)), ("correct.decontaminate", (c2 - c1, s2 - s1))):
-            a, b = stage.get(name, (0, 0))
-            stage[name] = (a + dc, b + ds)
+    alphas = alpha_batch(probs, images, MaskPostprocess(), ops)  # what the device lane's refine runs
+    c1, s1 = TALLY.calls, TALLY.syncs
+    decontaminate_batch(xp, images, alphas)  # what the device lane's correct runs before its kernel
+    c2, s2 = TALLY.calls, TALLY.syncs
+    stage = {"segment.refine": (c1, s1), "correct.decontaminate": (c2 - c1, s2 - s1)}
     return {"batch": batch, "size": size, "array_calls_per_image": round(TALLY.calls / batch, 1),
             "host_syncs_per_batch": TALLY.syncs,
             "by_stage": {k: {"array_calls_per_image": round(c / batch, 1), "host_syncs_per_batch": s}

@@ -75,17 +75,20 @@ class RefineStage(Stage):
                 groups.setdefault(id(mask.segmenter), (mask.segmenter.device, []))[1].append(i)
         for device, idx in groups.values():
             yield Step(self.name, device, idx,
-                       lambda ix: [_refined(ctx, i) for i in ix],
+                       lambda ix: _refined(ctx, ix),
                        lambda i, m: _keep_mask(ctx, i, m))
 
 
-def _refined(ctx: BatchContext, i: int) -> Any:
-    """Item ``i``'s alpha, refined at no more pixels than its presets' canvases reach."""
-    mask, image = ctx.masks[i], ctx.images[i]
-    assert isinstance(mask, Unrefined)
-    h, w = image.shape[:2]
-    limit = output_work_pixels(mask.prob, h, w, [(p.width, p.height, p.fill) for p in ctx.jobs[i].presets])
-    return mask.alpha(image, limit)
+def _refined(ctx: BatchContext, idx: list[int]) -> list[Any]:
+    """The items' alphas (one segmenter's), each refined at no more pixels than its presets'
+    canvases reach, in one :meth:`~gpu_kernels.segment.bucketed.BucketedSegmenter.refine_batch`."""
+    masks = [ctx.masks[i] for i in idx]
+    assert masks and all(isinstance(m, Unrefined) for m in masks)
+    limits = [output_work_pixels(m.prob, *ctx.images[i].shape[:2],  # type: ignore[union-attr]
+                                 [(p.width, p.height, p.fill) for p in ctx.jobs[i].presets])
+              for i, m in zip(idx, masks, strict=True)]
+    segmenter = masks[0].segmenter  # type: ignore[union-attr]
+    return segmenter.refine_batch([m.prob for m in masks], [ctx.images[i] for i in idx], limits)  # type: ignore[union-attr]
 
 
 def _keep_mask(ctx: BatchContext, i: int, mask: Any) -> None:
