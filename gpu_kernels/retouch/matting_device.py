@@ -31,14 +31,15 @@ Box = tuple[int, int, int, int] | None  # (first row, last row, first column, la
 
 
 def _box_parts(xp: Any, alpha: Array) -> Array:
-    """``(4,)`` int64 on the device: first/last row and column holding an edge pixel (-1 if none)."""
+    """``(..., 4)`` int64 on the device: first/last row and column holding an edge pixel (-1 if
+    none), of one ``(H, W)`` alpha or of each of a ``(B, H, W)`` stack."""
     edge = (alpha > 0) & (alpha < 255)
-    rows, cols = edge.any(axis=1), edge.any(axis=0)
-    h, w = alpha.shape
-    first_r, first_c = xp.argmax(rows), xp.argmax(cols)
-    last_r, last_c = h - 1 - xp.argmax(rows[::-1]), w - 1 - xp.argmax(cols[::-1])
-    none = ~rows.any()
-    return xp.where(none, -1, xp.stack([first_r, last_r, first_c, last_c]).astype(xp.int64))
+    rows, cols = edge.any(axis=-1), edge.any(axis=-2)
+    h, w = alpha.shape[-2:]
+    first_r, first_c = xp.argmax(rows, axis=-1), xp.argmax(cols, axis=-1)
+    last_r, last_c = h - 1 - xp.argmax(rows[..., ::-1], axis=-1), w - 1 - xp.argmax(cols[..., ::-1], axis=-1)
+    none = ~rows.any(axis=-1)
+    return xp.where(none[..., None], -1, xp.stack([first_r, last_r, first_c, last_c], axis=-1).astype(xp.int64))
 
 
 def edge_box(xp: Any, alpha: Array) -> Box:
@@ -47,12 +48,22 @@ def edge_box(xp: Any, alpha: Array) -> Box:
 
 
 def edge_boxes(xp: Any, alphas: Sequence[Array]) -> list[Box]:
-    """The edge's bounding box of each alpha, all read back in one host transfer."""
+    """The edge's bounding box of each alpha, all read back in one host transfer (the alphas of
+    one size found as one stack)."""
     if not alphas:
         return []
-    parts = xp.stack([_box_parts(xp, a) for a in alphas])
-    host = parts.get() if hasattr(parts, "get") else parts
-    return [None if int(r[0]) < 0 else (int(r[0]), int(r[1]), int(r[2]), int(r[3])) for r in host.tolist()]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for k, a in enumerate(alphas):
+        groups.setdefault(tuple(a.shape), []).append(k)
+    order = [k for members in groups.values() for k in members]
+    parts = [_box_parts(xp, alphas[m[0]][None] if len(m) == 1 else xp.stack([alphas[k] for k in m]))
+             for m in groups.values()]
+    both = parts[0] if len(parts) == 1 else xp.concatenate(parts)
+    host = (both.get() if hasattr(both, "get") else both).tolist()
+    boxes: list[Box] = [None] * len(alphas)
+    for k, r in zip(order, host, strict=True):
+        boxes[k] = None if int(r[0]) < 0 else (int(r[0]), int(r[1]), int(r[2]), int(r[3]))
+    return boxes
 
 
 def decontaminate_device(xp: Any, pixels: Array, alpha: Array, cfg: MattingConfig | None = None,
