@@ -12,12 +12,16 @@ order, as ``XpOps`` and ``xp``-generic code make them on CuPy) and reports, for 
   data-dependent shapes (``nonzero``, ``unique``, ``bincount``, boolean-mask gathers,
   ``ndimage.label``'s count).
 
-Stages counted: the mask refinement of ``segment`` (``alpha_from_probability`` from the model's
-probability, with the image: guided edge, islands, holes, matte) and the edge decontamination of
-``correct`` (``retouch.matting_device.decontaminate_device``, what ``CupyRetoucher`` runs), on
-synthetic ~1 MP product photos. The RawKernel passes of ``correct`` and ``render`` (one launch
-per image and per preset) and the decode and encode libraries are not array-module code and are
-not counted here.
+Stages counted, as the device lane runs them on a batch: the mask refinement of ``segment``
+(``segment.postprocess_batch.alpha_batch`` from the model's probability and the image: guided
+edge, the rules' checks, matte; the images of one size as one stack, an image a rule changes
+refined again on its own) and the edge decontamination of ``correct``
+(``retouch.matting_device.decontaminate_batch``, what ``CupyRetoucher.correct`` runs before its
+kernel), on synthetic ~1 MP product photos of three sizes. The RawKernel passes of ``correct``
+and ``render`` (one launch per image and per preset) and the decode and encode libraries are
+not array-module code and are not counted here; nor are the few index maps the batched
+decontamination makes on the host with NumPy (integers per row and column of the batch, each
+sent in one counted ``asarray``).
 
     python3 bench/gpu/host_work.py [--batch 64] [--size 1000] [--json FILE]
 

@@ -442,10 +442,11 @@ class CupyRetoucher:
         does its own (nothing to fix, or its inputs fail there and it reports it)."""
         out: list[Any] = [None] * len(images)
         picked: list[tuple[int, Any, Any]] = []
+        failures: tuple[type[Exception], ...] = (LightboxError, *self._cuda_errors())
         for k, (image, mask) in enumerate(zip(images, masks, strict=True)):
             try:
                 pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
-            except (LightboxError, *self._cuda_errors()):
+            except failures:
                 continue
             if self._decontaminates(pixels, alpha, own, options):
                 picked.append((k, pixels, alpha))

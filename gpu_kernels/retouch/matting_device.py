@@ -16,6 +16,7 @@ level after rounding on NumPy, where OpenCV's running sums differ in the last bi
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -134,9 +135,9 @@ def decontaminate_batch(xp: Any, pixels: Sequence[Array], alphas: Sequence[Array
     groups: dict[tuple[int, int], list[tuple[int, tuple[int, int, int, int]]]] = {}
     for k, box in zip(todo, boxes, strict=True):
         if box is not None:
-            groups.setdefault(tuple(pixels[k].shape[:2]), []).append((k, box))  # type: ignore[arg-type]
+            groups.setdefault(tuple(pixels[k].shape[:2]), []).append((k, box))
     if ndi is None and groups:
-        from cupyx.scipy import ndimage as ndi
+        ndi = importlib.import_module("cupyx.scipy.ndimage")
     for members in groups.values():
         fixed = _decontaminate_stack(xp, ndi, xp.stack([pixels[k] for k, _ in members]),
                                      xp.stack([alphas[k] for k, _ in members]), [b for _, b in members], cfg)

@@ -185,11 +185,12 @@ class BucketedSegmenter:
         chunk the model fails on gets that error for each of its images (the next chunk runs).
         :meth:`infer_batch` then :meth:`Unrefined.alpha` for each image, in one call."""
         masks = self.infer_batch(images)
-        todo = [k for k, m in enumerate(masks) if isinstance(m, Unrefined)]
-        alphas = self.refine_batch([masks[k].prob for k in todo], [images[k] for k in todo])  # type: ignore[union-attr]
-        for k, alpha in zip(todo, alphas, strict=True):
-            masks[k] = alpha
-        return masks  # type: ignore[return-value]
+        todo = [(k, m) for k, m in enumerate(masks) if isinstance(m, Unrefined)]
+        alphas = self.refine_batch([m.prob for _, m in todo], [images[k] for k, _ in todo])
+        out: list[Array | LightboxError] = [m.prob if isinstance(m, Unrefined) else m for m in masks]
+        for (k, _), alpha in zip(todo, alphas, strict=True):
+            out[k] = alpha
+        return out
 
     def infer_batch(self, images: Sequence[Array]) -> list[Array | Unrefined | LightboxError]:
         """:meth:`segment_batch` up to the model's probabilities: per image an :class:`Unrefined`

@@ -83,12 +83,14 @@ def _refined(ctx: BatchContext, idx: list[int]) -> list[Any]:
     """The items' alphas (one segmenter's), each refined at no more pixels than its presets'
     canvases reach, in one :meth:`~gpu_kernels.segment.bucketed.BucketedSegmenter.refine_batch`."""
     masks = [ctx.masks[i] for i in idx]
-    assert masks and all(isinstance(m, Unrefined) for m in masks)
-    limits = [output_work_pixels(m.prob, *ctx.images[i].shape[:2],  # type: ignore[union-attr]
-                                 [(p.width, p.height, p.fill) for p in ctx.jobs[i].presets])
-              for i, m in zip(idx, masks, strict=True)]
-    segmenter = masks[0].segmenter  # type: ignore[union-attr]
-    return segmenter.refine_batch([m.prob for m in masks], [ctx.images[i] for i in idx], limits)  # type: ignore[union-attr]
+    todo = [m for m in masks if isinstance(m, Unrefined)]
+    assert todo and len(todo) == len(masks)
+    limits = []
+    for i, m in zip(idx, todo, strict=True):
+        h, w = ctx.images[i].shape[:2]
+        limits.append(output_work_pixels(m.prob, h, w, [(p.width, p.height, p.fill) for p in ctx.jobs[i].presets]))
+    alphas: list[Any] = todo[0].segmenter.refine_batch([m.prob for m in todo], [ctx.images[i] for i in idx], limits)
+    return alphas
 
 
 def _keep_mask(ctx: BatchContext, i: int, mask: Any) -> None:

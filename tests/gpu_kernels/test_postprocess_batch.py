@@ -18,7 +18,7 @@ from gpu_kernels.segment.postprocess_batch import alpha_batch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.gpu.host_work import TALLY, _AsCupyx, _wrap, counted_modules, synth  # noqa: E402
+from bench.gpu.host_work import TALLY, _AsCupyx, _wrap, counted_modules, synth
 
 
 def _batch(size: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
