@@ -26,6 +26,8 @@ import numpy as np
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.matting import MattingConfig, box_blur
 
+STACK_PIXELS = 1 << 26  # pixels per stack at most (64 MP), as the refinement's
+
 __all__ = ["decontaminate_batch", "decontaminate_device", "edge_box", "edge_boxes"]
 
 Box = tuple[int, int, int, int] | None  # (first row, last row, first column, last column) of the edge
@@ -121,7 +123,8 @@ def decontaminate_batch(xp: Any, pixels: Sequence[Array], alphas: Sequence[Array
                         cfg: MattingConfig | None = None, ndi: Any = None) -> list[Array]:
     """:func:`decontaminate_device` of each pair (``alpha`` None, or not 3-channel pixels: the
     pixels as they are), the same bytes: the edge boxes of all read back in one host transfer,
-    then the images of one size run as one stack (:func:`_decontaminate_stack`). ``ndi``: the
+    then the images of one size run as one stack (:func:`_decontaminate_stack`; at most
+    :data:`STACK_PIXELS` pixels a stack). ``ndi``: the
     array module's ``scipy.ndimage`` (default: ``cupyx.scipy.ndimage``)."""
     cfg = cfg or MattingConfig()
     out = list(pixels)
@@ -138,7 +141,9 @@ def decontaminate_batch(xp: Any, pixels: Sequence[Array], alphas: Sequence[Array
             groups.setdefault(tuple(pixels[k].shape[:2]), []).append((k, box))
     if ndi is None and groups:
         ndi = importlib.import_module("cupyx.scipy.ndimage")
-    for members in groups.values():
+    chunks = [members[c:c + depth] for (h, w), members in groups.items()
+              for depth in [max(1, STACK_PIXELS // (h * w))] for c in range(0, len(members), depth)]
+    for members in chunks:
         fixed = _decontaminate_stack(xp, ndi, xp.stack([pixels[k] for k, _ in members]),
                                      xp.stack([alphas[k] for k, _ in members]), [b for _, b in members], cfg)
         for j, (k, _) in enumerate(members):

@@ -22,7 +22,9 @@ stacked ``(B, H, W)`` and run as one:
   hole) is refined again on its own by :func:`alpha_from_probability`, so every image gets the
   per-image result.
 
-The host reads per batch: the two labellings' counts and the flags.
+The host reads per batch: the two labellings' counts and the flags. A stack holds at most
+:data:`STACK_PIXELS` pixels (more images of one size make several stacks, still labelled and
+flagged together), which bounds the matte's device memory (a dozen float32 copies of a stack).
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from gpu_kernels.array import Array
 from gpu_kernels.segment.ops import ArrayOps, XpOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, _grey, _stride, alpha_from_probability
 
-__all__ = ["alpha_batch", "batchable"]
+__all__ = ["STACK_PIXELS", "alpha_batch", "batchable"]
+
+STACK_PIXELS = 1 << 26  # pixels per stack at most (64 MP: 64 images of 1 MP, 16 of 4 MP): bounds device memory
 
 
 def batchable(prob: Array, image: Array | None, cfg: MaskPostprocess) -> bool:
@@ -60,18 +64,19 @@ def alpha_batch(probs: Sequence[Array], images: Sequence[Array | None], cfg: Mas
             out[i] = alpha_from_probability(p, cfg, ops, im)
     if groups:
         xp = ops.xp
-        idx = [i for members in groups.values() for i in members]
+        chunks = [members[c:c + depth] for members in groups.values()
+                  for depth in [max(1, STACK_PIXELS // math.prod(probs[members[0]].shape))]
+                  for c in range(0, len(members), depth)]
         stacks = [_Stack(xp.stack([probs[i] for i in members]), xp.stack([images[i] for i in members]), cfg, ops)
-                  for members in groups.values()]
+                  for members in chunks]
         need = _checks(stacks, cfg, ops)
         flags = ops.asnumpy(need).tolist()  # the one read of the flags
         k = 0
-        for members, stack in zip(groups.values(), stacks, strict=True):
+        for members, stack in zip(chunks, stacks, strict=True):
             alphas = stack.matte()
             for j, i in enumerate(members):
                 out[i] = alpha_from_probability(probs[i], cfg, ops, images[i]) if flags[k + j] else alphas[j]
             k += len(members)
-        assert k == len(idx)
     return [a for a in out if a is not None]
 
 

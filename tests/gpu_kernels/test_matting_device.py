@@ -82,3 +82,15 @@ def test_the_batch_is_one_host_read_and_its_calls_do_not_grow_with_it() -> None:
             assert np.array_equal(np.asarray(got[-1]).view(np.ndarray),
                                   decontaminate_device(np, *cases[-1]))
     assert seen[0] == seen[1] and seen[0][0] == 1, seen
+
+
+def test_more_images_of_one_size_than_a_stack_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+    import scipy.ndimage as ndi
+
+    from gpu_kernels.retouch import matting_device
+
+    monkeypatch.setattr(matting_device, "STACK_PIXELS", 2 * 300 * 220)
+    cases = [_photo(300, 220, k) for k in range(5)]
+    got = matting_device.decontaminate_batch(np, [p for p, _ in cases], [a for _, a in cases], ndi=ndi)
+    for (p, a), g in zip(cases, got, strict=True):
+        assert np.array_equal(g, decontaminate(np, p, a))

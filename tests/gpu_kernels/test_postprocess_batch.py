@@ -121,3 +121,11 @@ def test_only_the_images_a_rule_changes_are_refined_again(monkeypatch: pytest.Mo
     # the grey photo and the one without an image alone from the start; then the island, the
     # hole and the slab (flagged); the plain photos and the empty one stay in their stacks
     assert sorted(alone) == [5, 6, 7, 9, 10], alone
+
+
+def test_a_size_with_more_images_than_a_stack_holds_makes_several(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gpu_kernels.segment.postprocess_batch as batch
+
+    monkeypatch.setattr(batch, "STACK_PIXELS", 2 * 160 * 160)  # two of the square photos a stack
+    photos = [synth(3 * k, 160) for k in range(3)] + [synth(1, 160)]
+    _compare(np, XpOps(np, ndi, "gpu"), [(p, i) for i, p in photos] + _batch(160)[5:8], MaskPostprocess())
