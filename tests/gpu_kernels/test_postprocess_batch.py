@@ -23,7 +23,8 @@ from bench.gpu.host_work import TALLY, _AsCupyx, _wrap, counted_modules, synth
 
 def _batch(size: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
     """Plain photos of three sizes, and one each that a rule changes: an island far from the
-    subject, an enclosed hole, a backdrop-coloured unsure slab; one with no subject; a grey one."""
+    subject, an enclosed hole, a backdrop-coloured unsure slab; one with no subject; a grey one;
+    one without an image; one with a speck island and a speck hole."""
     photos = [synth(k, size) for k in range(5)]
     out: list[tuple[np.ndarray, np.ndarray | None]] = [(p, i) for i, p in photos]
     img, prob = synth(6, size)
@@ -42,6 +43,12 @@ def _batch(size: int) -> list[tuple[np.ndarray, np.ndarray | None]]:
     out.append((np.zeros_like(prob), img))
     out.append((prob.copy(), img[..., :1].copy()))  # one channel: refined on its own
     out.append((prob, None))  # no image
+    img, prob = synth(9, size)
+    specks = prob.copy()
+    h, w = specks.shape
+    specks[2:4, 2:4] = 1.0  # an island of 4 px far from the subject: dropped in the stack
+    specks[h // 2:h // 2 + 2, w // 2:w // 2 + 2] = 0.0  # a hole of 4 px in it: filled in the stack
+    out.append((specks, img))
     return out
 
 
@@ -73,7 +80,7 @@ def test_settings_that_switch_rules_off_or_feather_without_the_matte() -> None:
     xp, cndi = counted_modules()
     with _AsCupyx(cndi):
         ops = XpOps(xp, cndi, "gpu")
-        cases = _batch(160)[:8]
+        cases = _batch(160)
         for cfg in (MaskPostprocess(guide_sigma=0.0, backdrop_delta_e=0.0),
                     MaskPostprocess(min_component=0.0, clutter_delta_e=0.0, speck_hole=0.0, max_hole=0.0),
                     MaskPostprocess(matte=False)):
@@ -119,7 +126,8 @@ def test_only_the_images_a_rule_changes_are_refined_again(monkeypatch: pytest.Mo
     monkeypatch.setattr(batch, "alpha_from_probability", one)
     alpha_batch([p for p, _ in cases], [i for _, i in cases], MaskPostprocess(), XpOps(np, ndi, "gpu"))
     # the grey photo and the one without an image alone from the start; then the island, the
-    # hole and the slab (flagged); the plain photos and the empty one stay in their stacks
+    # hole and the slab (flagged); the plain photos, the empty one and the specks (dropped and
+    # filled in the stack) stay in their stacks
     assert sorted(alone) == [5, 6, 7, 9, 10], alone
 
 
