@@ -23,6 +23,10 @@ not array-module code and are not counted here; nor are the few index maps the b
 decontamination makes on the host with NumPy (integers per row and column of the batch, each
 sent in one counted ``asarray``).
 
+``refined_alone``: the images the refinement's flags sent back to the per-image code (a rule
+that only it decides; none on these photos, which have one subject and no holes: a batch of
+real photos pays for those images their per-image calls and host reads on top).
+
     python3 bench/gpu/host_work.py [--batch 64] [--size 1000] [--json FILE]
 
 Goal (batch 64, decode to encode): at most 50 array calls per image and 5 host
@@ -265,14 +269,27 @@ def _count(xp: Any, ops: Any, batch: int, size: int) -> dict[str, Any]:
     inputs = [synth(k, size) for k in range(min(batch, 4))]  # 4 distinct photos, cycled
     images = [_wrap(inputs[i % len(inputs)][0]) for i in range(batch)]
     probs = [_wrap(inputs[i % len(inputs)][1]) for i in range(batch)]
+    import gpu_kernels.segment.postprocess_batch as batched
+
+    alone: list[int] = []
+    one = batched.alpha_from_probability  # the per-image refinement of an image a flag sends back
+
+    def counted_one(*args: Any) -> Any:
+        alone.append(1)
+        return one(*args)
+
     TALLY.__init__()  # type: ignore[misc]
-    alphas = alpha_batch(probs, images, MaskPostprocess(), ops)  # what the device lane's refine runs
+    batched.alpha_from_probability = counted_one  # type: ignore[assignment]
+    try:
+        alphas = alpha_batch(probs, images, MaskPostprocess(), ops)  # what the device lane's refine runs
+    finally:
+        batched.alpha_from_probability = one
     c1, s1 = TALLY.calls, TALLY.syncs
     decontaminate_batch(xp, images, alphas)  # what the device lane's correct runs before its kernel
     c2, s2 = TALLY.calls, TALLY.syncs
     stage = {"segment.refine": (c1, s1), "correct.decontaminate": (c2 - c1, s2 - s1)}
     return {"batch": batch, "size": size, "array_calls_per_image": round(TALLY.calls / batch, 1),
-            "host_syncs_per_batch": TALLY.syncs,
+            "host_syncs_per_batch": TALLY.syncs, "refined_alone": len(alone),
             "by_stage": {k: {"array_calls_per_image": round(c / batch, 1), "host_syncs_per_batch": s}
                          for k, (c, s) in stage.items()},
             "top_calls": dict(TALLY.by_name.most_common(12)), "top_syncs": dict(TALLY.sync_names.most_common(8)),
