@@ -311,9 +311,14 @@ class XpOps:
 
     def box_means(self, a: Array, radius: int) -> Array:
         """Box mean (``(2 r + 1)`` square, borders reflected) of each slice of ``(B, H, W[, C])``
-        float32: ``uniform_filter`` with size 1 on the stack's and the channels' axes."""
+        float32, as :func:`gpu_kernels.retouch.matting.box_blur` of each: on the device one
+        ``uniform_filter`` with size 1 on the stack's and the channels' axes."""
         if radius <= 0:
             return a
+        if self.xp is np:  # the per-image code's own filter (OpenCV) slice by slice: the same bits
+            from gpu_kernels.retouch.matting import box_blur
+
+            return np.stack([box_blur(np, np.ascontiguousarray(x), radius) for x in a])
         k = 2 * radius + 1
         size = (1, k, k) + ((1,) if a.ndim == 4 else ())
         return self.ndi.uniform_filter(self.xp.ascontiguousarray(a), size=size, mode="reflect")

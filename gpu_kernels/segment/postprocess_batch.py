@@ -13,18 +13,19 @@ stacked ``(B, H, W)`` and run as one:
   structuring element of one plane: no component crosses images; per-label sums by ``add.at``,
   per-image values by a label-to-image map, no host read): specks dropped and filled as the
   per-image rules would;
-* what only the per-image rules can decide is *flagged*, per image: a thick unsure part (the
-  backdrop between items), an island between the two size limits (how near the largest is it?),
-  a dropped island the model is sure of and not tiny (an item?), more than one component left
-  (clutter at the frame's edge), a hole between the speck and the largest size (its colour);
+* what only the per-image rules can decide is *flagged*, per image: a thick unsure part with a
+  thick part within the rule's ΔE of the local backdrop (backdrop between items?), an island
+  between the two size limits (how near the largest is it?), a dropped island the model is sure
+  of and not tiny (an item?), more than one component left (clutter at the frame's edge?), a
+  hole between the speck and the largest size (its colour);
 * the matte over each whole frame (the unknown band by stacked erosions, "near the subject" by
   one distance transform of the images laid out with gaps wider than the reach, the guided
   filter evaluated everywhere and kept in the band with ``where``): the same values as the
   per-image matte on the subject's box, whose margin holds every window;
 * the flags come back in one read; an image whose flag is set (a multi-item shot, a large
   island or hole) is refined again on its own by :func:`alpha_from_probability`, so every image
-  gets the per-image result. (On nine of scikit-image's photos with u2netp, five were flagged:
-  four by the backdrop check, one by a hole.)
+  gets the per-image result. (Of nine of scikit-image's colour photos with u2netp,
+  four were flagged: backdrop between items, a second large component, a larger hole.)
 
 The host reads per batch: the two labellings' counts and the flags. A stack holds at most
 :data:`STACK_PIXELS` pixels (more images of one size make several stacks, still labelled and
@@ -40,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from gpu_kernels.array import Array
+from gpu_kernels.retouch.color import srgb_to_lab
 from gpu_kernels.segment.ops import ArrayOps, XpOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, _grey, _stride, alpha_from_probability
 
@@ -95,14 +97,44 @@ class _Stack:
         self.hard = self.prob >= cfg.threshold
 
     def backdrop_flags(self) -> Array:
-        """Per image: the backdrop rule could drop a region (a thick enough unsure part)."""
+        """Per image: the backdrop rule could drop a region (a thick enough unsure part, and a
+        thick part of it within the rule's ΔE of the backdrop's local colour)."""
         cfg, ops, xp = self.cfg, self.ops, self.ops.xp
         _, h, w = self.hard.shape
         st = _stride(h, w)
         unsure = self.hard[:, ::st, ::st] & (self.prob[:, ::st, ::st] < xp.float32(cfg.backdrop_unsure))
         r = max(1, round(cfg.backdrop_thick * math.hypot(*unsure.shape[1:3])))
         thick = (~ops.erode_masks(~ops.erode_masks(unsure, r), r)).sum(axis=(1, 2))
-        return self.hard.any(axis=(1, 2)) & (thick.astype(xp.float64) * (st * st) >= cfg.backdrop_min * h * w)
+        flags = self.hard.any(axis=(1, 2)) & (thick.astype(xp.float64) * (st * st) >= cfg.backdrop_min * h * w)
+        # then, as the rule goes on: no backdrop to compare with, or no thick backdrop-like part
+        delta, known = self._likeness(st)
+        cand = unsure & (delta < xp.float32(cfg.backdrop_delta_e))
+        return flags & known & (~ops.erode_masks(~ops.erode_masks(cand, r), r)).any(axis=(1, 2))
+
+    def _likeness(self, st: int) -> tuple[Array, Array]:
+        """:func:`~gpu_kernels.segment.postprocess.backdrop_likeness` of each slice: ``(ΔE, known)``
+        with ``known`` False where that returns None (the model calls almost nothing background)."""
+        cfg, ops, xp = self.cfg, self.ops, self.ops.xp
+        p = self.prob[:, ::st, ::st]
+        rgb = self.images[:, ::st, ::st, :3]
+        n, hs, ws = p.shape
+        flat = rgb.reshape(-1, 3)
+        lab = srgb_to_lab(xp, flat.astype(xp.float64), levels=flat if flat.dtype == xp.uint8 else None)
+        lab = lab.reshape(n, hs, ws, 3).astype(xp.float32)
+        bg = (p < xp.float32(cfg.backdrop_prob)).astype(xp.float32)
+        mean = bg.sum(axis=(1, 2)) / xp.float32(hs * ws)  # counts are exact: the slice's float32 mean
+        known = mean.astype(xp.float64) >= 0.02
+        sigma = max(1.0, cfg.backdrop_sigma * math.hypot(hs, ws))
+        f = max(1.0, sigma / 3.0)
+        sh, sw = max(1, round(hs / f)), max(1, round(ws / f))
+        planes = [bg, *(lab[..., c] * bg for c in range(3))]
+        small = [ops.blur_maps(ops.resize_maps(a, sh, sw), sigma / f) for a in planes]
+        den = ops.resize_maps(small[0], hs, ws)
+        local = xp.stack([ops.resize_maps(a, hs, ws) for a in small[1:]], axis=-1)
+        local /= xp.maximum(den, xp.float32(1e-4))[..., None]
+        far = den < xp.float32(1e-3)
+        delta = xp.sqrt(((lab - local) ** 2).sum(axis=-1))
+        return xp.where(far, xp.float32(1e3), delta), known
 
     def matte(self) -> Array:
         """``(B, H, W)`` uint8: :func:`~gpu_kernels.segment.postprocess.matte_alpha` of each image."""

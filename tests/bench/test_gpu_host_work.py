@@ -42,7 +42,7 @@ def test_the_bench_counts_each_stage_and_waits_per_batch_not_per_image() -> None
 
 @pytest.mark.slow
 def test_goal_at_most_50_array_calls_per_image_and_5_host_syncs_per_batch() -> None:
-    """The bench's own setting (``python3 bench/gpu/host_work.py``): 18.3 calls per image and 4
+    """The bench's own setting (``python3 bench/gpu/host_work.py``): 24.0 calls per image and 4
     host reads per batch when counted on 2026-12-07."""
     result = count_batch(64, 1000)
     assert result["refined_alone"] == 0, result  # the batched path, not the per-image one

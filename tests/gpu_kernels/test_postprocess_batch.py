@@ -137,3 +137,18 @@ def test_a_size_with_more_images_than_a_stack_holds_makes_several(monkeypatch: p
     monkeypatch.setattr(batch, "STACK_PIXELS", 2 * 160 * 160)  # two of the square photos a stack
     photos = [synth(3 * k, 160) for k in range(3)] + [synth(1, 160)]
     _compare(np, XpOps(np, ndi, "gpu"), [(p, i) for i, p in photos] + _batch(160)[5:8], MaskPostprocess())
+
+
+def test_real_photos_with_the_model_batched_equal_one_by_one(u2netp: Any) -> None:
+    """scikit-image's photos with u2netp's probabilities: specks, holes, backdrop regions and two
+    of one size (astronaut and the tissue sample); some flagged, some refined in their stack."""
+    import skimage.data
+
+    from gpu_kernels.segment.onnx_runner import OnnxSegmenter
+
+    names = ["astronaut", "immunohistochemistry", "coffee", "chelsea", "rocket"]
+    images = [np.ascontiguousarray(getattr(skimage.data, n)()[..., :3]) for n in names]
+    ops = XpOps(np, ndi, "gpu")
+    masks = OnnxSegmenter(u2netp.original).infer_batch(images)
+    probs = [ops.resize_map(m.prob, *im.shape[:2]) for m, im in zip(masks, images, strict=True)]  # type: ignore[union-attr]
+    _compare(np, ops, list(zip(probs, images, strict=True)), MaskPostprocess())
