@@ -45,11 +45,12 @@ demo: setup kafka-jars  ## local broker, sample catalog, one worker, latency tab
 	$(BIN)/lightbox demo --out out/demo
 
 bench: setup  ## the quick CPU suite (bench/README.md): each bench at a small size, under 10 minutes
+	mkdir -p bench/results
 	PYTHONPATH=. $(BIN)/python bench/bench_retouch.py --width 1000 --height 750 --repeat 2 --out bench/results/bench_retouch.json
 	PYTHONPATH=. $(BIN)/python bench/bench_decode.py --n 8 --n-large 1 --rounds 1
 	PYTHONPATH=. $(BIN)/python bench/bench_segment.py --batches 1 4 --json bench/results/bench_segment.json
-	PYTHONPATH=. $(BIN)/python bench/bench_compliance.py --segmenter classical --count 8 --no-cutouts
-	PYTHONPATH=. $(BIN)/python bench/bench_tone.py
+	PYTHONPATH=. $(BIN)/python bench/bench_output.py compliance --segmenter classical --count 8 --no-cutouts
+	PYTHONPATH=. $(BIN)/python bench/bench_output.py tone
 	PYTHONPATH=. $(BIN)/python bench/bench_batching.py --quick --seconds 4 --capacity-events 8 --images 4 --warmup 2 --configs fixed-1,adaptive
 
 image:  ## build lightbox:cpu and lightbox:gpu with Docker (on local base stand-ins where no registry answers)

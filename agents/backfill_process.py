@@ -6,8 +6,8 @@ In one process the backfill's decode, segment, correct and render hold the lock 
 waits for, whatever their threads' CPU priority, and a core stays partly idle. In a process of its
 own, at a lower CPU priority (``backfill_nice``) and in the kernel's idle scheduling class
 (``backfill_sched_idle``, Linux), the backfill takes only what the cores leave: the kernel, not the
-interpreter, puts live work first. ``bench/bench_contention.py`` and ``bench/bench_backfill.py``
-measure both; their figures are in docs/backfills.md.
+interpreter, puts live work first. ``bench/bench_load.py backfill`` measures both; its figures
+are in docs/backfills.md.
 
 Starvation: under SCHED_IDLE the child gets no CPU while live work takes every core. Its consumer
 can then miss heartbeats and lose its backfill partitions to another worker; what it held is
@@ -29,8 +29,8 @@ core has no spare capacity to give anyway.
 Live work, seen from the child: the parent writes its live work (live inputs queued in it, live
 records waiting in the brokers) every ``backfill_check_ms`` into a few bytes of memory the two share
 (:class:`LiveSignal`), and the child's consumer pauses the backfill partitions and holds at most
-``backfill_busy_in_flight`` inputs while there is some, as the in-process lane does. What the child
-cannot see is the parent's device queue: a released backfill batch does not wait for a live batch
+``backfill_busy_in_flight`` inputs while there is some, as the tier in the worker's own process
+does. What the child cannot see is the parent's device queue: a released backfill batch does not wait for a live batch
 there; the CPU priority puts live first instead. Fit for a CPU worker, where the cores are the
 device; a GPU worker keeps the lane in its process, where the device queue puts live first.
 

@@ -1,11 +1,12 @@
-"""The servers a worker cannot do without — the brokers and the output store — and whether each is
-reachable now. A dependency that is down is waited for, never turned into dead letters and never
+"""The servers a worker cannot do without — the brokers, the output store and the schema registry
+(when ``LIGHTBOX_SCHEMA_REGISTRY_URL`` is set: ``streams.registry`` reports to it) — and whether each
+is reachable now. A dependency that is down is waited for, never turned into dead letters and never
 a reason to exit:
 
 - whoever finds it unreachable (a store write past the store client's own retries, a send the
-  brokers did not acknowledge) calls :meth:`Dependencies.failed`, sleeps the backoff it returns
-  (capped exponential, with jitter, so a recovering server is not hammered) and tries again,
-  without end;
+  brokers did not acknowledge, a lookup of an input's schema id the registry did not answer) calls
+  :meth:`Dependencies.failed`, sleeps the backoff it returns (capped exponential, with jitter, so a
+  recovering server is not hammered) and tries again, without end;
 - while any dependency is down, the runner takes no new inputs (the consumer's fetch pauses),
   ``/readyz`` says which one is down and since when, ``/healthz`` stays live (a restart would not
   bring the server back), and the watchdog does not count the wait as a stuck lane or send;

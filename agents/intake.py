@@ -41,6 +41,7 @@ class Item:
     ticket: Ticket[Item] | None = None
     tier: str = LIVE  # or BACKFILL (agents.tiers)
     parsed: dict[str, Any] | None = None  # the decoded input event, once prepare read it
+    charged: int = 0  # its decoded bytes, counted against max_in_flight_bytes from the batcher to its output
 
 
 Pair = tuple[Item, Any]  # an input and its Prepared job

@@ -89,6 +89,7 @@ class RunnerConfig:
     ``stage_timeout_s``) or real time (``watchdog_interval_s``, ``retry_backoff_s``)."""
 
     max_in_flight: int = 64
+    max_in_flight_bytes: int | None = None  # decoded bytes (Prepared.nbytes) past the batcher at once; None: no bound
     prepare_threads: int = 4
     output_threads: int = 2
     device_threads: int = 1  # > 1 only for a model that runs calls side by side (OpenVINO's streams)

@@ -18,7 +18,12 @@ the next decoded batch as soon as its own call is done, so one batch's mask refi
 run beside the next one's instead of the cores waiting between them.
 
 At most ``max_in_flight`` inputs are held (handed and not yet committable); past that ``submit``
-waits, the agent stops pulling, and Faust pauses the partitions' fetch.
+waits, the agent stops pulling, and Faust pauses the partitions' fetch. Of those, the images from
+the batcher to the end of their output call — decoded, on the device, being encoded — hold at
+most ``max_in_flight_bytes`` of decoded pixels (each image's estimate from its header,
+``Prepared.nbytes``); the others wait prepared, still encoded, until some finish (one image always
+goes, however large). Without it, a backlog drained after an outage would decode every held image
+at once.
 
 Delivery (at-least-once, never a lost input)
     An input is acknowledged only after its processed event or dead letter was acknowledged by
@@ -137,6 +142,7 @@ class BatchRunner:
         self._output_q: asyncio.Queue[tuple[list[Pair], Any]] = asyncio.Queue(cfg.queue_depth)
         self._wake = asyncio.Event()
         self._calls: dict[str, int] = dict.fromkeys(RUNNER_LANES, 0)  # lane calls handed to threads, not yet back
+        self.decoded_bytes = 0  # decoded bytes from the batcher to the end of the output call (max_in_flight_bytes)
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -315,9 +321,29 @@ class BatchRunner:
         for intake in self._intake.values():  # live first
             staged = intake.staged
             while staged and (all_of_them or (not closed and not self._decode_q.full())):
+                if not self._admits(staged[0][1].nbytes):
+                    return closed  # the byte budget is spent: the rest waits for outputs to finish
                 pair = staged.popleft()
+                pair[0].charged = pair[1].nbytes
+                self.decoded_bytes += pair[0].charged
                 closed += self.batcher.add(pair, pair[1].shape_class, self.clock(), nbytes=pair[1].nbytes)
         return closed
+
+    def _admits(self, nbytes: int) -> bool:
+        """Whether an image of ``nbytes`` decoded may enter the batcher now (``max_in_flight_bytes``)."""
+        limit = self.config.max_in_flight_bytes
+        return limit is None or self.decoded_bytes == 0 or self.decoded_bytes + nbytes <= limit
+
+    def _can_stage(self) -> bool:
+        """A staged job could enter the batcher now (the budget admits the first one waiting)."""
+        return any(t.staged and self._admits(t.staged[0][1].nbytes) for t in self._intake.values())
+
+    def _uncharge(self, pairs: Sequence[Pair]) -> None:
+        """These inputs' decoded pixels are gone (their output call ended, or their batch failed)."""
+        for item, _ in pairs:
+            self.decoded_bytes -= item.charged
+            item.charged = 0
+        self._wake.set()  # room in the budget: staged jobs may enter the batcher
 
     def _window_full(self) -> bool:
         """Every live in-flight slot is taken, every taken input reached the batcher (or left
@@ -338,7 +364,7 @@ class BatchRunner:
                 closed = self.batcher.flush()
             for batch in closed:
                 await self._decode_q.put(batch)
-            if any(t.staged for t in self._intake.values()) and not self._decode_q.full():
+            if self._can_stage() and not self._decode_q.full():
                 continue
             deadline = self.batcher.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - self.clock())
@@ -432,6 +458,7 @@ class BatchRunner:
             self.observer.batch_done("output", len(pairs), self.clock() - t0)
             self._delivery.put([(item, out) for (item, _), out in zip(pairs, outs, strict=True)])
         finally:
+            self._uncharge(pairs)
             intake.output_slots.release()
 
     # -- helpers -----------------------------------------------------------------------------
@@ -457,4 +484,5 @@ class BatchRunner:
         self._wake.set()
 
     def _batch_failed(self, lane: str, pairs: list[Pair], exc: Exception) -> None:
+        self._uncharge(pairs)
         self._delivery.batch_failed(lane, pairs, exc)

@@ -31,7 +31,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-if TYPE_CHECKING:  # at run time this module needs prometheus-client alone (bench/gpu/check_observe.py)
+if TYPE_CHECKING:  # at run time this module needs prometheus-client alone (bench/gpu/checks.py observe)
     from agents.dependencies import Dependencies
     from agents.records import InRecord, OutRecord, RecordKey
     from agents.tracing import Tracing

@@ -85,7 +85,13 @@ def backfill_batching(settings: Settings, live: BatchingConfig) -> BatchingConfi
     return replace(live, max_batch=size, fixed_batch=fixed)
 
 
-def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: int = 1) -> RunnerConfig:
+#: decoded bytes in flight when ``max_in_flight_bytes`` is unset, by device: a GPU's batches of large
+#: photos need room (its batch memory budget is 8 GiB); a CPU gains little from more than a few images
+IN_FLIGHT_BYTES = {"cpu": 256 * 2**20, "gpu": 4 * 2**30}
+
+
+def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: int = 1,
+                  device: str = "cpu") -> RunnerConfig:
     """Lane sizes and timeouts. Every batch slot of the lanes (decode: one running, device:
     ``device_threads`` running, each ``queue_depth`` waiting; output: ``output_threads`` running,
     ``queue_depth`` waiting) plus a filling batch must fit in flight at the largest batch size:
@@ -97,6 +103,7 @@ def runner_config(settings: Settings, batching: BatchingConfig, side_by_side: in
     slots = (1 + depth) + (device_threads + depth) + (settings.runner.output_threads + depth) + 1
     backfill = backfill_batching(settings, batching)
     return RunnerConfig(max_in_flight=max(settings.batching.max_in_flight, slots * batching.max_batch + 8),
+                        max_in_flight_bytes=settings.batching.max_in_flight_bytes or IN_FLIGHT_BYTES[device],
                         backfill_in_flight=max(settings.backfill.in_flight, backfill.max_batch),
                         prepare_threads=settings.runner.prepare_threads, output_threads=settings.runner.output_threads,
                         device_threads=device_threads,

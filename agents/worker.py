@@ -2,7 +2,7 @@
 
 Two kinds of process run this module:
 
-- ``lightbox worker`` (:func:`run_worker`): a Faust app whose agent ``lightbox.retouch`` feeds the
+- ``lightbox worker`` (:func:`run_worker`): a Faust app whose agent ``lightbox.live`` feeds the
   live tier of a :class:`~agents.runner.BatchRunner`. The backfill tier runs either in the same
   runner (a :class:`~agents.backfill.BackfillConsumer` beside the agent) or, on a CPU worker on Linux
   by default (``LIGHTBOX_BACKFILL_PROCESS``), in a child process that this one starts, watches and
@@ -51,6 +51,7 @@ from agents import backfill_process
 from agents.backfill import BackfillConsumer, BackfillEvent
 from agents.dependencies import Dependencies
 from agents.dependencies import dependencies as make_dependencies
+from agents.memory import cap_malloc_arenas
 from agents.observe import REFRESH_S, Observability, version
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
@@ -71,7 +72,7 @@ BACKFILL_COMMAND = "backfill-worker"  # python -m agents.worker backfill-worker:
 
 
 class RetouchWorker:
-    """The Faust app with the retouch agent, and how its process ends."""
+    """The Faust app with the live tier's agent, and how its process ends."""
 
     def __init__(self, app: faust.App) -> None:
         self.app = app
@@ -110,7 +111,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
                  dependencies: Dependencies | None = None) -> RetouchWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
-    One runner, two tiers: the Faust agent ``lightbox.retouch`` on the input topic (live), and a
+    One runner, two tiers: the Faust agent ``lightbox.live`` on the input topic (live), and a
     :class:`~agents.backfill.BackfillConsumer` on the backfill topic that gets only spare capacity
     (:mod:`agents.tiers`: a backfill batch is released only while no live batch waits for the
     device, and the device serves live batches first; the backfill partitions are paused while
@@ -127,8 +128,8 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     backfill = backfill_consumer(settings, lambda: worker.runner, worker.live_work)
     worker.backfill = backfill
 
-    @app.agent(input_topic(app, settings), name="lightbox.retouch")
-    async def retouch(stream: faust.StreamT[bytes]) -> None:
+    @app.agent(input_topic(app, settings), name="lightbox.live")
+    async def live(stream: faust.StreamT[bytes]) -> None:
         manual = stream.noack()  # type: ignore[attr-defined]  # on Stream, not in StreamT
 
         async def ack(event: Any) -> None:
@@ -174,7 +175,7 @@ def _runner_parts(settings: Settings, device: str,
     """The runner's configuration and its tiers' batcher, as every worker process builds them; the
     processor's model is told how many device threads will call it."""
     batching = batching_config(settings, device)
-    config = runner_config(settings, batching, processor.pipeline.side_by_side)
+    config = runner_config(settings, batching, processor.pipeline.side_by_side, device)
     processor.pipeline.device_callers(config.device_threads)
     return config, tier_batcher(settings, batching)
 
@@ -232,6 +233,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
     from streams.app import ensure_topics
     from streams.security import KafkaSecurityError
 
+    cap_malloc_arenas(settings.worker.malloc_arenas)  # before the lanes' threads
     logs = logging_config(settings.observe.log_format, loglevel)
     logging.config.dictConfig(logs)  # Faust's Worker applies the same again when it starts
     logging.captureWarnings(True)
@@ -323,6 +325,7 @@ def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides:
 def run_backfill_worker(settings: Settings, loglevel: str) -> int:
     """The backfill tier alone, at the lower CPU priority, until SIGTERM/SIGINT (0) or a fail-stop (70)."""
     backfill_process.lower_priority(settings.backfill.nice, settings.backfill.sched_idle)  # before any thread
+    cap_malloc_arenas(settings.worker.malloc_arenas)
     import logging.config
 
     from agents.logs import logging_config

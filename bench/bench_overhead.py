@@ -2,10 +2,11 @@
 
     PYTHONPATH=. .venv/bin/python bench/bench_overhead.py [--events 2000] [--rounds 2]
         [--baseline main] [--no-floor] [--profile DIR] [--out bench/results]
+    PYTHONPATH=. .venv/bin/python bench/bench_overhead.py --fixed-cost [--baseline main] [--rounds 3]
 
 The setting: one ``lightbox worker`` process meets a backlog of ``--events`` ProductImageEvents
-(64×64 JPEGs inline, one 64×64 preset from ``bench/presets_64.toml`` through
-``LIGHTBOX_PRESETS_FILE``, ``background=KEEP``, ``LIGHTBOX_SEGMENTER=none``), published to
+(64×64 JPEGs inline, one 64×64 preset, :data:`PRESETS_TOML`, written to the run's folder and
+passed through ``LIGHTBOX_PRESETS_FILE``, ``background=KEEP``, ``LIGHTBOX_SEGMENTER=none``), published to
 fresh topics (4 partitions) before the worker starts. Throughput = (outputs - 1) / (last - first
 output's broker append time): the output and dead-letter topics are created with
 ``message.timestamp.type=LogAppendTime``, so start-up (imports, group join) is not counted.
@@ -46,6 +47,21 @@ near 1 and batch-1 latency there.
 it works (``DIR/<variant>.txt``: collapsed stacks, every thread) and the benchmark prints the
 threads and the event-loop functions with the most samples.
 
+``--fixed-cost``: the fixed CPU cost per 64×64 image, stage by stage, without Kafka: the same images
+(:func:`tiny_jpegs`) and preset, background kept, lighting on, no segmentation, the CPU backends
+``build_processor`` wires for ``device=cpu``. Batches of ``--batch`` images run through every stage
+of the pipeline in lane order (decode, segment, correct, render, encode, quality, compliance),
+each step timed by the process's CPU time (the decoder's pool threads included, other processes
+excluded), after one untimed warm-up pass; per stage CPU ms per image, the least over
+``--repeats`` passes of ``--images``. This tree and ``--baseline``, each in its own subprocess
+(the baseline's stage modules on ``PYTHONPATH``, this file's measuring code), alternating which
+goes first over ``--rounds``; the summary gives the medians over rounds and baseline / current
+per stage. The goal for decode + correct + render + encode ("paid") is 0.3 ms per image.
+Writes ``<out>/bench_fixed_cost.json``::
+
+    PYTHONPATH=. .venv/bin/python bench/bench_overhead.py --fixed-cost [--baseline main] [--rounds 3]
+        [--images 400] [--batch 8] [--repeats 2]
+
 A benchmark, not a test: it asserts nothing. Writes ``<out>/bench_overhead.json``.
 """
 
@@ -60,6 +76,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -71,7 +88,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# --fixed-cost runs its child on another tree's code (LIGHTBOX_BENCH_TREE): that tree comes first
+sys.path.insert(0, os.environ.get("LIGHTBOX_BENCH_TREE") or str(ROOT))
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
@@ -79,8 +97,17 @@ from bench.harness import PARTITIONS, baseline_tree, busy_s, create_topics, proc
 
 __all__ = ["RunResult", "main"]
 
-PRESETS_FILE = ROOT / "bench" / "presets_64.toml"
 PRESET = "tiny_64"
+# 64x64 JPEGs in, one 64x64 JPEG out, so the per-event cost the benchmark sees is the framework's
+# (consume, prepare, batching, Avro, produce, acknowledge), not the pixels'
+PRESETS_TOML = f"""[{PRESET}]
+width = 64
+height = 64
+format = "jpeg"
+quality = 85
+fill = 1.0
+sharpen = 0.0
+"""
 LIGHT_WARMUP = 1  # --light: events published before the worker starts (start-up is not measured)
 ISSUE_FIGURE = (235.0, 257.0)  # events/s per worker of an earlier runner (2026-11-30), kept for the ratio
 
@@ -103,6 +130,14 @@ class RunResult:
 
 
 # ----------------------------------------------------------------------------------- inputs
+def presets_file(folder: Path) -> Path:
+    """:data:`PRESETS_TOML` written to ``folder/presets_64.toml`` (for ``LIGHTBOX_PRESETS_FILE``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "presets_64.toml"
+    path.write_text(PRESETS_TOML)
+    return path
+
+
 def tiny_jpegs(count: int = 8, side: int = 64) -> list[bytes]:
     """``count`` different ``side``×``side`` JPEGs (a coloured gradient and a disc)."""
     import numpy as np
@@ -270,7 +305,8 @@ async def one_run(b: Bench, variant: str, rnd: int, profile: Path | None) -> Run
            "LIGHTBOX_INPUT_TOPIC": topics["input"], "LIGHTBOX_OUTPUT_TOPIC": topics["output"],
            "LIGHTBOX_DLQ_TOPIC": topics["dlq"], "LIGHTBOX_BACKFILL_TOPIC": topics["backfill"],
            "LIGHTBOX_TOPIC_PARTITIONS": str(PARTITIONS), "LIGHTBOX_DATA_DIR": str(b.workdir / "data" / tag),
-           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "none", "LIGHTBOX_PRESETS_FILE": str(PRESETS_FILE),
+           "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "none",
+           "LIGHTBOX_PRESETS_FILE": str(b.workdir / "presets_64.toml"),  # written by main (presets_file)
            "LIGHTBOX_WORKER_ID": f"overhead-{tag}",
            "LIGHTBOX_METRICS_PORT": "0",  # no HTTP server: the machine is shared (the observer still runs)
            **b.worker_env}
@@ -499,15 +535,108 @@ def null_worker() -> int:
     return retouch.exit_code or (code if isinstance(code, int) else 1)
 
 
+
+# ------------------------------------------------------------------------------ --fixed-cost
+FIXED_GOAL_MS = 0.3  # decode + correct + render + encode per 64x64 image
+FIXED_PAID = ("decode", "correct", "preset", "encode")  # the stages the goal counts (render: preset)
+
+
+def fixed_cost_child(images: int, batch: int, repeats: int) -> dict[str, float]:
+    """CPU ms per image of each stage, for the tree on ``sys.path`` (least over ``repeats``)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    from agents.wiring import build_processor
+    from gpu_kernels.backends import RetouchOptions
+    from gpu_kernels.pipeline import Job
+    from gpu_kernels.presets import load_presets
+    from gpu_kernels.spans import SpanRecorder
+    from gpu_kernels.stages.base import run_step
+    from streams.settings import Settings
+
+    blobs = tiny_jpegs(8)
+    proc = build_processor(Settings(segmenter="none", device="cpu"), "cpu")
+    with tempfile.TemporaryDirectory(prefix="lightbox-fixed-cost-") as tmp:
+        preset = load_presets(presets_file(Path(tmp)))[PRESET]
+    options = RetouchOptions(background="keep", lighting="auto")
+    pipeline = proc.pipeline
+
+    def one_pass(spent: dict[str, float]) -> None:
+        for k in range(0, images, batch):
+            jobs = [Job(blobs[(k + j) % len(blobs)], [preset], options, SpanRecorder())
+                    for j in range(min(batch, images - k))]
+            ctx = pipeline.start(jobs)
+            for stage in pipeline.stages:  # the list is in lane order
+                for step in stage.steps(ctx):
+                    c0 = time.process_time()
+                    run_step(ctx, step)
+                    spent[stage.name] = spent.get(stage.name, 0.0) + time.process_time() - c0
+            bad = [r.error for r in ctx.finalize() if not r.ok]
+            if bad:
+                raise SystemExit(f"an item failed: {bad[0]}")
+
+    one_pass({})  # warm-up: imports, tables, caches
+    best: dict[str, float] = {}
+    for _ in range(repeats):
+        spent: dict[str, float] = {}
+        one_pass(spent)
+        for name, s in spent.items():
+            best[name] = min(best.get(name, float("inf")), s / images * 1000)
+    proc.close()
+    return best
+
+
+def fixed_cost_main(args: argparse.Namespace) -> int:
+    """``--fixed-cost``: this tree and ``--baseline`` side by side (module docstring)."""
+    def run_tree(tree: Path) -> dict[str, float]:
+        env = {**os.environ, "PYTHONPATH": str(tree), "LIGHTBOX_BENCH_TREE": str(tree)}
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--fixed-cost-child", "--images", str(args.images),
+               "--batch", str(args.batch), "--repeats", str(args.repeats)]
+        out = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=True)
+        result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+        return result
+
+    trees = {"current": ROOT}
+    with tempfile.TemporaryDirectory(prefix="lightbox-fixed-cost-") as tmp:
+        if args.baseline:
+            tree = baseline_tree(args.baseline, Path(tmp))
+            if tree is None:
+                raise SystemExit("a baseline needs a git ref")
+            trees["baseline"] = tree
+        rows: dict[str, list[dict[str, float]]] = {k: [] for k in trees}
+        for r in range(args.rounds):
+            order = list(trees) if r % 2 == 0 else list(reversed(trees))  # alternate who goes first
+            for name in order:
+                rows[name].append(run_tree(trees[name]))
+                got = rows[name][-1]
+                print(f"round {r + 1} {name:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in got.items())
+                      + f"  | paid {sum(got.get(k, 0.0) for k in FIXED_PAID):.3f} ms/image", flush=True)
+    summary: dict[str, dict[str, float]] = {}
+    for name, vals in rows.items():
+        stages = {k: statistics.median(v[k] for v in vals) for k in vals[0]}
+        stages["paid"] = statistics.median(sum(v.get(k, 0.0) for k in FIXED_PAID) for v in vals)
+        stages["total"] = statistics.median(sum(v.values()) for v in vals)
+        summary[name] = stages
+    print("CPU ms per 64x64 image, median over rounds (paid = decode + correct + render + encode; "
+          f"goal {FIXED_GOAL_MS} ms):")
+    for name, stages in summary.items():
+        print(f"  {name:8s} " + "  ".join(f"{k} {v:.3f}" for k, v in stages.items()))
+    ratios = {}
+    if "baseline" in summary:
+        base = summary["baseline"]
+        ratios = {k: base[k] / v for k, v in summary["current"].items() if v > 0 and k in base}
+        print("  baseline / current: " + "  ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = {"command": " ".join(sys.argv), "commit": git("rev-parse", "--short", "HEAD"),
+              "baseline": args.baseline,
+              "baseline_commit": git("rev-parse", "--short", args.baseline) if args.baseline else None,
+              "images": args.images, "batch": args.batch, "rounds": rows, "median": summary,
+              "baseline_over_current": ratios, "goal_ms": FIXED_GOAL_MS,
+              "goal_met": summary["current"]["paid"] <= FIXED_GOAL_MS, "cpus": os.cpu_count()}
+    (args.out / "bench_fixed_cost.json").write_text(json.dumps(report, indent=1))
+    print(f"wrote {args.out / 'bench_fixed_cost.json'}")
+    return 0
+
+
 # ----------------------------------------------------------------------------------- main
-def extract(ref: str, into: Path) -> Path:
-    """``git archive ref`` unpacked into ``into`` (:func:`bench.harness.baseline_tree`; bench_floor's name)."""
-    tree = baseline_tree(ref, into)
-    if tree is None:
-        raise SystemExit("a baseline needs a git ref")
-    return tree
-
-
 def git(*args: str) -> str:
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False).stdout.strip()
 
@@ -534,6 +663,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the current worker under cProfile (event-loop thread) into DIR/current.prof")
     ap.add_argument("--worker-env", action="append", default=[], help="K=V for every worker (repeatable)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    ap.add_argument("--fixed-cost", action="store_true",
+                    help="the fixed CPU cost per 64x64 image, stage by stage, without Kafka (module docstring)")
+    ap.add_argument("--images", type=int, default=400, help="--fixed-cost: images per timed pass")
+    ap.add_argument("--batch", type=int, default=8, help="--fixed-cost: images per batch")
+    ap.add_argument("--repeats", type=int, default=2, help="--fixed-cost: timed passes per round (the least is kept)")
+    ap.add_argument("--fixed-cost-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--floor-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--null-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -542,6 +677,11 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt  # SIGTERM: stop the worker and the broker on the way out
 
     signal.signal(signal.SIGTERM, interrupted)
+    if args.fixed_cost_child:
+        print(json.dumps(fixed_cost_child(args.images, args.batch, args.repeats)))
+        return 0
+    if args.fixed_cost:
+        return fixed_cost_main(args)
     if args.floor_worker:
         asyncio.run(floor_worker())
         return 0
@@ -560,6 +700,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         variants = [v for v in variants if v in args.only.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="lightbox-overhead-"))
+    presets_file(workdir)  # the workers' LIGHTBOX_PRESETS_FILE
     kafka = None
     try:
         baseline_dir = None

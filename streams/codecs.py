@@ -1,6 +1,6 @@
 """lightbox's Avro codecs registered as Faust codecs (``value_serializer="lightbox.processed"``).
 
-The retouch agent itself reads raw bytes and decodes with :mod:`schemas.codec`, so that an
+The worker's agent itself reads raw bytes and decodes with :mod:`schemas.codec`, so that an
 unreadable record becomes a dead letter; these are for other Faust apps that consume or
 produce lightbox events (CDN publishers, tools).
 """

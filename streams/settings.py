@@ -68,6 +68,9 @@ class WorkerSettings(_Section):
     data_dir: Path = Field(Path("/tmp/lightbox-data"), description="Faust's local data folder")
     presets_file: Path | None = Field(None, description="TOML presets file; the packaged one if unset")
     schema_store: Path | None = Field(None, description="folder of a file-backed schema store; packaged if unset")
+    malloc_arenas: int = Field(2, ge=0, description="glibc malloc arenas the worker's processes may use (0: glibc's "
+                                                    "default, 8 per core): with one per thread, a backlog drained "
+                                                    "after an outage leaves the process's RSS up (agents/memory.py)")
 
 
 class KafkaSettings(_Section):
@@ -146,6 +149,12 @@ class BatchingSettings(_Section):
     max_wait_ms: float | None = Field(None, ge=0, description="longest a batch waits to fill (device default)")
     fixed_batch: int | None = Field(None, ge=1, description="turn the adaptive controller off: always this size")
     max_in_flight: int = Field(64, ge=1, description="images held by a worker before it stops consuming")
+    max_in_flight_bytes: int | None = Field(
+        None, ge=1, description="decoded bytes (each image's estimate from its header) a worker holds at once from "
+                                "decode to its output: further inputs wait, still encoded, until some finish (one "
+                                "image always goes, however large); bounds memory when a backlog is drained, where "
+                                "max_in_flight alone lets every held image decode. Unset: 256 MiB on a CPU, 4 GiB "
+                                "on a GPU")
 
 
 class RunnerSettings(_Section):

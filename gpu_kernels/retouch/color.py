@@ -26,6 +26,7 @@ under 255 keeps a product's highlights apart from a pure-white background).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -260,14 +261,20 @@ def _srgb_linear_table(xp: Any) -> Array:
     return _srgb_linear(xp, xp.arange(256, dtype=xp.float64))
 
 
-def srgb_to_lab(xp: Any, rgb: Array, *, levels: Array | None = None) -> Array:
+def srgb_to_lab(xp: Any, rgb: Array, *, levels: Array | None = None,
+                ab_where: Callable[[Array], Array] | None = None) -> Array:
     """CIELAB (D65) of ``(..., 3)`` sRGB levels 0..255 (float64): ``(..., 3)`` L*, a*, b*.
 
     ``levels``: the same values as uint8 when ``rgb`` holds integer levels (a strided sample of
     an image): the transfer curve is then read from a 256-entry table (the same float64 values
     as computed per pixel) instead of a ``power`` per channel value. The planes are combined in
     place (a handful of temporaries instead of one per operation: a 160-pixel sample's planes
-    outgrow the caches), each value by the same float64 operations in the same order."""
+    outgrow the caches), each value by the same float64 operations in the same order.
+
+    ``ab_where`` (NumPy): given L* ``(n,)`` of the flattened pixels, the ``(n,)`` bool rows whose
+    a*, b* the caller reads; a*, b* are computed there alone (the same operations on the same
+    values, so the same bits) and are 0 elsewhere. A cube root per value is most of the cost, and
+    a* and b* take two of the three."""
     shape = rgb.shape[:-1]
     if levels is not None:
         table = _srgb_linear_table(xp)
@@ -276,21 +283,16 @@ def srgb_to_lab(xp: Any, rgb: Array, *, levels: Array | None = None) -> Array:
     else:
         lin = _srgb_linear(xp, rgb.reshape(-1, 3))
         r, g, b = lin[:, 0], lin[:, 1], lin[:, 2]
-    tmp = xp.empty(r.shape, xp.float64)
-
-    def mix(k0: float, k1: float, k2: float) -> Array:  # k0 r + k1 g + k2 b
-        out = xp.multiply(r, k0)
-        out += xp.multiply(g, k1, out=tmp)
-        out += xp.multiply(b, k2, out=tmp)
-        return out
-
-    x, y, z = mix(0.4124564, 0.3575761, 0.1804375), mix(0.2126729, 0.7151522, 0.0721750), \
-        mix(0.0193339, 0.1191920, 0.9503041)
-    x /= 0.95047
-    z /= 1.08883
     eps, kappa = 216.0 / 24389.0, 24389.0 / 27.0
 
-    def f(t: Array) -> Array:  # where(t > eps, cbrt(max(t, eps)), (kappa t + 16) / 116), into t
+    def mix(rgb3: tuple[Array, Array, Array], k: tuple[float, float, float], tmp: Array) -> Array:
+        out = xp.multiply(rgb3[0], k[0])  # k0 r + k1 g + k2 b
+        out += xp.multiply(rgb3[1], k[1], out=tmp)
+        out += xp.multiply(rgb3[2], k[2], out=tmp)
+        return out
+
+    def f(t: Array, tmp: Array, above: Array) -> Array:
+        # where(t > eps, cbrt(max(t, eps)), (kappa t + 16) / 116), into t
         xp.greater(t, eps, out=above)
         xp.maximum(t, eps, out=tmp)
         xp.cbrt(tmp, out=tmp)
@@ -300,15 +302,38 @@ def srgb_to_lab(xp: Any, rgb: Array, *, levels: Array | None = None) -> Array:
         xp.copyto(t, tmp, where=above)
         return t
 
-    above = xp.empty(r.shape, bool)
-    fx, fy, fz = f(x), f(y), f(z)
-    out = xp.empty((r.shape[0], 3), xp.float64)
+    n = r.shape[0]
+    tmp, above = xp.empty(n, xp.float64), xp.empty(n, bool)
+    fy = f(mix((r, g, b), (0.2126729, 0.7151522, 0.0721750), tmp), tmp, above)
+    out = xp.empty((n, 3), xp.float64)
     xp.multiply(fy, 116.0, out=out[:, 0])
     out[:, 0] -= 16.0
-    xp.subtract(fx, fy, out=out[:, 1])
-    out[:, 1] *= 500.0
-    xp.subtract(fy, fz, out=out[:, 2])
-    out[:, 2] *= 200.0
+    rows = None if ab_where is None else xp.flatnonzero(ab_where(out[:, 0]))
+    if rows is not None and rows.shape[0] < n:
+        part = (r[rows], g[rows], b[rows])
+        fy_rows = fy[rows]
+        tmp, above = xp.empty(rows.shape[0], xp.float64), xp.empty(rows.shape[0], bool)
+    else:
+        rows, part, fy_rows = None, (r, g, b), fy
+    x = mix(part, (0.4124564, 0.3575761, 0.1804375), tmp)
+    x /= 0.95047
+    fx = f(x, tmp, above)
+    z = mix(part, (0.0193339, 0.1191920, 0.9503041), tmp)
+    z /= 1.08883
+    fz = f(z, tmp, above)
+    if rows is None:
+        xp.subtract(fx, fy, out=out[:, 1])
+        out[:, 1] *= 500.0
+        xp.subtract(fy, fz, out=out[:, 2])
+        out[:, 2] *= 200.0
+    else:
+        out[:, 1:] = 0.0
+        fx -= fy_rows
+        fx *= 500.0
+        out[rows, 1] = fx
+        xp.subtract(fy_rows, fz, out=fz)
+        fz *= 200.0
+        out[rows, 2] = fz
     return out.reshape(*shape, 3)
 
 
@@ -358,16 +383,25 @@ def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ..
     return kernel, centre
 
 
-def _neutral_cluster(
-    xp: Any, flat: Array, light: Array, ab: Array, valid: Array, cfg: WhiteBalanceConfig
-) -> tuple[Array, Array, Array]:
-    """The near-neutral cluster of the ``valid`` pixels: ``(centre (2,) a*b*, kernel (n,) weights,
-    confidence)``. Pixels are weighted by their lightness near the ``valid`` pixels' top
-    (white-patch); a mean-shift in a*b* that starts at neutral and narrows finds the cluster."""
+def _cluster_weight(xp: Any, light: Array, valid: Array, cfg: WhiteBalanceConfig) -> Array:
+    """:func:`_neutral_cluster`'s pixel weights ``(n,)`` float64: the ``valid`` pixels' lightness
+    near their top (white-patch), 0 for the others; the mean-shift reads a*b* where they are > 0."""
     any_valid = xp.any(valid)
     top = masked_percentiles(xp, light, valid | ~any_valid, (cfg.bright_pct,))[0]
     bright = _clamp(xp, (light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
-    weight = xp.where(valid, bright, 0.0)
+    return xp.where(valid, bright, 0.0)
+
+
+def _neutral_cluster(
+    xp: Any, flat: Array, light: Array, ab: Array, valid: Array, cfg: WhiteBalanceConfig,
+    weight: Array | None = None,
+) -> tuple[Array, Array, Array]:
+    """The near-neutral cluster of the ``valid`` pixels: ``(centre (2,) a*b*, kernel (n,) weights,
+    confidence)``. Pixels are weighted by their lightness near the ``valid`` pixels' top
+    (white-patch, :func:`_cluster_weight`; ``weight``: those weights, already computed); a
+    mean-shift in a*b* that starts at neutral and narrows finds the cluster."""
+    if weight is None:
+        weight = _cluster_weight(xp, light, valid, cfg)
     total = xp.maximum(xp.count_nonzero(valid), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
@@ -420,11 +454,27 @@ def estimate_white_balance(
     """
     n = rgb.shape[0] * rgb.shape[1]
     flat = rgb.reshape(-1, 3)
-    lab = srgb_to_lab(xp, flat, levels=None if levels is None else levels.reshape(-1, 3))
-    light, ab = lab[:, 0], lab[:, 1:]
     peak = xp.maximum(xp.maximum(flat[:, 0], flat[:, 1]), flat[:, 2])  # max over channels, without a reduce
+    a_flat = None if alpha is None else alpha.reshape(-1)
+    weights: list[Array] = []  # on NumPy: the clusters' weights, computed once L* is known
+
+    def ab_rows(light: Array) -> Array:
+        """The pixels whose a*b* are read: the clusters' (weight > 0) and the background's."""
+        valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
+        weights.append(_cluster_weight(xp, light, valid, cfg))
+        rows = weights[0] > 0
+        if a_flat is not None:
+            weights.append(_cluster_weight(xp, light, valid & (a_flat >= cfg.subject_min_alpha), cfg))
+            rows |= weights[1] > 0
+            rows |= valid & (a_flat <= cfg.background_max_alpha)
+        return rows
+
+    lab = srgb_to_lab(xp, flat, levels=None if levels is None else levels.reshape(-1, 3),
+                      ab_where=ab_rows if xp is np else None)
+    light, ab = lab[:, 0], lab[:, 1:]
     valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
-    centre, kernel, confidence = _neutral_cluster(xp, flat, light, ab, valid, cfg)
+    centre, kernel, confidence = _neutral_cluster(xp, flat, light, ab, valid, cfg,
+                                                  weights[0] if weights else None)
     mass = kernel.sum()
     illuminant = xp.maximum((kernel @ flat) / xp.maximum(mass, 1e-12), 1.0)
     log_gain = confidence * xp.log(_balancing_gains(xp, illuminant))
@@ -455,7 +505,8 @@ def estimate_white_balance(
         log_gain = trust * log_bg + (1.0 - trust) * log_gain
         # the subject as reference: its own near-neutral cluster, when it is as light as the backdrop
         subject = valid & (alpha.reshape(-1) >= cfg.subject_min_alpha)
-        s_centre, s_kernel, s_conf = _neutral_cluster(xp, flat, light, ab, subject, cfg)
+        s_centre, s_kernel, s_conf = _neutral_cluster(xp, flat, light, ab, subject, cfg,
+                                                      weights[1] if weights else None)
         s_mass = xp.maximum(s_kernel.sum(), 1e-12)
         s_light = (s_kernel @ light) / s_mass
         bg_light = (bgw @ light) / xp.maximum(count, 1)

@@ -190,7 +190,9 @@ class _AxisPlan:
     output's indices relative to ``s0`` (intp), clipped into ``[0, s1 - s0)`` (the taps
     outside have weight 0); ``reach``: per output, the least and the
     greatest source index (relative to ``s0``) its non-zero taps read (``(n_out, 2)`` intp;
-    ``[n_src, -1]`` where it reads none). All read-only."""
+    ``[n_src, -1]`` where it reads none); ``copy``: every live output reads one source pixel
+    with weight exactly 1 (``s0 + o - lo``) and nothing else (a placement at scale 1 on whole
+    pixels: the axis is a shifted copy). All read-only."""
 
     idx: np.ndarray
     weight: np.ndarray
@@ -203,6 +205,7 @@ class _AxisPlan:
     weight4: tuple[np.ndarray, ...]
     rel_all: np.ndarray
     reach: np.ndarray
+    copy: bool
 
 
 _PLANS: dict[tuple[float, float, int, int, bytes], _AxisPlan] = {}
@@ -228,7 +231,10 @@ def _axis_plan(inv_k: float, origin: float, n_out: int, n_src: int, coeffs: np.n
     reach = np.stack([np.where(live, rel_all, n_src).min(axis=1), np.where(live, rel_all, -1).max(axis=1)], axis=1)
     for a in (*rel_idx, *weight4, rel_all, reach):
         a.flags.writeable = False
-    plan = _AxisPlan(idx, weight, lo, hi, s0, s1, taps, rel_idx, weight4, rel_all, reach)
+    copy = (hi > lo and len(taps) == 1 and s1 - s0 == hi - lo
+            and bool((weight[lo:hi, taps[0]] == 1).all())
+            and bool((rel_idx[0] == np.arange(hi - lo)).all()))
+    plan = _AxisPlan(idx, weight, lo, hi, s0, s1, taps, rel_idx, weight4, rel_all, reach, copy)
     if len(_PLANS) >= _PLANS_MAX:
         _PLANS.clear()
     _PLANS[key] = plan
@@ -389,6 +395,13 @@ def render_fused_cpu(
     y0, y1 = py.lo, py.hi
     if x1 <= x0 or y1 <= y0:
         out[...] = fill
+        return out
+    if px.copy and py.copy and amount == 0 and not transparent and pixels.shape[2] == 3:
+        # scale 1 on whole pixels, no sharpening, an opaque RGB source: each live canvas pixel is
+        # its source pixel (x * 1 summed with exact zeros, padded with 255 * 0, rounded back to
+        # the same integer) and every other one the fill
+        out[...] = fill
+        out[y0:y1, x0:x1] = pixels[py.s0:py.s1, px.s0:px.s1]
         return out
     r0 = py.s0
     src = pixels[r0:py.s1, px.s0:px.s1]

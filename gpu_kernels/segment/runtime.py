@@ -222,6 +222,7 @@ class BuildContext:
     cuda_graphs: bool
     variants_dir: Path
     options: dict[str, Any]  # the GPU runners' extra options (OnnxSegmenter's; PyTorch takes its own)
+    compiled_dir: Path | None = None  # ONNX Runtime's kept CPU graphs (None: model_cache_dir()/onnxruntime)
 
 
 def build(row: table.SegmentRuntime, b: BuildContext) -> Segmenter:
@@ -241,7 +242,7 @@ def build(row: table.SegmentRuntime, b: BuildContext) -> Segmenter:
         if gpu:
             return OnnxSegmenter(path, b.spec, device="gpu", max_batch=b.max_batch, cuda_graphs=b.cuda_graphs,
                                  **b.options)
-        return OnnxSegmenter(path, b.spec, threads=b.threads, max_batch=b.max_batch)
+        return OnnxSegmenter(path, b.spec, threads=b.threads, max_batch=b.max_batch, compiled_dir=b.compiled_dir)
     if row.engine == "openvino":
         from gpu_kernels.segment.openvino_runner import RECHECK_UNSURE, OpenVinoSegmenter
 
@@ -266,7 +267,7 @@ def _reference(b: BuildContext) -> Segmenter:
     if b.device == "gpu" and machine.ort_has_cuda():
         return OnnxSegmenter(b.model_path, b.spec, device="gpu", use_tensorrt=False)
     return OnnxSegmenter(b.model_path, b.spec, threads=b.threads or machine.usable_cores(), max_batch=b.max_batch
-                         if b.device == "cpu" else None)
+                         if b.device == "cpu" else None, compiled_dir=b.compiled_dir)
 
 
 def _row(name: str, device: str) -> table.SegmentRuntime:
@@ -388,7 +389,8 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
     """The model segmenter for ``device`` with runtime ``runtime`` (a name of
     :mod:`schemas.segment_runtimes`), chosen as the module docstring says.
 
-    ``cache_dir``: where derived models and gate verdicts live (default ``model_cache_dir()``).
+    ``cache_dir``: where derived models, ONNX Runtime's kept graphs and gate verdicts live (default
+    ``model_cache_dir()``).
     ``images``: the gate set (tests pass a smaller one). ``gate``: (mean, worst) IoU minimums;
     cached verdicts keep the IoUs, so a changed gate re-judges them without running the model.
     ``gpu_options`` go to the GPU runner.
@@ -399,7 +401,7 @@ def make_model_segmenter(model_path: Path, spec: ModelSpec = U2NETP, *, device: 
                                stage="segment")
     root = cache_dir or model_cache_dir()
     b = BuildContext(Path(model_path), spec, dev, (threads or machine.usable_cores()) if dev == "cpu" else 0, max_batch,
-               cuda_graphs, root / "variants", gpu_options)
+               cuda_graphs, root / "variants", gpu_options, root / "onnxruntime")
     fam = table.family(runtime, dev)
     if fam is not None and not machine.ort_available():  # the gate's reference, and fp32, are ONNX Runtime's
         raise ProcessingFailed(f"no ONNX Runtime is installed: {machine.INSTALL['onnxruntime']}", stage="segment")

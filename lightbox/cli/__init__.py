@@ -23,6 +23,7 @@ from lightbox.cli import (  # noqa: E402
     doctor,
     events,
     faults,
+    model,
     process,
     produce,
     registry,
@@ -85,6 +86,8 @@ app.command()(events.report)
 app.command()(process.process)
 app.command()(events.audit)
 app.command("contact-sheet")(process.contact_sheet)
+app.command("quality-report")(process.quality_report)
+app.add_typer(model.model_app, name="model")
 app.command()(demo.samples)
 app.command()(demo.demo)
 app.add_typer(replay.replay_app, name="replay")

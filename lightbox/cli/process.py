@@ -1,4 +1,4 @@
-"""``lightbox process`` (the pipeline offline) and ``lightbox contact-sheet``."""
+"""``lightbox process`` (the pipeline offline), ``lightbox contact-sheet`` and ``lightbox quality-report``."""
 
 from __future__ import annotations
 
@@ -95,7 +95,8 @@ def process(
 
 
 def contact_sheet(
-    paths: Annotated[list[Path], typer.Argument(help="image files and/or folders")],
+    paths: Annotated[list[Path] | None, typer.Argument(help="image files and/or folders (default: the scikit-image "
+                                                            "sample catalog)")] = None,
     out: Annotated[Path, typer.Option(help="PNG to write")] = Path("out/contact-sheet.png"),
     segmenter: Annotated[str, typer.Option(help="model (u2netp) or classical")] = "model",
     limit: Annotated[int, typer.Option(help="at most this many images")] = 24,
@@ -103,13 +104,42 @@ def contact_sheet(
     """Before | mask | cutout sheet to check the segmentation by eye.
 
     Before | mask | cutout on white, one row per image: a sheet to look at the segmentation."""
-    from lightbox.contact_sheet import contact_sheet_of_files
+    from lightbox.contact_sheet import contact_sheet_of_files, contact_sheet_of_samples
 
+    skipped: list[tuple[Path, str]] = []
     try:
-        path, rows, skipped = contact_sheet_of_files(paths, out, segmenter=segmenter, limit=limit)
+        if paths:
+            path, rows, skipped = contact_sheet_of_files(paths, out, segmenter=segmenter, limit=limit)
+        else:
+            path, rows = contact_sheet_of_samples(out, segmenter=segmenter)
     except LightboxError as exc:
         err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
     for f, why in skipped:
         err.print(f"[yellow]skipped {f.name}: {escape(why)}[/]")
     console.print(f"wrote {path} ({rows} rows)")
+
+
+def quality_report(
+    out: Annotated[Path, typer.Argument(help="PNG to write")],
+    folder: Annotated[Path | None, typer.Argument(help="photos (default: the sample catalog)")] = None,
+    preset: Annotated[str, typer.Option(help="the preset the photos are retouched into")] = "taobao_main",
+    limit: Annotated[int, typer.Option(help="at most this many photos")] = 24,
+) -> None:
+    """Before | mask | after with measures and flags, flagged photos first.
+
+    Each photo through u2netp and the CPU retoucher into one preset, measured (subject share,
+    holes, islands, colour cast, border white, fill, enlargement) and flagged where a seller would
+    care; the flagged ones come first."""
+    from lightbox.quality_report import quality_report_of
+
+    try:
+        path, rows = quality_report_of(out, folder, preset=preset, limit=limit)
+    except LightboxError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    for r in sorted(rows, key=lambda r: (-len(r.flags), r.name)):
+        measures = " ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.measures.items())
+        console.print(f"{escape(r.name):<40} {', '.join(r.flags) or '-':<28} {measures}", highlight=False,
+                      soft_wrap=True)
+    console.print(f"wrote {path}")

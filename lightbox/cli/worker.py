@@ -22,7 +22,7 @@ def worker(
     loglevel: Annotated[str | None, typer.Option("--loglevel", "-l", help="log level (default: $LIGHTBOX_LOG_LEVEL "
                                                                            "or warning)")] = None,
 ) -> None:
-    """Run one retouch worker in the consumer group (one per GPU).
+    """Run one worker in the consumer group (one per GPU).
 
     Consumes ProductImageEvents and publishes one ProcessedImageEvent or DeadLetterEvent per input.
     SIGTERM/Ctrl-C: in-flight work finishes and is committed, exit 0. Exit 70 when the worker cannot

@@ -303,7 +303,7 @@ def test_live_events_overtake_a_backfill_backlog(settings: Settings, catalog: li
     # the live events waited only for backfill inputs already in the worker (a batch of one each)
     if process == "false":  # one runner: the live inputs queued behind at most what it held
         assert len(between) <= held + 1, (len(between), worker.log_tail())
-    # (in a backfill process the lane goes on beside live work, at the idle priority: 7 outputs here
+    # (in a backfill process the tier goes on beside live work, at the idle priority: 7 outputs here
     # the one time it was printed; the live inputs wait for none of them)
     assert len(after) >= len(backlog) // 2, (len(after), len(between))
 
@@ -578,7 +578,7 @@ def test_a_backfill_process_works_the_backlog_and_ends_with_its_worker(settings:
         # (the child lowers its priority itself, first thing: by now it has)
         assert _nice(child) == min(19, _nice(worker.proc.pid) + 7)
         assert os.sched_getscheduler(child) == os.SCHED_IDLE and os.sched_getscheduler(worker.proc.pid) != os.SCHED_IDLE
-        # each process counts its own lane's outputs; the backfill lag is on the backfill process's port
+        # each process counts its own tier's outputs; the backfill lag is on the backfill process's port
         lag = f'lightbox_consumer_lag{{partition="0",topic="{settings.topics.backfill}"}}'
         want = {port: [3.0], port + 1: [6.0], -1: [0.0]}  # -1: the lag, refreshed every 5 s
         deadline = time.monotonic() + 30

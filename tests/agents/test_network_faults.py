@@ -177,3 +177,54 @@ def test_broker_link_reset_mid_produce_then_down_and_up(proxied_kafka: Any, kit:
         _check(s, plan, w, "network: broker link reset mid-produce, then down 12 s and up", notes)
     finally:
         w.stop()
+
+
+def _client_ports(port: int) -> set[int]:
+    """The client ends of the TCP connections established to local ``port`` (the proxy's side)."""
+    ends: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            f = line.split()
+            if f[3] == "01" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                ends.add(int(f[2].rsplit(":", 1)[1], 16))
+    return ends
+
+
+def test_broker_connections_cut_mid_request_are_redone(proxied_kafka: Any, kit: Any, tmp_path: Path) -> None:
+    """Every connection the worker has or opens to the broker is cut after 2 KB sent (``limit_data``):
+    its produce requests of outputs and its fetches are cut mid-request, again and again. The worker
+    reconnects and finishes everything while the cuts go on: nothing lost, no duplicate that differs,
+    no dead letter of a good input, still running."""
+    kafka, proxy = proxied_kafka
+    good, bad, presets = kit
+    s = _settings(kafka.bootstrap, tmp_path)
+    env = fk.worker_env(s, presets, kafka_bootstrap=kafka.proxied_bootstrap, metrics_port=str(free_port()),
+                        wait_max_backoff_s="1")
+    plan = _plan(good, bad, "cut-")
+    first, rest = plan[:4], plan[4:]
+    port = int(proxy.address.rsplit(":", 1)[1])
+    w = fk.Worker(env, tmp_path / "w.log").start()
+    try:
+        placed = asyncio.run(fk.publish(s.kafka.bootstrap, s.topics.input, first))
+        fk.wait_for(lambda: _processed(s) >= 2, 180, "2 processed", alive=w.running)
+        before = _client_ports(port)
+        seen: set[int] = set()
+        toxic = proxy.add("limit_data", stream="upstream", bytes=2048)
+        try:
+            placed += asyncio.run(fk.publish(s.kafka.bootstrap, s.topics.input, rest))
+
+            ends = fk.ends_of(placed)
+
+            def drained() -> bool:
+                seen.update(_client_ports(port))
+                got = asyncio.run(fk.committed(s.kafka.bootstrap, s.kafka.group_id, s.topics.input))
+                return all(got.get(p, 0) >= end for p, end in ends.items())
+
+            fk.wait_for(drained, 240, "every input done while the cuts go on", every_s=0.2, alive=w.running)
+        finally:
+            proxy.remove(toxic)
+        reconnects = len(seen - before)
+        assert reconnects >= 2, f"the cut did not bite: {reconnects} new connections to the broker's proxy"
+        _check(s, plan, w, "network: broker connections cut after 2 KB, mid-request", {"reconnects": reconnects})
+    finally:
+        w.stop()

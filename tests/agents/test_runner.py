@@ -530,6 +530,80 @@ def test_in_flight_is_bounded_until_inputs_are_acknowledged() -> None:
     run(go)
 
 
+class SizedProcessor(FakeProcessor):
+    """Every prepared job decodes to ``nbytes``; counts the jobs decoded and not yet through their
+    output call, and the most there ever were at once (in bytes)."""
+
+    def __init__(self, nbytes: int) -> None:
+        super().__init__()
+        self.nbytes, self.decoded, self.peak = nbytes, 0, 0
+        self._lock = threading.Lock()
+
+    def prepare(self, rec: InRecord) -> Job | OutRecord:
+        job = super().prepare(rec)
+        if isinstance(job, Job):
+            job.nbytes = self.nbytes
+        return job
+
+    def decode(self, batch: Sequence[Job]) -> State:
+        with self._lock:
+            self.decoded += len(batch)
+            self.peak = max(self.peak, self.decoded * self.nbytes)
+        return super().decode(batch)
+
+    def output(self, state: State, *, max_record_bytes: int | None = None) -> list[OutRecord]:
+        try:
+            return super().output(state, max_record_bytes=max_record_bytes)
+        finally:
+            with self._lock:
+                self.decoded -= len(state.items)
+
+
+def _sized(nbytes: int, budget: int) -> Harness:
+    h = Harness(sink=FakeSink(auto=True), max_in_flight=64, max_in_flight_bytes=budget,
+                batching=BatchingConfig(slo_s=1.0, max_batch=3, max_wait_s=0.005, fixed_batch=3))
+    h.processor = SizedProcessor(nbytes)
+    h.runner.processor = h.processor
+    return h
+
+
+def test_decoded_bytes_in_flight_stay_within_their_budget_while_a_backlog_waits() -> None:
+    """A backlog (12 inputs held: the count allows 64) behind a batch stuck on the device: with a
+    budget of three images' decoded bytes, nothing more is decoded until that batch's output is
+    done (the lanes' queues alone would take two more batches); then the rest goes through,
+    never more than the budget decoded at once."""
+    async def go() -> None:
+        h = _sized(nbytes=10, budget=30)
+        proc = h.processor
+        assert isinstance(proc, SizedProcessor)
+        await h.runner.start()
+        await h.submit(rec(0, 0, b"hang"), rec(0, 1), rec(0, 2), *(rec(0, i) for i in range(3, 12)))
+        await until(lambda: proc.device_threads != set(), "the first batch on the device")
+        for _ in range(40):
+            await asyncio.sleep(0.005)
+        assert proc.decoded == 3 and h.runner.decoded_bytes == 30 and h.runner.in_flight == 12
+        proc.release.set()
+        await until(lambda: len(h.acked) == 12, "all acknowledged")
+        assert proc.peak <= 30 and h.runner.decoded_bytes == 0
+        await h.runner.stop()
+
+    run(go)
+
+
+def test_an_image_larger_than_the_budget_still_goes_alone() -> None:
+    async def go() -> None:
+        h = _sized(nbytes=100, budget=30)
+        proc = h.processor
+        assert isinstance(proc, SizedProcessor)
+        await h.runner.start()
+        await h.submit(*(rec(0, i) for i in range(4)))
+        await until(lambda: len(h.acked) == 4, "all acknowledged")
+        assert proc.peak == 100 and h.runner.decoded_bytes == 0  # one at a time
+        await h.runner.stop()
+
+    run(go)
+
+
 def test_work_of_a_revoked_partition_acknowledges_nothing() -> None:
     async def go() -> None:
         h = Harness(max_in_flight=3)
@@ -716,3 +790,21 @@ def test_the_worker_gives_its_device_lane_as_many_threads_as_the_model_runs_side
     one, _ = _runner_parts(Settings(device="cpu", device_threads=1), "cpu", proc)  # type: ignore[arg-type]
     assert one.device_threads == 1 and proc.pipeline.callers[-1] == 1
     assert auto.max_in_flight > one.max_in_flight  # room for the second device thread's batch
+
+
+def test_the_decoded_bytes_bound_defaults_by_device_and_follows_its_setting() -> None:
+    from agents.worker import _runner_parts
+    from streams.settings import Settings
+
+    class Pipeline:
+        side_by_side = 1
+
+        def device_callers(self, n: int) -> None:
+            pass
+
+    proc = SimpleNamespace(pipeline=Pipeline())
+    cpu, _ = _runner_parts(Settings(device="cpu"), "cpu", proc)  # type: ignore[arg-type]
+    gpu, _ = _runner_parts(Settings(device="gpu"), "gpu", proc)  # type: ignore[arg-type]
+    assert (cpu.max_in_flight_bytes, gpu.max_in_flight_bytes) == (256 * 2**20, 4 * 2**30)
+    set_, _ = _runner_parts(Settings(device="cpu", max_in_flight_bytes=5 << 20), "cpu", proc)  # type: ignore[arg-type]
+    assert set_.max_in_flight_bytes == 5 << 20

@@ -18,7 +18,7 @@ from tests.agents.test_runner import FakeClock  # seconds that move only when to
 Item = tuple[str, int, int]  # (lane, id, priority)
 
 
-def lanes(live_batch: int = 2, backfill_batch: int = 2, **kw: Any) -> TierBatcher[Item]:
+def tiers(live_batch: int = 2, backfill_batch: int = 2, **kw: Any) -> TierBatcher[Item]:
     cfg = BatchingConfig(max_wait_s=0.02)
     return TierBatcher(MicroBatcher(BatchingConfig(fixed_batch=live_batch, max_wait_s=cfg.max_wait_s)),
                        MicroBatcher(BatchingConfig(fixed_batch=backfill_batch, max_wait_s=cfg.max_wait_s)),
@@ -29,8 +29,8 @@ def ids(batches: list[Batch[Item]]) -> list[tuple[int, ...]]:
     return [tuple(i for _, i, _ in b.items) for b in batches]
 
 
-def test_backfill_flows_when_the_live_lane_is_idle_one_batch_at_a_time() -> None:
-    lb = lanes()
+def test_backfill_flows_when_the_live_tier_is_idle_one_batch_at_a_time() -> None:
+    lb = tiers()
     out = [b for i in range(6) for b in lb.add(("backfill", i, 0), "s", 0.0)]
     assert ids(out) == [(0, 1)]  # the first closed backfill batch goes; the next wait for it
     assert lb.backfill_held == 4 and lb.next_deadline() is None
@@ -40,7 +40,7 @@ def test_backfill_flows_when_the_live_lane_is_idle_one_batch_at_a_time() -> None
 
 
 def test_a_live_batch_is_never_behind_more_than_one_backfill_batch() -> None:
-    lb = lanes()
+    lb = tiers()
     first = [b for i in range(4) for b in lb.add(("backfill", i, 0), "s", 0.0)]
     assert ids(first) == [(0, 1)]
     live = lb.add(("live", 100, 0), "s", 0.001) + lb.add(("live", 101, 0), "s", 0.002)
@@ -53,7 +53,7 @@ def test_a_live_batch_is_never_behind_more_than_one_backfill_batch() -> None:
 
 
 def test_live_items_waiting_for_batch_mates_hold_the_backfill() -> None:
-    lb = lanes()
+    lb = tiers()
     lb.add(("live", 1, 0), "s", 0.0)  # waits up to max_wait for a mate
     assert [b for i in range(2) for b in lb.add(("backfill", i, 0), "s", 0.0)] == []
     assert lb.live_queued == 1 and lb.backfill_held == 2
@@ -64,7 +64,7 @@ def test_live_items_waiting_for_batch_mates_hold_the_backfill() -> None:
 
 
 def test_priority_orders_live_buckets_and_flush_puts_live_first() -> None:
-    lb = lanes(live_batch=4)
+    lb = tiers(live_batch=4)
     lb.add(("backfill", 0, 99), "s", 0.0)
     lb.add(("live", 1, 0), "a", 0.0)
     lb.add(("live", 2, 5), "b", 0.0)
@@ -74,13 +74,13 @@ def test_priority_orders_live_buckets_and_flush_puts_live_first() -> None:
 
 
 def test_service_times_teach_both_lanes() -> None:
-    lb = lanes()
+    lb = tiers()
     lb.record_service(2, 0.5)
     assert lb.live.predicted_service_s(2) == lb.backfill.predicted_service_s(2) > 0
 
 
 def test_unknown_lane_is_refused() -> None:
-    lb = lanes()
+    lb = tiers()
     with pytest.raises(ValueError, match="tier_of returned 'bulk'"):
         lb.add(("bulk", 1, 0), "s", 0.0)
 
@@ -94,7 +94,7 @@ def test_random_driving_never_puts_two_backfill_batches_before_output_nor_loses_
     rng = random.Random(3)
     for _ in range(50):
         live_batch, fill_to = rng.choice([1, 2, 3]), rng.choice([0, 0, 2, 4])
-        lb = lanes(live_batch=live_batch, backfill_batch=rng.choice([1, 2, 4]), fill_to=fill_to)
+        lb = tiers(live_batch=live_batch, backfill_batch=rng.choice([1, 2, 4]), fill_to=fill_to)
         waiting: list[Batch[Item]] = []
         on_device: Batch[Item] | None = None
         seen: list[int] = []
@@ -350,7 +350,7 @@ def test_backfill_share_must_be_a_share() -> None:
 def test_a_live_batch_alone_before_the_device_takes_held_backfill_into_its_empty_seats() -> None:
     """fill_to 3: a live batch of 1 that closes with nothing else live about leaves with two held
     backfill items of its shape class (oldest first); they count as backfill, not live, work."""
-    lb = lanes(live_batch=1, backfill_batch=1, fill_to=3)
+    lb = tiers(live_batch=1, backfill_batch=1, fill_to=3)
     first = [b for i in range(4) for b in lb.add(("backfill", i, 0), "s", 0.0)]
     lb.add(("backfill", 9, 0), "other", 0.0)  # another shape class: never mixed in
     assert ids(first) == [(0,)] and lb.backfill_held == 4
@@ -365,7 +365,7 @@ def test_a_live_batch_alone_before_the_device_takes_held_backfill_into_its_empty
 
 
 def test_no_filling_while_other_live_work_waits_nor_past_the_memory_budget() -> None:
-    lb = lanes(live_batch=1, backfill_batch=1, fill_to=2)
+    lb = tiers(live_batch=1, backfill_batch=1, fill_to=2)
     first = [b for i in range(3) for b in lb.add(("backfill", i, 0), "s", 0.0)]
     [live1] = lb.add(("live", 100, 0), "s", 0.001)
     assert ids([live1]) == [(100, 1)]  # filled: nothing else live about
@@ -388,11 +388,11 @@ def test_no_filling_while_other_live_work_waits_nor_past_the_memory_budget() -> 
 
 def test_fill_to_must_not_be_negative() -> None:
     with pytest.raises(ValueError, match="fill_to"):
-        lanes(fill_to=-1)
+        tiers(fill_to=-1)
 
 
 def test_without_wait_for_live_a_backfill_batch_waits_only_for_the_previous_one() -> None:
-    lb = lanes(live_batch=2, backfill_batch=1, wait_for_live=False)
+    lb = tiers(live_batch=2, backfill_batch=1, wait_for_live=False)
     lb.add(("live", 100, 0), "s", 0.0)  # waits for a batch mate
     first = [b for i in range(2) for b in lb.add(("backfill", i, 0), "s", 0.0)]
     assert ids(first) == [(0,)]  # goes although a live item waits: it waits for at most this one batch

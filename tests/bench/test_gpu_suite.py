@@ -1,5 +1,5 @@
 """Rehearsal of the GPU validation run where it will run: no network, only the packages of a stock
-PyTorch GPU image, plus the folder the run brings (bench/gpu/suite_pack.py).
+PyTorch GPU image, plus the folder the run brings (bench/gpu/suite.py pack).
 
 Here there is no GPU, so the run takes its CPU mode, but every step goes through: a module the run
 imports that is neither stock nor in the folder, or any download, fails it. The stock set is
@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bench.gpu.suite_pack import copy_installed  # noqa: E402
+from bench.gpu.suite import copy_installed  # noqa: E402
 
 STOCK_ROOTS = ("numpy", "pillow", "opencv-python-headless", "onnxruntime", "torch", "torchvision", "cupy-cuda13x")
 
@@ -69,9 +69,9 @@ def stock_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The run's folder as bench/gpu/suite_pack.py makes it (from this Python's packages: no download)."""
+    """The run's folder as bench/gpu/suite.py pack makes it (from this Python's packages: no download)."""
     out = tmp_path_factory.mktemp("folder")
-    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "suite_pack.py"), str(out), "--from-installed",
+    subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "suite.py"), "pack", str(out), "--from-installed",
                     "--no-model"], check=True, timeout=120, capture_output=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
     from gpu_kernels.segment.fetch_model import ensure_u2netp

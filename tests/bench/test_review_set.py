@@ -4,9 +4,12 @@ only by the bench)."""
 
 from __future__ import annotations
 
-import numpy as np
+from pathlib import Path
 
-from bench.review.quality_review import JUDGEMENT, fingerprint, fingerprint_iou, framing_consistency, load_judgement
+import numpy as np
+import pytest
+
+from bench.bench_quality import JUDGEMENT, fingerprint, fingerprint_iou, framing_consistency, load_judgement
 from bench.review.review_set import FRAMINGS, PHOTOS, ReviewItem, to_photo
 
 
@@ -59,3 +62,62 @@ def test_framings_of_one_photo_are_compared_where_they_overlap() -> None:
     assert max(worse.values()) < 0.7
     mapped, covered = to_photo(left, framed(left, truth), shape)
     assert covered[:, :300].all() and not covered[:, 300:].any() and not mapped[:, 300:].any()
+
+
+def _ar(members: dict[str, bytes]) -> bytes:
+    out = b"!<arch>\n"
+    for name, data in members.items():
+        out += f"{name + '/':<16}{0:<12}{0:<6}{0:<6}{'100644':<8}{len(data):<10}`\n".encode() + data
+        out += b"\n" if len(data) % 2 else b""
+    return out
+
+
+def _tar_xz(files: dict[str, bytes]) -> bytes:
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:xz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_a_debian_package_s_files_are_read_from_its_data_tarball(tmp_path: Path) -> None:
+    """A .deb is an ar archive; the photo is read from ``data.tar.*`` (after an odd-sized member,
+    padded to an even offset), whatever ``./`` the tarball's names start with."""
+    from bench.review.review_set import _deb_data
+
+    deb = tmp_path / "x_1_all.deb"
+    deb.write_bytes(_ar({"debian-binary": b"2.0\n", "control.tar.xz": _tar_xz({"./control": b"Package: x\n"}),
+                         "data.tar.xz": _tar_xz({"./usr/share/x/photo.jpg": b"JPEG bytes"})}))
+    with _deb_data(deb) as tf:
+        fh = tf.extractfile("./usr/share/x/photo.jpg")
+        assert fh is not None and fh.read() == b"JPEG bytes"
+
+
+def test_a_cached_photo_whose_checksum_matches_is_read_without_fetching(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Offline once fetched: the cache hit is used (a package that does not exist is never asked
+    for); a cached file whose bytes differ from the pin is refetched, here failing by name."""
+    import hashlib
+    import io
+
+    from PIL import Image
+
+    from bench.review import review_set as rs
+
+    monkeypatch.setenv("LIGHTBOX_REVIEW_DIR", str(tmp_path))
+    buf = io.BytesIO()
+    Image.fromarray(np.full((4, 6, 3), 200, np.uint8)).save(buf, format="PNG")
+    data = buf.getvalue()
+    photo = rs.Photo("p", "deb:no-such-package-lightbox=0", "usr/p.png", hashlib.sha256(data).hexdigest(), "plain", "")
+    rs._cached(photo).parent.mkdir(parents=True)
+    rs._cached(photo).write_bytes(data)
+    assert rs.load_photo(photo).shape == (4, 6, 3)
+    rs._cached(photo).write_bytes(data + b"x")
+    monkeypatch.setattr(rs, "_download", lambda package, tmp: (_ for _ in ()).throw(SystemExit(f"fetching {package}")))
+    with pytest.raises(SystemExit, match="no-such-package"):
+        rs.load_photo(photo)

@@ -5,12 +5,8 @@ than the guard passed ends the chain."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -22,23 +18,12 @@ from gpu_kernels.codec.opencv_decode import decode_opencv
 from gpu_kernels.codec.pillow_decode import decode_first_frame
 from gpu_kernels.codec.sniff import sniff
 from schemas.errors import DecodeFailed, ErrorCode
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def odd_files() -> ModuleType:
-    """bench/odd_files.py: the odd-file corpus generator (one source for the bench and this test)."""
-    spec = importlib.util.spec_from_file_location("odd_files", ROOT / "bench" / "odd_files.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["odd_files"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from tests.corpus import odd_files, pillow_opens
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
-    paths = odd_files().make_corpus(tmp_path_factory.mktemp("odd"))
+    paths = odd_files(tmp_path_factory.mktemp("odd"))
     return {p.name: p.read_bytes() for p in paths}
 
 
@@ -62,10 +47,9 @@ def test_a_file_dali_refuses_is_decoded_by_the_next_decoder(corpus: dict[str, by
 
 
 def test_every_file_pillow_opens_is_decoded(corpus: dict[str, bytes], decoder: DecoderChain) -> None:
-    mod = odd_files()
     names = sorted(corpus)
     results = decoder.decode_batch([corpus[n] for n in names])
-    opened = {n for n in names if mod.pillow_opens(corpus[n])}
+    opened = {n for n in names if pillow_opens(corpus[n])}
     decoded = {n for n, r in zip(names, results, strict=True) if isinstance(r, np.ndarray)}
     assert len(names) >= 60 and opened <= decoded, sorted(opened - decoded)
     for n, r in zip(names, results, strict=True):

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from gpu_kernels.codec import DecoderChain
+from tests.corpus import odd_files, pillow_opens
 from tests.gpu import cupy_or_skip
-from tests.gpu_kernels.test_fallback import odd_files
 
 pytestmark = pytest.mark.gpu
 
@@ -18,11 +18,11 @@ cp: Any = cupy_or_skip()
 
 
 def test_the_gpu_decoder_falls_back_like_the_cpu_one(tmp_path: Any) -> None:
-    paths = odd_files().make_corpus(tmp_path)
+    paths = odd_files(tmp_path)
     blobs = [p.read_bytes() for p in paths]
     with DecoderChain("gpu", batch_size=8) as gpu, DecoderChain("cpu", batch_size=8) as cpu:
         g, c = gpu.decode_batch(blobs), cpu.decode_batch(blobs)
-    opened = {p.name for p, b in zip(paths, blobs, strict=True) if odd_files().pillow_opens(b)}
+    opened = {p.name for p, b in zip(paths, blobs, strict=True) if pillow_opens(b)}
     decoded = {p.name for p, r in zip(paths, g, strict=True) if isinstance(r, cp.ndarray)}
     assert opened <= decoded, sorted(opened - decoded)
     for p, gr, cr in zip(paths, g, c, strict=True):

@@ -329,3 +329,68 @@ def test_the_host_tone_equals_the_array_module_path_bit_for_bit(scene: str) -> N
     host = estimate_tone(np, levels, alpha, cfg)
     assert host.dtype == np.float64 and host.shape == (1,)
     assert np.array_equal(host, estimate_tone(_array_module_twin(), levels, alpha, cfg))
+
+
+@pytest.mark.parametrize(("src", "canvas", "offset"), [
+    ((64, 64), (64, 64), (0.0, 0.0)),  # a 64x64 photo to a 64x64 preset at fill 1: the whole canvas
+    ((48, 90), (40, 40), (7.0, 3.0)),  # a window of a larger photo
+    ((30, 20), (40, 40), (-6.0, -4.0)),  # a smaller photo: a white border around it
+])
+def test_render_at_scale_one_copies_the_pixels_as_the_reference_resamples_them(
+    src: tuple[int, int], canvas: tuple[int, int], offset: tuple[float, float]
+) -> None:
+    """Scale 1 on whole pixels without sharpening is a copy (the fast path), bit for bit the
+    reference's resampling; a fractional offset or sharpening still resamples."""
+    rng = np.random.default_rng(11)
+    pixels = rng.integers(0, 256, (*src, 3), dtype=np.uint8)
+    coeffs = RetouchConfig().geometry.cubic_coefficients()
+    w, h = canvas
+    params = np.array([1.0, *offset], np.float32)
+    plan = render._axis_plan(1.0, offset[0], w, src[1], coeffs)
+    assert plan.copy  # the fast path is taken
+    fast = render_fused_cpu(pixels, params, w, h, False, 0.0, coeffs)
+    reference = np.asarray(render_reference(np, pixels, params, w, h, False, 0.0, coeffs))
+    assert np.array_equal(fast, reference)
+    assert not render._axis_plan(1.0, offset[0] + 0.5, w, src[1], coeffs).copy  # half a pixel: resampled
+    for amount, shift in ((0.3, 0.0), (0.0, 0.5)):
+        moved = np.array([1.0, offset[0] + shift, offset[1]], np.float32)
+        got = render_fused_cpu(pixels, moved, w, h, False, amount, coeffs)
+        assert np.array_equal(got, np.asarray(render_reference(np, pixels, moved, w, h, False, amount, coeffs)))
+
+
+def test_white_balance_reading_ab_only_where_weighed_keeps_every_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On NumPy a*b* are computed only for the pixels the clusters weigh and the background: the
+    white balance gains, and with them the whole plan, are bit for bit those of the full CIELAB
+    conversion, on the quality set with its true alpha and without one."""
+    from gpu_kernels.retouch import color
+    from lightbox.datasets.quality_set import quality_set
+
+    full = color.srgb_to_lab
+    kept: list[float] = []
+
+    def spy(xp: object, rgb: np.ndarray, *, levels: np.ndarray | None = None, ab_where: object = None) -> np.ndarray:
+        def rows(light: np.ndarray) -> np.ndarray:
+            got = ab_where(light)  # type: ignore[operator]
+            kept.append(float(got.mean()))
+            return got
+        return full(xp, rgb, levels=levels, ab_where=None if ab_where is None else rows)
+
+    cfg = RetouchConfig()
+    items = quality_set((120, 160))
+    for item in items:
+        for mask in (None, np.round(item.alpha * 255).astype(np.uint8)):
+            alpha, _ = alpha_source(mask, item.image, stage="test")
+            with monkeypatch.context() as m:
+                m.setattr(color, "srgb_to_lab", spy)
+                fast = plan_correction(np, item.image, alpha, "auto", cfg, gaussian_matrix)
+            with monkeypatch.context() as m:
+                m.setattr(color, "srgb_to_lab",
+                          lambda xp, rgb, *, levels=None, ab_where=None: full(xp, rgb, levels=levels))
+                plain = plan_correction(np, item.image, alpha, "auto", cfg, gaussian_matrix)
+            assert fast.wb.tobytes() == plain.wb.tobytes(), item.name
+            assert fast.lut is not None and plain.lut is not None and fast.lut.tobytes() == plain.lut.tobytes()
+            assert fast.gain_map is not None and plain.gain_map is not None
+            assert fast.gain_map.tobytes() == plain.gain_map.tobytes()
+    assert len(kept) == 2 * len(items)
+    assert min(kept) < 0.9  # some pixels' a*b* were left out
+    assert len({round(k, 3) for k in kept}) > 5  # and the set follows the image

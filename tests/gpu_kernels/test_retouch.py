@@ -456,7 +456,7 @@ def test_a_small_canvas_from_a_small_source_maps_no_blank_pixels_and_equals_unfu
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Canvas and source both at most MAP_MIN_PIXELS: the render skips the blank map (at 64x64
-    it cost more than the whole render, bench/bench_floor.py) and is still the unfused chain's,
+    it cost more than the whole render, bench/bench_overhead.py --fixed-cost) and is still the unfused chain's,
     bit for bit, white or transparent; one side larger and the map is made."""
     from gpu_kernels.retouch import render
 
@@ -760,7 +760,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_package_imports_nothing_the_gpu_machine_lacks() -> None:
-    """bench/gpu/check_retouch.py runs where only NumPy, CuPy, OpenCV and torch exist."""
+    """bench/gpu/checks.py retouch runs where only NumPy, CuPy, OpenCV and torch exist."""
     code = "import sys, json, gpu_kernels.retouch; print(json.dumps(sorted(sys.modules)))"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, check=True, timeout=120)
@@ -778,7 +778,7 @@ def test_the_gpu_check_script_exits_cleanly_without_a_gpu(tmp_path: Path) -> Non
             pytest.skip("a GPU is present: the script would run for real")
     except Exception:  # no CuPy, or no device
         pass
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "check_retouch.py")],
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu" / "checks.py"), "retouch"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "OUT": str(tmp_path), "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr

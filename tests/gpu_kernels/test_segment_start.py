@@ -1,8 +1,13 @@
 """Start-up of the ``auto`` segment runtime: once every candidate has a verdict on this machine,
-a start decides from the cached verdicts alone (no candidate runtime is loaded)."""
+a start decides from the cached verdicts alone (no candidate runtime is loaded, none imported),
+and ONNX Runtime's session comes from its kept optimised graph."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,35 @@ def test_cached_verdicts_that_all_fail_give_fp32_without_loading_candidates(
     assert isinstance(seg, OnnxSegmenter) and choice.runtime == "fp32"
     assert {g.runtime for g in choice.gates} == {"openvino-bf16", "openvino-f32", "int8"}
     assert not any(g.passed for g in choice.gates if g.runtime != "openvino-f32")
+
+
+START = """
+import json, sys
+from pathlib import Path
+from gpu_kernels.segment.runtime import make_model_segmenter
+seg, choice = make_model_segmenter(Path(sys.argv[1]), cache_dir=Path(sys.argv[2]))
+print(json.dumps({"runtime": choice.runtime, "openvino": "openvino" in sys.modules,
+                  "kept": str(seg.compiled_from) if getattr(seg, "compiled_from", None) else None}))
+"""
+
+
+def test_a_start_that_runs_onnx_runtime_imports_no_other_runtime_and_reuses_its_graph(
+        u2netp: Any, tmp_path: Path) -> None:
+    """Every cached verdict failed: fp32, OpenVINO never imported; the second start loads the
+    optimised graph the first one kept (under the runtime choice's cache folder)."""
+    _seed(tmp_path, u2netp.batched, {"openvino-f32": (1.0, 290.0), "int8": (0.3, 170.0)}, usable_cores())
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+
+    def start() -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", START, str(u2netp.batched), str(tmp_path)], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=300, check=True)
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+    first, second = start(), start()
+    assert first == {"runtime": "fp32", "openvino": False, "kept": None}
+    assert second["runtime"] == "fp32" and not second["openvino"]
+    assert second["kept"] is not None and Path(second["kept"]).parent == tmp_path / "onnxruntime"
 
 
 def test_a_cached_verdict_that_passes_still_loads_the_winner(

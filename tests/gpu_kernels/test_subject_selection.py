@@ -45,6 +45,21 @@ def test_edge_clutter_removal_can_be_switched_off() -> None:
     assert alpha[parts["flag"]].mean() > 0.97
 
 
+def test_in_a_spread_of_items_the_ones_cut_by_the_frame_stay() -> None:
+    """With two separate items inside the frame besides the box (the lid and a blue sweet), the
+    red piece cut by the frame is one more item, not clutter; with one (the lid) it is clutter,
+    and ``clutter_items=0`` asks for the rule whatever the count."""
+    image, prob, parts = scene()
+    sweet = np.zeros(prob.shape, np.uint8)
+    cv2.circle(sweet, (150, 300), 30, 1, -1)
+    image[sweet.astype(bool)] = (40, 60, 200)
+    prob[sweet.astype(bool)] = 0.97
+    alpha = alpha_from_probability(prob, MaskPostprocess(), CpuOps(), image) >= 128
+    assert alpha[parts["flag"]].mean() > 0.97 and alpha[sweet.astype(bool)].mean() > 0.97
+    strict = alpha_from_probability(prob, MaskPostprocess(clutter_items=0), CpuOps(), image) >= 128
+    assert strict[parts["flag"]].mean() < 0.01 and strict[parts["box"]].mean() > 0.97
+
+
 def test_islands_keep_the_large_and_the_near_ones_and_only_mid_sized_ones_ask_how_near() -> None:
     """``drop_islands`` against the rule written out: a component stays when it is at least
     ``min_component`` of the largest and either at least ``far_component`` of it or within ``near``

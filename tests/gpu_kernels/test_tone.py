@@ -3,7 +3,7 @@ on a white backdrop comes out the colour it went in; an underexposed photo is ra
 the well-exposed one gives; an over-exposed or washed-out photo is not made worse.
 
 Colour differences are CIEDE2000 (skimage) on the subject's pixels; the scenes are those of
-``bench/bench_tone.py`` (which reports the figures before and after the change)."""
+``bench/bench_output.py tone`` (which reports the figures before and after the change)."""
 
 from __future__ import annotations
 

@@ -71,7 +71,7 @@ def test_image_runs_as_non_root_with_a_healthcheck(dockerfile: Path) -> None:
     assert "COPY --from=build /opt/lightbox /opt/lightbox" in runtime and "COPY . " not in runtime
     assert "COPY --from=build --chown=10001:10001 /models" in runtime and "LIGHTBOX_MODEL_DIR=" in runtime
     assert "EXTRA_CA_CERTS" not in runtime and "PIP_CERT" not in runtime
-    assert "fetch_model" in build  # fetched and sha256-checked at build time
+    assert "lightbox model fetch" in build  # fetched and sha256-checked at build time
     extra = "gpu" if dockerfile.name.endswith(".gpu") else "cpu"
     assert f'"${{wheel}}[{extra}]"' in build
 

