@@ -34,7 +34,7 @@ from gpu_kernels.retouch.correction import ColorPlan, correct_reference, plan_co
 from gpu_kernels.retouch.cpu import Window, effective_background
 from gpu_kernels.retouch.geometry import placement, read_window, subject_box
 from gpu_kernels.retouch.illumination import gain_columns, gaussian_matrix
-from gpu_kernels.retouch.matting_device import decontaminate_device
+from gpu_kernels.retouch.matting_device import decontaminate_batch, decontaminate_device
 from gpu_kernels.retouch.render import render_reference
 from schemas.errors import LightboxError, ProcessingFailed, per_item
 
@@ -424,14 +424,40 @@ class CupyRetoucher:
         self, images: Sequence[Array], masks: Sequence[Array | None], options: RetouchOptions,
         windows: Sequence[Window | None] | None = None,
     ) -> list[Array]:
-        def one(item: tuple[Array, Array | None, Window | None]) -> Any:
+        def one(item: tuple[Array, Array | None, Window | None, Any]) -> Any:
             try:
-                return self.correct_one(item[0], item[1], options, item[2])
+                return self.correct_one(item[0], item[1], options, item[2], edged=item[3])
             except self._cuda_errors() as exc:
                 raise self._translate(exc, "retouch.correct") from exc
 
         wins = windows if windows is not None else [None] * len(images)
-        return per_item(one, zip(images, masks, wins, strict=True))
+        edged = self._edge_colours_batch(images, masks, options)
+        return per_item(one, zip(images, masks, wins, edged, strict=True))
+
+    def _edge_colours_batch(self, images: Sequence[Array], masks: Sequence[Array | None],
+                            options: RetouchOptions) -> list[Any]:
+        """:meth:`edge_colours` of each image that has its edge colours fixed, for the batch at
+        once (:func:`~gpu_kernels.retouch.matting_device.decontaminate_batch`: one host read of
+        the edge boxes, the images of one size as one stack); None where :meth:`correct_one`
+        does its own (nothing to fix, or its inputs fail there and it reports it)."""
+        out: list[Any] = [None] * len(images)
+        picked: list[tuple[int, Any, Any]] = []
+        failures: tuple[type[Exception], ...] = (LightboxError, *self._cuda_errors())
+        for k, (image, mask) in enumerate(zip(images, masks, strict=True)):
+            try:
+                pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
+            except failures:
+                continue
+            if self._decontaminates(pixels, alpha, own, options):
+                picked.append((k, pixels, alpha))
+        if picked:
+            try:
+                fixed = decontaminate_batch(self.cp, [p for _, p, _ in picked], [a for _, _, a in picked])
+            except self._cuda_errors():
+                return out  # each image tries again on its own, and reports its own error
+            for (k, _, _), pixels in zip(picked, fixed, strict=True):
+                out[k] = self.cp.ascontiguousarray(pixels)
+        return out
 
     def correction_window(self, image: Array, mask: Array | None, presets: Sequence[Preset]) -> Window | None:
         """As :meth:`CpuRetoucher.correction_window`; reads the subject box back to the host
@@ -453,12 +479,15 @@ class CupyRetoucher:
         return plan_correction(self.cp, pixels, alpha, options.lighting, self.config, self._matrix)
 
     def correct_one(self, image: Array, mask: Array | None, options: RetouchOptions,
-                    window: Window | None = None) -> Any:
-        """Pass (a) for one image (fused kernel), or for its ``window``; raises ``ProcessingFailed``."""
+                    window: Window | None = None, edged: Any = None) -> Any:
+        """Pass (a) for one image (fused kernel), or for its ``window``; raises ``ProcessingFailed``.
+        ``edged``: the image with its edge colours fixed, when already made (:meth:`correct`
+        makes a batch's together)."""
         cp = self.cp
         pixels, alpha, own = self._inputs(image, mask, "retouch.correct")
         plan = plan_correction(cp, pixels, alpha, options.lighting, self.config, self._matrix)
-        pixels = self.edge_colours(pixels, alpha, own, options)  # whole image: a window sees the same
+        # whole image: a window sees the same
+        pixels = edged if edged is not None else self.edge_colours(pixels, alpha, own, options)
         if window is not None and not own:
             x0, y0, x1, y1 = window
             pixels = cp.ascontiguousarray(pixels[y0:y1, x0:x1])
@@ -467,11 +496,14 @@ class CupyRetoucher:
         background = effective_background(options.background, alpha)
         return self.launch_correct(pixels, alpha, own, plan, background)
 
+    def _decontaminates(self, pixels: Any, alpha: Any, own: bool, options: RetouchOptions) -> bool:
+        return not (not self.config.decontaminate or alpha is None or own or pixels.shape[2] != 3
+                    or effective_background(options.background, alpha) == "keep")
+
     def edge_colours(self, pixels: Any, alpha: Any, own: bool, options: RetouchOptions) -> Any:
         """As :meth:`CpuRetoucher.edge_colours`, the same bytes, shaped for the device: the edge's
         crop whole, one host read per image (:mod:`gpu_kernels.retouch.matting_device`)."""
-        if (not self.config.decontaminate or alpha is None or own or pixels.shape[2] != 3
-                or effective_background(options.background, alpha) == "keep"):
+        if not self._decontaminates(pixels, alpha, own, options):
             return pixels
         return self.cp.ascontiguousarray(decontaminate_device(self.cp, pixels, alpha))
 

@@ -29,7 +29,8 @@ from gpu_kernels.array import Array
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
 from gpu_kernels.segment.model import ModelSpec, output_to_probability, preprocess
 from gpu_kernels.segment.ops import ArrayOps
-from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
+from gpu_kernels.segment.postprocess import MaskPostprocess, clean_cutout
+from gpu_kernels.segment.postprocess_batch import alpha_batch
 from schemas.errors import LightboxError, per_item
 
 __all__ = ["LONE_GAP_S", "MASK_WORK_PIXELS", "OUTPUT_MARGIN", "WORK_FLOOR_PIXELS", "BucketedSegmenter", "Callers",
@@ -183,8 +184,13 @@ class BucketedSegmenter:
         an image of the wrong shape or dtype gets its ``ProcessingFailed`` in its place, and a
         chunk the model fails on gets that error for each of its images (the next chunk runs).
         :meth:`infer_batch` then :meth:`Unrefined.alpha` for each image, in one call."""
-        return [m.alpha(image) if isinstance(m, Unrefined) else m
-                for m, image in zip(self.infer_batch(images), images, strict=True)]
+        masks = self.infer_batch(images)
+        todo = [(k, m) for k, m in enumerate(masks) if isinstance(m, Unrefined)]
+        alphas = self.refine_batch([m.prob for _, m in todo], [images[k] for k, _ in todo])
+        out: list[Array | LightboxError] = [m.prob if isinstance(m, Unrefined) else m for m in masks]
+        for (k, _), alpha in zip(todo, alphas, strict=True):
+            out[k] = alpha
+        return out
 
     def infer_batch(self, images: Sequence[Array]) -> list[Array | Unrefined | LightboxError]:
         """:meth:`segment_batch` up to the model's probabilities: per image an :class:`Unrefined`
@@ -219,16 +225,26 @@ class BucketedSegmenter:
         """The refined alpha of ``image`` from the model's probability map, refined at the
         working size (see the module docstring; ``max_pixels`` lowers it: see
         :func:`output_work_pixels`) and returned at the image's size."""
+        return self.refine_batch([prob], [image], [max_pixels])[0]
+
+    def refine_batch(self, probs: Sequence[Array], images: Sequence[Array],
+                     max_pixels: Sequence[int | None] | None = None) -> list[Array]:
+        """:meth:`refine` of each image, the same values: on a device backend the refinements
+        of one working size run as one stack (:func:`~gpu_kernels.segment.postprocess_batch.alpha_batch`:
+        a few hundred array calls and three host reads for the batch, not per image)."""
         ops = self._ops
-        h, w = image.shape[:2]
-        limits = [n for n in (self.mask_work_pixels, max_pixels) if n is not None]
-        wh, ww = mask_work_size(h, w, min(limits) if limits else None)
-        if (wh, ww) == (h, w):
-            return alpha_from_probability(ops.resize_map(prob, h, w), self.post, ops, image)
-        small = ops.resize_u8(image[..., :3], wh, ww)
-        alpha = alpha_from_probability(ops.resize_map(prob, wh, ww), self.post, ops, small)
+        work_probs, work_images, shrunk = [], [], []
+        for prob, image, most in zip(probs, images, max_pixels or [None] * len(probs), strict=True):
+            h, w = image.shape[:2]
+            limits = [n for n in (self.mask_work_pixels, most) if n is not None]
+            wh, ww = mask_work_size(h, w, min(limits) if limits else None)
+            work_probs.append(ops.resize_map(prob, wh, ww))
+            work_images.append(image if (wh, ww) == (h, w) else ops.resize_u8(image[..., :3], wh, ww))
+            shrunk.append((wh, ww) != (h, w))
+        alphas = alpha_batch(work_probs, work_images, self.post, ops)
         # the faint ring bilinear enlargement spreads past the edge is background
-        return ops.zero_below(ops.resize_u8(alpha, h, w), ENLARGE_FLOOR)
+        return [ops.zero_below(ops.resize_u8(alpha, *image.shape[:2]), ENLARGE_FLOOR) if small else alpha
+                for alpha, image, small in zip(alphas, images, shrunk, strict=True)]
 
     def set_callers(self, n: int, *, lone_latency: bool) -> None:
         """``n`` threads run the model at once (a runtime with :class:`Callers` uses it)."""

@@ -201,6 +201,7 @@ class XpOps:
         self.xp, self.ndi, self.device = xp, ndi, device
         self._matrices: dict[tuple[int, int], Array] = {}
         self._disks: dict[int, Array] = {}  # structuring elements by radius, kept on the device
+        self._structures: dict[tuple[str, int], Array] = {}
 
     def _matrix(self, n_in: int, n_out: int) -> Array:
         key = (n_in, n_out)
@@ -272,6 +273,55 @@ class XpOps:
         if not bool(mask.any()):
             return xp.full(mask.shape, xp.float32(1e9))
         return self.ndi.distance_transform_edt(~mask.astype(bool)).astype(xp.float32)
+
+    # -- stacks: ``(B, H, W)`` maps or masks of images of one size, each slice as the 2-D call --
+    def resize_maps(self, a: Array, out_h: int, out_w: int) -> Array:
+        """:meth:`resize_map` of each slice of ``(B, H, W)`` float32, in two batched products."""
+        ry, rx = self._matrix(a.shape[1], out_h), self._matrix(a.shape[2], out_w)
+        return ry @ a.astype(self.xp.float32, copy=False) @ rx.T
+
+    def blur_maps(self, a: Array, sigma: float) -> Array:
+        """:meth:`blur` of each slice (no smoothing across the stack: sigma 0 on its axis)."""
+        return self.ndi.gaussian_filter(a.astype(self.xp.float32, copy=False), (0.0, sigma, sigma),
+                                        mode="mirror", truncate=4.0)
+
+    def erode_masks(self, mask: Array, radius: int) -> Array:
+        """:meth:`erode` of each slice (a one-plane structuring element)."""
+        if radius <= 0:
+            return mask
+        key = -radius  # stacked disks cached beside the 2-D ones
+        structure = self._disks.get(key)
+        if structure is None:
+            structure = self._disks[key] = self.xp.asarray(disk(radius).astype(bool)[None])
+        return self.ndi.binary_erosion(mask, structure=structure, border_value=1)
+
+    def label_masks(self, mask: Array, connectivity: int) -> tuple[Array, int]:
+        """:meth:`label` of each slice in one call: no component crosses slices; numbers are
+        unique across the stack (1..n in all), 0 outside the masks."""
+        xp = self.xp
+        key = ("label", connectivity)
+        structure = self._structures.get(key)
+        if structure is None:
+            plane = np.ones((3, 3), bool) if connectivity == 8 else np.array([[0, 1, 0], [1, 1, 1], [0, 1, 0]], bool)
+            cube = np.zeros((3, 3, 3), bool)
+            cube[1] = plane
+            structure = self._structures[key] = xp.asarray(cube)
+        labels, n = self.ndi.label(mask, structure=structure)
+        return labels.astype(xp.int32), int(n)
+
+    def box_means(self, a: Array, radius: int) -> Array:
+        """Box mean (``(2 r + 1)`` square, borders reflected) of each slice of ``(B, H, W[, C])``
+        float32, as :func:`gpu_kernels.retouch.matting.box_blur` of each: on the device one
+        ``uniform_filter`` with size 1 on the stack's and the channels' axes."""
+        if radius <= 0:
+            return a
+        if self.xp is np:  # the per-image code's own filter (OpenCV) slice by slice: the same bits
+            from gpu_kernels.retouch.matting import box_blur
+
+            return np.stack([box_blur(np, np.ascontiguousarray(x), radius) for x in a])
+        k = 2 * radius + 1
+        size = (1, k, k) + ((1,) if a.ndim == 4 else ())
+        return self.ndi.uniform_filter(self.xp.ascontiguousarray(a), size=size, mode="reflect")
 
     def asnumpy(self, a: Array) -> np.ndarray:
         if self.xp is np:

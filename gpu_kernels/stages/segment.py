@@ -75,17 +75,22 @@ class RefineStage(Stage):
                 groups.setdefault(id(mask.segmenter), (mask.segmenter.device, []))[1].append(i)
         for device, idx in groups.values():
             yield Step(self.name, device, idx,
-                       lambda ix: [_refined(ctx, i) for i in ix],
+                       lambda ix: _refined(ctx, ix),
                        lambda i, m: _keep_mask(ctx, i, m))
 
 
-def _refined(ctx: BatchContext, i: int) -> Any:
-    """Item ``i``'s alpha, refined at no more pixels than its presets' canvases reach."""
-    mask, image = ctx.masks[i], ctx.images[i]
-    assert isinstance(mask, Unrefined)
-    h, w = image.shape[:2]
-    limit = output_work_pixels(mask.prob, h, w, [(p.width, p.height, p.fill) for p in ctx.jobs[i].presets])
-    return mask.alpha(image, limit)
+def _refined(ctx: BatchContext, idx: list[int]) -> list[Any]:
+    """The items' alphas (one segmenter's), each refined at no more pixels than its presets'
+    canvases reach, in one :meth:`~gpu_kernels.segment.bucketed.BucketedSegmenter.refine_batch`."""
+    masks = [ctx.masks[i] for i in idx]
+    todo = [m for m in masks if isinstance(m, Unrefined)]
+    assert todo and len(todo) == len(masks)
+    limits = []
+    for i, m in zip(idx, todo, strict=True):
+        h, w = ctx.images[i].shape[:2]
+        limits.append(output_work_pixels(m.prob, h, w, [(p.width, p.height, p.fill) for p in ctx.jobs[i].presets]))
+    alphas: list[Any] = todo[0].segmenter.refine_batch([m.prob for m in todo], [ctx.images[i] for i in idx], limits)
+    return alphas
 
 
 def _keep_mask(ctx: BatchContext, i: int, mask: Any) -> None:

@@ -120,14 +120,14 @@ def test_a_refinement_that_raises_fails_its_item_only(catalog: list[Path], u2net
     presets = load_presets().resolve(["thumb_webp"])
     jobs = [Job(p.read_bytes(), presets, RetouchOptions(), SpanRecorder()) for p in catalog[:3]]
     widths = [make_decoder("cpu").decode_batch([j.data], max_side=400)[0].shape[1] for j in jobs]
-    real = BucketedSegmenter.refine
+    real = BucketedSegmenter.refine_batch
 
-    def refine(self, prob, image, max_pixels=None):  # type: ignore[no-untyped-def]
-        if image.shape[1] == widths[1]:
+    def refine_batch(self, probs, images, max_pixels=None):  # type: ignore[no-untyped-def]
+        if any(image.shape[1] == widths[1] for image in images):  # the batch's refinement raises
             raise ValueError("a bug in the refinement")
-        return real(self, prob, image, max_pixels)
+        return real(self, probs, images, max_pixels)
 
-    monkeypatch.setattr(BucketedSegmenter, "refine", refine)
+    monkeypatch.setattr(BucketedSegmenter, "refine_batch", refine_batch)
     results = pipe.run_batch(jobs)
     assert [r.ok for r in results] == [True, False, True]
     err = results[1].error

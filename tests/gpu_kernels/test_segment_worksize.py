@@ -38,13 +38,13 @@ def test_large_photo_refined_at_working_size_matches_full_size(u2netp: Any, name
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     img = _photo(name, 4.0)  # 3-4 MP
     seen: list[tuple[int, int]] = []
-    real = bucketed.alpha_from_probability
+    real = bucketed.alpha_batch
 
-    def spy(prob: Any, cfg: Any, ops: Any, image: Any = None) -> Any:
-        seen.append(prob.shape[:2])
-        return real(prob, cfg, ops, image)
+    def spy(probs: Any, images: Any, cfg: Any, ops: Any) -> Any:
+        seen.extend(p.shape[:2] for p in probs)
+        return real(probs, images, cfg, ops)
 
-    monkeypatch.setattr(bucketed, "alpha_from_probability", spy)
+    monkeypatch.setattr(bucketed, "alpha_batch", spy)
     seg = OnnxSegmenter(u2netp.original)
     fast = seg.segment_batch([img])[0]
     seg.mask_work_pixels = None
@@ -59,9 +59,10 @@ def test_large_photo_refined_at_working_size_matches_full_size(u2netp: Any, name
 def test_small_photo_is_refined_at_its_own_size(u2netp: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     img = _photo("coffee", 1.0)
     seen: list[tuple[int, int]] = []
-    real = bucketed.alpha_from_probability
-    monkeypatch.setattr(bucketed, "alpha_from_probability",
-                        lambda prob, cfg, ops, image=None: seen.append(prob.shape[:2]) or real(prob, cfg, ops, image))
+    real = bucketed.alpha_batch
+    monkeypatch.setattr(bucketed, "alpha_batch",
+                        lambda probs, images, cfg, ops: seen.extend(p.shape[:2] for p in probs) or real(
+                            probs, images, cfg, ops))
     OnnxSegmenter(u2netp.original).segment_batch([img])
     assert seen == [img.shape[:2]]
 
@@ -100,9 +101,10 @@ def test_the_pipeline_refines_at_the_resolution_its_presets_reach(u2netp: Any,
     img = _photo("astronaut", 4.0)  # 2048 x 2048
     data = cv2.imencode(".png", cv2.cvtColor(img, cv2.COLOR_RGB2BGR))[1].tobytes()
     seen: list[tuple[int, int]] = []
-    real = bucketed.alpha_from_probability
-    monkeypatch.setattr(bucketed, "alpha_from_probability",
-                        lambda prob, cfg, ops, image=None: seen.append(prob.shape[:2]) or real(prob, cfg, ops, image))
+    real = bucketed.alpha_batch
+    monkeypatch.setattr(bucketed, "alpha_batch",
+                        lambda probs, images, cfg, ops: seen.extend(p.shape[:2] for p in probs) or real(
+                            probs, images, cfg, ops))
     proc = build_processor(Settings(segmenter="model", device="cpu", segment_runtime="fp32"))
     try:
         book = proc.presets
