@@ -55,7 +55,7 @@ class BackfillEvent:
 class BackfillConsumer:
     """See the module docstring. ``runner()`` is the runner this consumer feeds (None until it
     started); ``live_work()`` the worker's live work: ``(queued, lag)``, live inputs queued in the
-    worker and live records waiting in the brokers (:attr:`agents.worker.RetouchWorker.live_work`;
+    worker and live records waiting in the brokers (:attr:`agents.worker.LightboxWorker.live_work`;
     in a backfill process, what its worker shares: :class:`agents.backfill_process.LiveSignal`)."""
 
     def __init__(self, kafka: KafkaSettings, backfill: BackfillSettings, *, topic: str, client_id: str,

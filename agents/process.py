@@ -43,7 +43,7 @@ from blobio.fetch import Fetcher, FetchPolicy
 from blobio.store import make_store, variant_key
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec.sniff import DEFAULT_MAX_FRAMES, DEFAULT_MAX_SCANS, ImageInfo, sniff
-from gpu_kernels.pipeline import BatchContext, Job, JobResult, RetouchPipeline, Variant
+from gpu_kernels.pipeline import BatchContext, ImagePipeline, Job, JobResult, Variant
 from gpu_kernels.presets import PresetBook
 from gpu_kernels.spans import SpanRecorder
 from gpu_kernels.stages.base import Lane
@@ -128,7 +128,7 @@ class BatchProcessor:
     ``inline_max_bytes`` keep their bytes inline too. ``output_dir`` is shorthand for a ``file://``
     store (``blobio.store``) with ``offload="always"``."""
 
-    def __init__(self, pipeline: RetouchPipeline, presets: PresetBook, codecs: EventCodecs, *,
+    def __init__(self, pipeline: ImagePipeline, presets: PresetBook, codecs: EventCodecs, *,
                  worker_id: str, pipeline_version: str, model_version: str = "none",
                  max_image_bytes: int = 40 << 20, max_pixels: int = 64_000_000,
                  max_frames: int = DEFAULT_MAX_FRAMES, max_scans: int = DEFAULT_MAX_SCANS,

@@ -15,7 +15,7 @@ from blobio.fetch import Fetcher, FetchPolicy
 from blobio.store import Waiter, make_store
 from gpu_kernels.backends import Retoucher
 from gpu_kernels.codec import make_decoder, make_encoder
-from gpu_kernels.pipeline import RetouchPipeline
+from gpu_kernels.pipeline import ImagePipeline
 from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher, CupyRetoucher
 from streams.registry import event_codecs
@@ -34,14 +34,14 @@ def _retoucher(device: str) -> Retoucher:
 
 
 def build_pipeline(settings: Settings, device: str, segmenters: Segmenters | None = None
-                   ) -> tuple[RetouchPipeline, str]:
+                   ) -> tuple[ImagePipeline, str]:
     """The pipeline and its model version string; ``segmenters``: made before
     (:func:`agents.segmenters.make_segmenters`), else made here."""
     decoder = make_decoder(device, max_pixels=settings.limits.max_pixels, max_bytes=settings.limits.max_image_bytes,
                            max_frames=settings.limits.max_frames, max_scans=settings.limits.max_scans,
                            time_budget_s=settings.limits.decode_time_budget_s)
     model, classical, model_version = segmenters or make_segmenters(settings, device)
-    return RetouchPipeline(decoder, _retoucher(device), make_encoder(device), model, classical), model_version
+    return ImagePipeline(decoder, _retoucher(device), make_encoder(device), model, classical), model_version
 
 
 def build_processor(settings: Settings, device: str | None = None, *,

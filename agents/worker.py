@@ -19,7 +19,7 @@ Process life cycle (both kinds):
 
 - The processor (model, presets, schemas) is built before the worker joins the group: an error
   there ends the process at once (exit 70, :data:`EXIT_FAIL_STOP`) without ever holding partitions.
-- Fail-stop (:meth:`RetouchWorker.fail`, from the runner or an agent error, start-up included):
+- Fail-stop (:meth:`LightboxWorker.fail`, from the runner or an agent error, start-up included):
   one log line, then the worker stops the way SIGTERM stops it — the consumer leaves the group,
   so the partitions move at once — and the process exits 70. If that has not happened within
   ``FAIL_STOP_GRACE_S``, the process exits 70 anyway.
@@ -61,7 +61,7 @@ from agents.wiring import backfill_consumer, batching_config, build_processor, k
 from streams.app import create_app, input_topic, live_lag
 from streams.settings import Settings
 
-__all__ = ["EXIT_FAIL_STOP", "FAIL_STOP_GRACE_S", "RetouchWorker", "build_worker", "main", "run_backfill",
+__all__ = ["EXIT_FAIL_STOP", "FAIL_STOP_GRACE_S", "LightboxWorker", "build_worker", "main", "run_backfill",
            "run_backfill_worker", "run_worker"]
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ FAIL_STOP_GRACE_S = 10.0  # longest a fail-stop waits for a clean group leave be
 BACKFILL_COMMAND = "backfill-worker"  # python -m agents.worker backfill-worker: the backfill child
 
 
-class RetouchWorker:
+class LightboxWorker:
     """The Faust app with the live tier's agent, and how its process ends."""
 
     def __init__(self, app: faust.App) -> None:
@@ -108,7 +108,7 @@ def _exit_after(seconds: float, code: Callable[[], int]) -> None:
 
 def build_worker(settings: Settings, processor: BatchProcessor | None = None,
                  observer: RunnerObserver | None = None,
-                 dependencies: Dependencies | None = None) -> RetouchWorker:
+                 dependencies: Dependencies | None = None) -> LightboxWorker:
     """The worker; run ``worker.app`` with ``lightbox worker``. Builds the processor now.
 
     One runner, two tiers: the Faust agent ``lightbox.live`` on the input topic (live), and a
@@ -117,7 +117,7 @@ def build_worker(settings: Settings, processor: BatchProcessor | None = None,
     device, and the device serves live batches first; the backfill partitions are paused while
     live work is queued or the live lag is over ``backfill_max_live_lag``)."""
     app = create_app(settings)
-    worker = RetouchWorker(app)
+    worker = LightboxWorker(app)
     device = settings.resolved_device()
     deps = dependencies or make_dependencies(settings.runner)
     proc = processor or build_processor(settings, device, waiter=deps)
@@ -180,7 +180,7 @@ def _runner_parts(settings: Settings, device: str,
     return config, tier_batcher(settings, batching)
 
 
-def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
+def _live_work(worker: LightboxWorker, settings: Settings, last_live: dict[Any, int]) -> tuple[int, int]:
     """Live inputs queued in the worker (in the prepare lane, the batcher, or a batch not yet through
     the device) and live records waiting in the brokers: what pauses the backfill tier."""
     runner, tiers = worker.runner, worker.tiers
@@ -188,12 +188,12 @@ def _live_work(worker: RetouchWorker, settings: Settings, last_live: dict[Any, i
     return queued, live_lag(worker.app, settings.topics.input, last_live)
 
 
-def _backfill_ended(worker: RetouchWorker, task: asyncio.Task[None]) -> None:
+def _backfill_ended(worker: LightboxWorker, task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         worker.fail(task.exception())  # type: ignore[arg-type]
 
 
-async def _finish(worker: RetouchWorker, runner: BatchRunner, settings: Settings) -> None:
+async def _finish(worker: LightboxWorker, runner: BatchRunner, settings: Settings) -> None:
     if worker.failure is None:
         _exit_after(settings.runner.shutdown_timeout_s + FAIL_STOP_GRACE_S, lambda: worker.exit_code)
         drained = await runner.drain(settings.runner.shutdown_timeout_s)
@@ -301,7 +301,7 @@ def _say(settings: Settings) -> Callable[[str], None]:
     return functools.partial(print, file=sys.stderr, flush=True)
 
 
-def _start_backfill_child(retouch: RetouchWorker, settings: Settings, overrides: Mapping[str, Any], loglevel: str,
+def _start_backfill_child(retouch: LightboxWorker, settings: Settings, overrides: Mapping[str, Any], loglevel: str,
                           port: int, say: Callable[[str], None]) -> Any:
     """Start the backfill child, fail-stop when it ends by itself, share the live work with it."""
     backfill_process.one_opencv_thread()

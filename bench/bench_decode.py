@@ -278,12 +278,12 @@ def lightbox_processes(paths: list[Path], batch: int = 8) -> dict[str, str]:
     """{file: "ok" or the dead letter's code and message} through the default CPU stage list."""
     from gpu_kernels.backends import RetouchOptions
     from gpu_kernels.codec import CpuEncoder, make_decoder
-    from gpu_kernels.pipeline import Job, RetouchPipeline
+    from gpu_kernels.pipeline import ImagePipeline, Job
     from gpu_kernels.presets import Preset
     from gpu_kernels.retouch import CpuRetoucher
     from gpu_kernels.spans import SpanRecorder
 
-    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder())
+    pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder())
     preset = Preset("odd", 128, 128, "jpeg", 85)
     out: dict[str, str] = {}
     for k in range(0, len(paths), batch):

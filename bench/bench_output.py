@@ -233,7 +233,7 @@ def run(kind: str, items: list[tuple[str, bytes]], png: Path | None) -> dict[str
 
     from gpu_kernels.backends import RetouchOptions
     from gpu_kernels.codec import make_decoder
-    from gpu_kernels.pipeline import RetouchPipeline
+    from gpu_kernels.pipeline import ImagePipeline
     from gpu_kernels.presets import load_presets
     from gpu_kernels.retouch import CpuRetoucher
     from gpu_kernels.segment import make_segmenter
@@ -253,7 +253,7 @@ def run(kind: str, items: list[tuple[str, bytes]], png: Path | None) -> dict[str
     stages = [DecodeStage(decoder), SegmentStage(seg, None), CorrectStage(retoucher), RenderStage(retoucher),
               ShadowStage("cpu"), ComplianceStage()]
     none: Any = None  # no encoder: the stage list above has no encode stage
-    pipe = RetouchPipeline(decoder, retoucher, none, seg, stages=stages)
+    pipe = ImagePipeline(decoder, retoucher, none, seg, stages=stages)
     verdicts: dict[str, list[bool]] = {p: [] for p in PRESETS}
     print(f"\n== segmenter: {kind}")
     print(f"{'image':34s} " + " ".join(f"{p:>30s}" for p in PRESETS))

@@ -55,10 +55,10 @@ from gpu_kernels.stages.shadow import ShadowStage
 __all__ = [
     "BatchContext",
     "Compliance",
+    "ImagePipeline",
     "Job",
     "JobResult",
     "Quality",
-    "RetouchPipeline",
     "Stage",
     "Variant",
     "default_stages",
@@ -119,7 +119,7 @@ def _check_order(stages: Sequence[Stage]) -> None:
         last = rank[s.lane]
 
 
-class RetouchPipeline:
+class ImagePipeline:
     """Runs batches through the stage list. Build one with ``agents.wiring.build_pipeline``.
 
     ``stages`` defaults to :func:`default_stages` over the injected backends; pass a list to add,

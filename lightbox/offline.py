@@ -208,7 +208,7 @@ class LanePipeline:
     before is encoded, so one batch's single-threaded steps (decode, mask refinement, render,
     encode) run beside another's model, whose threads would otherwise leave cores idle in
     between. ``device_threads`` > 1 runs that many batches on the device lane at once (the model
-    must take calls from several threads: see ``RetouchPipeline.device_callers``); the output
+    must take calls from several threads: see ``ImagePipeline.device_callers``); the output
     lane has the worker's ``output_threads`` (on a CPU it refines the model's masks, then
     colours, renders and encodes). Batches come out in the order they went in; at most
     ``depth + device_threads - 1`` are in flight."""

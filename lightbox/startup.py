@@ -69,7 +69,7 @@ def load_processor(settings: Settings, files: int) -> tuple[BatchProcessor, int]
     compiling: Future[None] | None = None
     with ThreadPoolExecutor(1, thread_name_prefix="model-compile") as pool:
         if isinstance(model, ModelSegmenter):
-            callers = max(1, model.streams) if files > 1 else 1  # RetouchPipeline.side_by_side's rule
+            callers = max(1, model.streams) if files > 1 else 1  # ImagePipeline.side_by_side's rule
             compiling = pool.submit(_compile, model, callers)
         try:
             from agents.wiring import build_processor  # the rest of the pipeline, beside the compilation

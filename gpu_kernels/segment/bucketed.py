@@ -166,7 +166,7 @@ class BucketedSegmenter:
     # (u2netp, ONNX Runtime on 2 threads: 152, 302, 453, 624 ms for 1-4 images), so three images
     # padded to four would pay for a fourth.
     pad_chunks: bool = True
-    callers: Callers | None = None  # set by such a runtime (``RetouchPipeline.device_callers`` tells it)
+    callers: Callers | None = None  # set by such a runtime (``ImagePipeline.device_callers`` tells it)
 
     def _infer(self, x: Array) -> Array:
         """The model's output ``spec.output_index`` for a prepared, padded batch ``x``."""

@@ -15,7 +15,7 @@ its own stream and its share of the threads, started together and awaited togeth
 2-vCPU host two images take ~240 ms instead of 2 × 137 ms, and ~200 ms/img instead of
 ~280 ms/img while a single-threaded lane runs beside them (docs/performance.md). Each
 compilation (~0.1 s from the cache) is made when first needed, or by :meth:`~OpenVinoSegmenter.prepare`
-at start-up (``RetouchPipeline.device_callers`` calls it), never at construction: ``lightbox
+at start-up (``ImagePipeline.device_callers`` calls it), never at construction: ``lightbox
 process`` of several files sends every image to the streams and never compiles the other. With
 ``callers.concurrent`` (several threads calling at once: ``lightbox process`` and the worker run
 two on their device lane) a single image takes a stream while other threads' calls come and go,

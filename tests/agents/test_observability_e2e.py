@@ -281,7 +281,7 @@ def test_healthz_turns_unhealthy_while_a_stage_blocks(settings: Settings, catalo
     from agents.runner import BatchRunner
     from agents.telemetry import Health, Metrics, MetricsServer, Telemetry
     from agents.wiring import batching_config, build_processor, kafka_sink, runner_config
-    from gpu_kernels.pipeline import RetouchPipeline, default_stages
+    from gpu_kernels.pipeline import ImagePipeline, default_stages
     from schemas.events import EventCodecs
     from streams.app import ensure_topics
 
@@ -290,7 +290,7 @@ def test_healthz_turns_unhealthy_while_a_stage_blocks(settings: Settings, catalo
     block = BlockingStage()
     stages = default_stages(p.decoder, p.retoucher, p.encoder, p.segmenter, p.classical)
     stages.insert(next(k for k, st in enumerate(stages) if st.name == "segment") + 1, block)  # after the model
-    proc.pipeline = RetouchPipeline(p.decoder, p.retoucher, p.encoder, p.segmenter, p.classical, stages=stages)
+    proc.pipeline = ImagePipeline(p.decoder, p.retoucher, p.encoder, p.segmenter, p.classical, stages=stages)
     metrics, health = Metrics(), Health(stall_after_s=1.0)
     server = MetricsServer(metrics, health, port=0, host="127.0.0.1").start()
     healthz = f"http://127.0.0.1:{server.port}/healthz"

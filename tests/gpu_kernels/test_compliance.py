@@ -12,7 +12,7 @@ from PIL import Image, ImageDraw
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
-from gpu_kernels.pipeline import Job, JobResult, RetouchPipeline
+from gpu_kernels.pipeline import ImagePipeline, Job, JobResult
 from gpu_kernels.presets import Preset, load_presets
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.segment import make_segmenter
@@ -34,7 +34,7 @@ def product_photo(*, cut: bool = False) -> bytes:
 
 
 def run(data: bytes, presets: list[Preset], options: RetouchOptions | None = None) -> JobResult:
-    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), None, make_segmenter("classical"))
+    pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), None, make_segmenter("classical"))
     job = Job(data, presets, options or RetouchOptions(), SpanRecorder())
     (res,) = pipe.run_batch([job])
     assert res.ok, res.error
@@ -164,7 +164,7 @@ def cutout(*, shadow: bool = False, specks: bool = False, off_right: bool = Fals
 def run_with(data: bytes, presets: list[Preset], kind: str) -> tuple[JobResult, np.ndarray | None]:
     """The pipeline with one segmenter; also the mask the compliance stage saw."""
     seg = make_segmenter("model" if kind == "model" else "classical")
-    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg if kind == "model" else None,
+    pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg if kind == "model" else None,
                            seg if kind == "classical" else None)
     job = Job(data, presets, RetouchOptions(), SpanRecorder())
     ctx = pipe.start([job])

@@ -10,7 +10,7 @@ import pytest
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
-from gpu_kernels.pipeline import Job, RetouchPipeline, default_stages
+from gpu_kernels.pipeline import ImagePipeline, Job, default_stages
 from gpu_kernels.presets import Preset
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.spans import SpanRecorder
@@ -22,11 +22,11 @@ from tests.isolation_kit import PoisonStage, photo, poison
 SMALL = Preset("iso_small", 96, 96, "jpeg", 80)
 
 
-def pipeline_with(stage: Stage) -> RetouchPipeline:
+def pipeline_with(stage: Stage) -> ImagePipeline:
     dec, ret, enc = make_decoder("cpu"), CpuRetoucher(), CpuEncoder()
     stages = default_stages(dec, ret, enc)
     stages.insert(1, stage)
-    return RetouchPipeline(dec, ret, enc, stages=stages)
+    return ImagePipeline(dec, ret, enc, stages=stages)
 
 
 def job(data: bytes) -> Job:

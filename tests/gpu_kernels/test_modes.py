@@ -19,7 +19,7 @@ from PIL import Image
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
-from gpu_kernels.pipeline import Job, RetouchPipeline
+from gpu_kernels.pipeline import ImagePipeline, Job
 from gpu_kernels.presets import Preset
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.spans import SpanRecorder
@@ -46,8 +46,8 @@ COMBOS = [(m, f) for m, fs in WRITES.items() for f in fs]
 
 
 @pytest.fixture(scope="module")
-def pipe() -> RetouchPipeline:
-    return RetouchPipeline(make_decoder("cpu", batch_size=4), CpuRetoucher(), CpuEncoder())
+def pipe() -> ImagePipeline:
+    return ImagePipeline(make_decoder("cpu", batch_size=4), CpuRetoucher(), CpuEncoder())
 
 
 def make_image(mode: str, w: int, h: int, seed: int, transparent: bool) -> Image.Image:
@@ -91,7 +91,7 @@ image_spec = st.tuples(st.sampled_from(COMBOS),
                        st.integers(0, 2**16), st.booleans())
 
 
-def assert_all_processed(pipe: RetouchPipeline, blobs: list[tuple[str, bytes]]) -> None:
+def assert_all_processed(pipe: ImagePipeline, blobs: list[tuple[str, bytes]]) -> None:
     jobs = [Job(b, PRESETS, RetouchOptions(), SpanRecorder()) for _, b in blobs]
     ctx = pipe.start(jobs)
     pipe.run_lane(ctx, "decode")
@@ -109,7 +109,7 @@ def assert_all_processed(pipe: RetouchPipeline, blobs: list[tuple[str, bytes]]) 
 @settings(max_examples=60, deadline=timedelta(seconds=20),
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.lists(image_spec, min_size=1, max_size=4))
-def test_any_mode_any_small_size_in_batches(pipe: RetouchPipeline,
+def test_any_mode_any_small_size_in_batches(pipe: ImagePipeline,
                                             specs: list[tuple[tuple[str, str], int, int, int, bool]]) -> None:
     blobs = []
     for (mode, fmt), w, h, seed, transparent in specs:
@@ -133,7 +133,7 @@ def animated_gif(first_smaller: bool, disposal: int) -> bytes:
     return buf.getvalue()
 
 
-def test_the_shapes_that_broke_a_stage(pipe: RetouchPipeline) -> None:
+def test_the_shapes_that_broke_a_stage(pipe: ImagePipeline) -> None:
     one_col = np.zeros((17, 20, 4), np.uint8)
     one_col[2:12, 3:15] = (200, 30, 30, 255)
     one_col[16, 5] = (200, 30, 30, 255)  # the last 16-row band: one row, one opaque column

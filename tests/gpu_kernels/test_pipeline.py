@@ -8,7 +8,7 @@ import numpy as np
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
-from gpu_kernels.pipeline import Job, RetouchPipeline
+from gpu_kernels.pipeline import ImagePipeline, Job
 from gpu_kernels.presets import Preset, load_presets
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.spans import SpanRecorder
@@ -31,7 +31,7 @@ class EncoderFailingOn(CpuEncoder):
 def test_one_items_failure_leaves_its_batch_mates_whole(catalog: list[Path]) -> None:
     presets = load_presets().resolve(["jd_main", "thumb_webp"])
     custom = Preset("odd", 321, 123)
-    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), EncoderFailingOn((123, 321)))
+    pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), EncoderFailingOn((123, 321)))
     jobs = [Job(p.read_bytes(), presets, RetouchOptions(), SpanRecorder()) for p in catalog[:3]]
     jobs[1] = Job(catalog[1].read_bytes(), [*presets, custom], RetouchOptions(), SpanRecorder())
     results = pipe.run_batch(jobs)
@@ -67,7 +67,7 @@ def test_segmentation_is_chosen_per_event(catalog: list[Path]) -> None:
 
     model = CountingSegmenter(make_segmenter("classical", "cpu"))  # stands in for the model: counts only
     classical = CountingSegmenter(make_segmenter("classical", "cpu"))
-    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), model, classical)
+    pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), model, classical)
     presets = load_presets().resolve(["thumb_webp"])
     opts = [RetouchOptions(), RetouchOptions(segmentation="classical"), RetouchOptions(background="keep"),
             RetouchOptions(segmentation="model")]
@@ -75,7 +75,7 @@ def test_segmentation_is_chosen_per_event(catalog: list[Path]) -> None:
     assert all(r.ok for r in pipe.run_batch(jobs))
     assert (model.seen, classical.seen) == (2, 1)  # "keep" is not segmented at all
     assert not any(s.stage == "segment" for s in jobs[2].spans.spans)
-    no_model = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), None, classical)
+    no_model = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), None, classical)
     assert no_model.run_batch([Job(catalog[0].read_bytes(), presets, RetouchOptions(), SpanRecorder())])[0].ok
     assert classical.seen == 2  # no model configured: the fallback serves "auto"
 
@@ -85,7 +85,7 @@ def test_a_cpu_model_s_mask_refinement_runs_in_the_output_lane_with_the_same_alp
     from gpu_kernels.segment.onnx_runner import OnnxSegmenter
 
     seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2)
-    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg)
+    pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg)
     presets = load_presets().resolve(["thumb_webp"])
     jobs = [Job(p.read_bytes(), presets, RetouchOptions(), SpanRecorder()) for p in catalog[:3]]
     ctx = pipe.start(jobs)
@@ -116,7 +116,7 @@ def test_a_refinement_that_raises_fails_its_item_only(catalog: list[Path], u2net
     from gpu_kernels.segment.onnx_runner import OnnxSegmenter
 
     seg = OnnxSegmenter(u2netp.batched, max_batch=2, threads=2)
-    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg)
+    pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg)
     presets = load_presets().resolve(["thumb_webp"])
     jobs = [Job(p.read_bytes(), presets, RetouchOptions(), SpanRecorder()) for p in catalog[:3]]
     widths = [make_decoder("cpu").decode_batch([j.data], max_side=400)[0].shape[1] for j in jobs]

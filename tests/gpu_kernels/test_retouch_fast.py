@@ -22,7 +22,7 @@ import skimage.data
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
-from gpu_kernels.pipeline import Job, RetouchPipeline
+from gpu_kernels.pipeline import ImagePipeline, Job
 from gpu_kernels.presets import Preset, load_presets
 from gpu_kernels.retouch import CpuRetoucher, RetinexConfig, RetouchConfig
 from gpu_kernels.retouch.checks import alpha_source, as_pixels
@@ -187,7 +187,7 @@ def test_the_pipeline_colours_only_the_window_and_its_variants_match(catalog: li
     window, the render stage crops the mask alike; every variant is within 1 level of the
     previous path's (whole image)."""
     def run(cfg: RetouchConfig) -> tuple[list[list[np.ndarray]], list[tuple[int, ...] | None]]:
-        pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(cfg), CpuEncoder(), None, ClassicalSegmenter())
+        pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(cfg), CpuEncoder(), None, ClassicalSegmenter())
         jobs = [Job(p.read_bytes(), PRESETS, RetouchOptions(), SpanRecorder()) for p in catalog[:4]]
         ctx = pipe.start(jobs)
         for lane in ("decode", "device", "output"):  # render runs in the output lane on the CPU

@@ -171,12 +171,12 @@ def test_openvino_compiles_at_start_up_only_what_its_calls_run_on(u2netp: ModelF
     streams alone when every image takes them (``lightbox process`` of several files), whose single
     images then never compile the other. A file OpenVINO cannot load fails there, at start-up."""
     from gpu_kernels.codec import CpuEncoder, make_decoder
-    from gpu_kernels.pipeline import RetouchPipeline
+    from gpu_kernels.pipeline import ImagePipeline
     from gpu_kernels.retouch import CpuRetoucher
     from gpu_kernels.segment.openvino_runner import OpenVinoSegmenter
 
-    def pipeline(seg: OpenVinoSegmenter) -> RetouchPipeline:
-        return RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg, None)
+    def pipeline(seg: OpenVinoSegmenter) -> ImagePipeline:
+        return ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), seg, None)
 
     image = small_gate()[0]
     with OpenVinoSegmenter(u2netp.batched, precision="f32", threads=2, cache_dir=tmp_path / "ov") as seg:

@@ -9,7 +9,7 @@ import pytest
 
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
-from gpu_kernels.pipeline import Job, RetouchPipeline
+from gpu_kernels.pipeline import ImagePipeline, Job
 from gpu_kernels.presets import Preset, load_presets
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.segment import make_segmenter
@@ -74,7 +74,7 @@ def test_the_shadow_stage_through_the_pipeline(catalog: list[Path]) -> None:
     """The same image rendered with and without the shadow: only pixels below the product differ."""
     shadowed = load_presets()["catalog_shadow"]
     plain = Preset("plain", shadowed.width, shadowed.height, fill=shadowed.fill, quality=shadowed.quality)
-    pipe = RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), None, make_segmenter("classical"))
+    pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), None, make_segmenter("classical"))
     jobs = [Job(f.read_bytes(), [shadowed, plain], RetouchOptions(), SpanRecorder()) for f in catalog[:3]]
     ctx = pipe.start(jobs)
     for lane in ("decode", "device", "output"):  # render and shadow run in the output lane on the CPU

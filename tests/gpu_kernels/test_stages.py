@@ -17,7 +17,7 @@ from PIL import Image
 
 from gpu_kernels.backends import Encoder, RetouchOptions
 from gpu_kernels.codec import CpuEncoder, make_decoder
-from gpu_kernels.pipeline import Job, RetouchPipeline, default_stages, light_batch
+from gpu_kernels.pipeline import ImagePipeline, Job, default_stages, light_batch
 from gpu_kernels.presets import Preset, load_presets
 from gpu_kernels.retouch import CpuRetoucher
 from gpu_kernels.spans import SpanRecorder
@@ -65,12 +65,12 @@ class Boom(Stage):
         return [None] * len(idx)
 
 
-def cpu_pipeline(*extra: tuple[int, Stage], encoder: Encoder | None = None) -> RetouchPipeline:
+def cpu_pipeline(*extra: tuple[int, Stage], encoder: Encoder | None = None) -> ImagePipeline:
     enc = encoder or CpuEncoder()
     stages = default_stages(make_decoder("cpu"), CpuRetoucher(), enc)
     for at, stage in extra:
         stages.insert(at, stage)  # the one line that adds a stage
-    return RetouchPipeline(make_decoder("cpu"), CpuRetoucher(), enc, stages=stages)
+    return ImagePipeline(make_decoder("cpu"), CpuRetoucher(), enc, stages=stages)
 
 
 def jobs_for(files: list[Path], *preset_sets: list[Preset]) -> list[Job]:
@@ -235,7 +235,7 @@ def noise_images(count: int, side: int, fmt: str = "JPEG") -> list[bytes]:
     return out
 
 
-def run_side_by_side(pipe: RetouchPipeline, batches: list[list[Job]]) -> list[list[Any]]:
+def run_side_by_side(pipe: ImagePipeline, batches: list[list[Job]]) -> list[list[Any]]:
     ctxs = [pipe.start(jobs) for jobs in batches]
     for ctx in ctxs:
         pipe.run_lane(ctx, "decode")
