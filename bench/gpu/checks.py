@@ -1008,7 +1008,10 @@ MODEL_DOC = """Model throughput by batch on the GPU: fp32 / fp16, CUDA graphs of
 For each precision (fp32; fp16 = the ``make_fp16`` copy) and each mode (plain IO binding,
 CUDA graphs: one captured graph per bucket), ``OnnxSegmenter._infer`` on a prepared
 ``(B, 3, 320, 320)`` CuPy batch, B = 1, 2, 4, ..., 64: median ms per batch and images/s
-(CUDA-synchronised). With TensorRT in onnxruntime, a TensorRT row too. Then the FP16 fidelity
+(CUDA-synchronised). With TensorRT in onnxruntime, a TensorRT row too. Each row names the
+provider that ran it (the session's first provider): a configuration whose session runs on
+another provider than its mode names (TensorRT that fell back to CUDA) writes a skipped line
+with the reason instead of rows. Then the FP16 fidelity
 gate on this GPU: fp16 masks vs fp32 masks on the gate images (``--gate-images`` DIR of PNGs
 written here by ``--export-gate-images DIR``, as scikit-image is not on the GPU machine).
 
@@ -1108,10 +1111,21 @@ def batch_rows(seg: Any, batches: tuple[int, ...], xp: Any, sync: Callable[[], N
     return rows
 
 
-def tensorrt_active(providers: list[str]) -> bool:
-    """Whether the session really runs on TensorRT: ONNX Runtime drops a provider it cannot start
-    and rebuilds the session on the next one (CUDA), so asking for TensorRT proves nothing."""
-    return "TensorrtExecutionProvider" in providers
+WANTED_PROVIDER = {"tensorrt": "TensorrtExecutionProvider", "plain": "CUDAExecutionProvider",
+                   "cuda_graphs": "CUDAExecutionProvider"}
+
+
+def provider_mismatch(mode: str, gpu: bool, providers: list[str]) -> str | None:
+    """Why no ``mode`` row may be written for a session that runs on ``providers`` (its
+    ``get_providers()``), or None when the row's label is true. ONNX Runtime drops a provider it
+    cannot start and builds the session on the next one in the list (TensorRT, then CUDA, then the
+    CPU) with no more than a warning, so asking for a provider proves nothing: the first provider
+    the session reports is the one that runs the model."""
+    wanted = WANTED_PROVIDER.get(mode, "CUDAExecutionProvider") if gpu else "CPUExecutionProvider"
+    ran = providers[0] if providers else "no provider"
+    if ran == wanted:
+        return None
+    return f"asked for {wanted}, the session runs on {ran}: no {mode} row"
 
 
 def fp16_copy(model: Path) -> Path:
@@ -1158,20 +1172,27 @@ def grid(model: Path, gpu: bool, batches: tuple[int, ...], budget_s: float) -> l
             rows.append(_noted({"precision": precision, "mode": mode,
                                 "error": f"{type(exc).__name__}: {exc}"[:400]}))
             continue
-        setup = time.perf_counter() - t0
-        if mode == "tensorrt" and not tensorrt_active(seg.providers):
-            rows.append(_noted({"precision": precision, "mode": mode, "providers": seg.providers,
-                                "skipped": "TensorRT did not start (the session runs on CUDA): no tensorrt row"}))
-            seg.close()
-            continue
-        rows += batch_rows(seg, batches, xp, sync, budget_s, {"precision": precision, "mode": mode},
-                           max_iters=40 if gpu else 1)
-        extra = {"precision": precision, "mode": mode, "setup_s": round(setup, 2), "providers": seg.providers}
-        if mode == "cuda_graphs":
-            extra |= {"graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors}
-        rows.append(_noted(extra, "setup"))
+        rows += configuration_rows(seg, precision, mode, gpu, batches, xp, sync, budget_s,
+                                   time.perf_counter() - t0)
         seg.close()
     return rows
+
+
+def configuration_rows(seg: Any, precision: str, mode: str, gpu: bool, batches: tuple[int, ...], xp: Any,
+                       sync: Callable[[], None], budget_s: float, setup_s: float) -> list[dict[str, Any]]:
+    """One configuration's rows, each labelled with the provider that ran it; none but a skipped
+    line (kind ``skipped``) when the session does not run on the provider ``mode`` names."""
+    why = provider_mismatch(mode, gpu, seg.providers)
+    if why is not None:
+        return [_noted({"precision": precision, "mode": mode, "providers": seg.providers, "skipped": why},
+                       "skipped")]
+    rows = batch_rows(seg, batches, xp, sync, budget_s,
+                      {"precision": precision, "mode": mode, "provider": seg.providers[0]},
+                      max_iters=40 if gpu else 1)
+    extra = {"precision": precision, "mode": mode, "setup_s": round(setup_s, 2), "providers": seg.providers}
+    if mode == "cuda_graphs":
+        extra |= {"graph_buckets": list(seg.cuda_graph_buckets), "graph_errors": seg.cuda_graph_errors}
+    return [*rows, _noted(extra, "setup")]
 
 
 def _noted(row: dict[str, Any], kind: str = "row") -> dict[str, Any]:
