@@ -62,6 +62,8 @@ def test_a_step_killed_mid_run_keeps_the_rows_it_wrote_and_the_report_reads_them
     landed = _rows(rows_file)  # every line is whole JSON: each row is flushed and synced as it lands
     figures = [r for r in landed if r["kind"] == "row"]
     assert figures and all(r["step"] == step and r["img_per_s"] > 0 for r in figures), landed
+    first = {"e2e": ("batch", 1), "model": ("precision", "fp32")}[step]  # its later rows had not landed
+    assert all(r[first[0]] == first[1] for r in figures), f"{step}'s rows landed together, not each as measured"
 
     # the suite records the cut step and builds its report from the rows file, a torn last line and all
     (work / "steps.jsonl").write_text(json.dumps({"step": step, "rc": 137, "seconds": 9, "limit_s": 9}) + "\n")
