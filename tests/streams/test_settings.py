@@ -40,6 +40,8 @@ ENV: list[tuple[str, str, Any]] = [
     ("LIGHTBOX_MAX_WAIT_MS", "0.5", 0.5),
     ("LIGHTBOX_FIXED_BATCH", "3", 3),
     ("LIGHTBOX_MAX_IN_FLIGHT", "67", 67),
+    ("LIGHTBOX_MAX_IN_FLIGHT_BYTES", "1048576", 1048576),
+    ("LIGHTBOX_MALLOC_ARENAS", "3", 3),
     ("LIGHTBOX_SESSION_TIMEOUT_S", "15.0", 15.0),
     ("LIGHTBOX_WORKER_ID", "w-1", "w-1"),
     ("LIGHTBOX_DATA_DIR", "/srv/x", Path("/srv/x")),
