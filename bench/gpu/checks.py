@@ -1009,7 +1009,7 @@ For each precision (fp32; fp16 = the ``make_fp16`` copy) and each mode (plain IO
 CUDA graphs: one captured graph per bucket), ``OnnxSegmenter._infer`` on a prepared
 ``(B, 3, 320, 320)`` CuPy batch, B = 1, 2, 4, ..., 64: median ms per batch and images/s
 (CUDA-synchronised). With TensorRT in onnxruntime, a TensorRT row too. Each row names the
-provider that ran it (the session's first provider): a configuration whose session runs on
+provider that ran it (the first provider of its ONNX Runtime InferenceSession): a configuration that runs on
 another provider than its mode names (TensorRT that fell back to CUDA) writes a skipped line
 with the reason instead of rows. Then the FP16 fidelity
 gate on this GPU: fp16 masks vs fp32 masks on the gate images (``--gate-images`` DIR of PNGs

@@ -82,7 +82,7 @@ def test_a_step_killed_mid_run_keeps_the_rows_it_wrote_and_the_report_reads_them
 @pytest.mark.skipif(not ABSENT, reason="this onnxruntime has TensorRT and CUDA: no provider to fall back from")
 def test_onnx_runtime_falls_back_silently_and_the_label_follows_the_provider_that_ran(u2netp: Any) -> None:
     """Asked for providers it lacks, ONNX Runtime builds the session on the next one and says so in
-    a warning only: the session's own providers decide the label, never the request."""
+    a warning only: the InferenceSession's own providers decide the label, never the request."""
     asked = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
     with pytest.warns(UserWarning, match="not in available provider names"):
         ran = ort.InferenceSession(str(u2netp.batched), providers=asked).get_providers()
