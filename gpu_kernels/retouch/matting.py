@@ -28,7 +28,8 @@ from typing import Any
 
 from gpu_kernels.array import Array
 
-__all__ = ["MattingConfig", "box_blur", "box_means_at", "decontaminate", "foreground_colour", "matte_band"]
+__all__ = ["MattingConfig", "box_blur", "box_means_at", "decontaminate", "foreground_colour", "guided_coefficients",
+           "matte_band"]
 
 Blur = Callable[[Array, float], Array]
 
@@ -145,31 +146,7 @@ def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, 
     def mean(a: Array) -> Array:
         return box_blur(xp, xp.ascontiguousarray(a), r)
 
-    mi = mean(guide)
-    mp = mean(p)
-    cov_ip = mean(guide * p[..., None]) - mi * mp[..., None]
-    var = {}
-    for i in range(3):
-        for j in range(i, 3):
-            var[i, j] = mean(guide[..., i] * guide[..., j]) - mi[..., i] * mi[..., j]
-    e = xp.float32(eps)
-    a00, a01, a02 = var[0, 0] + e, var[0, 1], var[0, 2]
-    a11, a12, a22 = var[1, 1] + e, var[1, 2], var[2, 2] + e
-    # the symmetric 3x3 inverse by cofactors, per pixel
-    c00 = a11 * a22 - a12 * a12
-    c01 = a02 * a12 - a01 * a22
-    c02 = a01 * a12 - a02 * a11
-    c11 = a00 * a22 - a02 * a02
-    c12 = a01 * a02 - a00 * a12
-    c22 = a00 * a11 - a01 * a01
-    det = a00 * c00 + a01 * c01 + a02 * c02
-    det = xp.where(xp.abs(det) < 1e-20, xp.float32(1e-20), det)
-    cx, cy, cz = cov_ip[..., 0], cov_ip[..., 1], cov_ip[..., 2]
-    coef = xp.stack([(c00 * cx + c01 * cy + c02 * cz) / det,
-                     (c01 * cx + c11 * cy + c12 * cz) / det,
-                     (c02 * cx + c12 * cy + c22 * cz) / det], axis=-1).astype(xp.float32)
-    b = mp - (coef * mi).sum(axis=-1)
-    coef_s, b_s = mean(coef), mean(b)
+    coef_s, b_s = guided_coefficients(xp, guide, p, mean, eps)
     # evaluated at the band's pixels only (the nearest-block enlargement, by index)
     by, bx = xp.minimum(ys // s, coef_s.shape[0] - 1), xp.minimum(xs // s, coef_s.shape[1] - 1)
     q = (coef_s[by, bx] * guide_at).sum(axis=-1) + b_s[by, bx]
@@ -252,3 +229,34 @@ def decontaminate(xp: Any, pixels: Array, alpha: Array, cfg: MattingConfig | Non
     region = out[y0:y1, x0:x1]
     region[sub_e] = xp.clip(xp.floor(f + xp.float32(0.5)), 0, 255).astype(xp.uint8)
     return out
+
+
+def guided_coefficients(xp: Any, guide: Array, p: Array, mean: Callable[[Array], Array],
+                        eps: float) -> tuple[Array, Array]:
+    """The guided filter's linear coefficients of ``p`` on the RGB ``guide`` (float32, the last
+    axis the channel), box-averaged by ``mean``: ``(coef, b)``, each smoothed once more."""
+    mi = mean(guide)
+    mp = mean(p)
+    cov_ip = mean(guide * p[..., None]) - mi * mp[..., None]
+    var = {}
+    for i in range(3):
+        for j in range(i, 3):
+            var[i, j] = mean(guide[..., i] * guide[..., j]) - mi[..., i] * mi[..., j]
+    e = xp.float32(eps)
+    a00, a01, a02 = var[0, 0] + e, var[0, 1], var[0, 2]
+    a11, a12, a22 = var[1, 1] + e, var[1, 2], var[2, 2] + e
+    # the symmetric 3x3 inverse by cofactors, per pixel
+    c00 = a11 * a22 - a12 * a12
+    c01 = a02 * a12 - a01 * a22
+    c02 = a01 * a12 - a02 * a11
+    c11 = a00 * a22 - a02 * a02
+    c12 = a01 * a02 - a00 * a12
+    c22 = a00 * a11 - a01 * a01
+    det = a00 * c00 + a01 * c01 + a02 * c02
+    det = xp.where(xp.abs(det) < 1e-20, xp.float32(1e-20), det)
+    cx, cy, cz = cov_ip[..., 0], cov_ip[..., 1], cov_ip[..., 2]
+    coef = xp.stack([(c00 * cx + c01 * cy + c02 * cz) / det,
+                     (c01 * cx + c11 * cy + c12 * cz) / det,
+                     (c02 * cx + c12 * cy + c22 * cz) / det], axis=-1).astype(xp.float32)
+    b = mp - (coef * mi).sum(axis=-1)
+    return mean(coef), mean(b)

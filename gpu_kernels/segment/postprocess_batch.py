@@ -42,6 +42,7 @@ import numpy as np
 
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import srgb_to_lab
+from gpu_kernels.retouch.matting import guided_coefficients
 from gpu_kernels.segment.ops import ArrayOps, XpOps
 from gpu_kernels.segment.postprocess import MaskPostprocess, _grey, _stride, alpha_from_probability
 
@@ -309,30 +310,7 @@ def _matte_band(ops: XpOps, image: Array, hard: Array, unknown: Array, radius: i
     def mean(a: Array) -> Array:
         return ops.box_means(a, r)
 
-    mi = mean(guide)
-    mp = mean(p)
-    cov_ip = mean(guide * p[..., None]) - mi * mp[..., None]
-    var = {}
-    for i in range(3):
-        for j in range(i, 3):
-            var[i, j] = mean(guide[..., i] * guide[..., j]) - mi[..., i] * mi[..., j]
-    e = xp.float32(eps)
-    a00, a01, a02 = var[0, 0] + e, var[0, 1], var[0, 2]
-    a11, a12, a22 = var[1, 1] + e, var[1, 2], var[2, 2] + e
-    c00 = a11 * a22 - a12 * a12
-    c01 = a02 * a12 - a01 * a22
-    c02 = a01 * a12 - a02 * a11
-    c11 = a00 * a22 - a02 * a02
-    c12 = a01 * a02 - a00 * a12
-    c22 = a00 * a11 - a01 * a01
-    det = a00 * c00 + a01 * c01 + a02 * c02
-    det = xp.where(xp.abs(det) < 1e-20, xp.float32(1e-20), det)
-    cx, cy, cz = cov_ip[..., 0], cov_ip[..., 1], cov_ip[..., 2]
-    coef = xp.stack([(c00 * cx + c01 * cy + c02 * cz) / det,
-                     (c01 * cx + c11 * cy + c12 * cz) / det,
-                     (c02 * cx + c12 * cy + c22 * cz) / det], axis=-1).astype(xp.float32)
-    b = mp - (coef * mi).sum(axis=-1)
-    coef_s, b_s = mean(coef), mean(b)
+    coef_s, b_s = guided_coefficients(xp, guide, p, mean, eps)
     _, h, w = hard.shape
     by = xp.minimum(xp.arange(h) // s, coef_s.shape[1] - 1)[:, None]
     bx = xp.minimum(xp.arange(w) // s, coef_s.shape[2] - 1)[None, :]
