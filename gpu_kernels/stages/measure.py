@@ -187,7 +187,8 @@ class _Rows:
     """(N,) device vectors to be copied back together, and where each item's values sit."""
 
     def __init__(self, xp: Any) -> None:
-        self.xp, self.rows, self.size = xp, [], 0
+        self.xp, self.size = xp, 0
+        self.rows: list[Array] = []
         self.at: dict[tuple[str, int, int], tuple[int, int]] = {}  # key → (offset, stride)
         self.values: list[int] = []
 
