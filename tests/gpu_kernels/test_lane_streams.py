@@ -9,6 +9,7 @@ under and the order of the events, not what a device does with them (the GPU che
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import threading
@@ -144,10 +145,8 @@ def test_a_lane_that_fails_still_hands_an_event_on() -> None:
 
     pipe = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder(), stages=[Raise()], streams=streams)
     ctx = pipe.start([])
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         pipe.run_lane(ctx, "device")
-    except KeyboardInterrupt:
-        pass
     assert [e[:2] for e in cuda.log] == [("record", streams["device"].ptr)] and ctx.handoff is not None
 
 
@@ -191,7 +190,7 @@ def test_torch_runs_the_model_on_cupys_current_stream() -> None:
 
     class Cuda:
         @staticmethod
-        def ExternalStream(ptr: int, device: Any = None) -> Any:  # noqa: N802 - torch's name
+        def ExternalStream(ptr: int, device: Any = None) -> Any:
             seen.append(("external", ptr))
             return ptr
 
