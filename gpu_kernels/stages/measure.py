@@ -125,7 +125,8 @@ def host_counts(mask: np.ndarray | None, canvases: Sequence[np.ndarray],
     lap = cv2.Laplacian(gray, cv2.CV_16S)  # whole numbers in [-1020, 1020]
     known = list(boxes) + [None] * (len(canvases) - len(boxes))
     return Counts(None if mask is None else host_mask(mask), int(border.sum(dtype=np.int64)), int(border.size),
-                  int(lap.size), int(lap.sum(dtype=np.int64)), int(np.square(lap, dtype=np.int64).sum()),
+                  int(lap.size), int(lap.sum(dtype=np.int64)),
+                  int(cv2.multiply(lap, lap, dtype=cv2.CV_32S).sum(dtype=np.int64)),  # squares <= 1020**2
                   tuple(host_canvas(c, b) for c, b in zip(canvases, known, strict=True)) if variants else ())
 
 
