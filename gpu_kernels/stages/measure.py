@@ -29,7 +29,7 @@ import numpy as np
 
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.geometry import VISIBLE_ALPHA
-from gpu_kernels.stages.base import BatchContext
+from gpu_kernels.stages.base import BatchContext, to_host
 from gpu_kernels.stages.shadow import canvas_box
 
 __all__ = ["COVERED", "GRAY_SHIFT", "GRAY_WEIGHTS", "CanvasCounts", "Counts", "MaskCounts", "batch_counts",
@@ -139,6 +139,12 @@ def _groups(arrays: Sequence[Array]) -> list[list[int]]:
     return list(out.values())
 
 
+def _on(xp: Any, a: Array | None) -> Array | None:
+    """``a`` on ``xp``'s device: a host array (a CPU segmenter's mask beside device canvases) is
+    uploaded; device arrays as they are."""
+    return xp.asarray(a) if type(a) is np.ndarray and xp is not np else a
+
+
 def _stack(xp: Any, arrays: Sequence[Array], ks: list[int]) -> Array:
     return arrays[ks[0]][None] if len(ks) == 1 else xp.stack([arrays[k] for k in ks])
 
@@ -218,6 +224,8 @@ def device_counts(xp: Any, masks: Sequence[Array | None], canvases: Sequence[Seq
     counts only). Arrays of one shape are stacked and reduced together; the counts of the whole
     batch come back to the host in one copy."""
     rows = _Rows(xp)
+    masks = [_on(xp, m) for m in masks]
+    canvases = [[_on(xp, c) for c in cs] for cs in canvases]
     with_mask = [i for i, m in enumerate(masks) if m is not None]
     mask_list = [masks[i] for i in with_mask]
     for ks in _groups(mask_list):
@@ -261,7 +269,7 @@ def batch_counts(ctx: BatchContext, idx: Sequence[int], xp: Any = None) -> dict[
         canvases = [[ctx.rendered[i, p.name] for p in ctx.jobs[i].presets] for i in todo]
         masks = [ctx.masks.get(i) for i in todo]
         if xp is None and all(isinstance(c, np.ndarray) for cs in canvases for c in cs):
-            found = [host_counts(None if m is None else np.asarray(m), cs,
+            found = [host_counts(None if m is None else to_host(m), cs,
                                  [ctx.memo.get(("canvas_box", i, p.name)) for p in ctx.jobs[i].presets])
                      for i, m, cs in zip(todo, masks, canvases, strict=True)]
         else:
