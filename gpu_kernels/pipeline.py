@@ -16,7 +16,10 @@ names its lane:
     output   QualityStage                 quality
     output   ComplianceStage              compliance
 
-A runner drives the lanes on their own threads (``decode`` → ``device`` → ``output``); the
+A runner drives the lanes on their own threads (``decode`` → ``device`` → ``output``); on the
+GPU each lane's CuPy work runs on that lane's own CUDA stream, and a batch passes from one lane
+to the next with an event the first records and the next waits on
+(:mod:`gpu_kernels.lane_streams`). The
 framework (:mod:`gpu_kernels.stages.base`) records every span and per-item error, so adding a
 stage is one module plus one line in :func:`default_stages`. Pure: no Kafka, no Faust.
 
@@ -26,11 +29,13 @@ Failures are per item: an item that fails any stage carries its
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 
 from gpu_kernels.backends import Decoder, Encoder, ModelSegmenter, Retoucher, Segmenter
+from gpu_kernels.lane_streams import LaneStreams, lane_streams
 from gpu_kernels.stages.base import (
     LANES,
     BatchContext,
@@ -64,6 +69,8 @@ __all__ = [
     "default_stages",
     "measure_quality",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def default_stages(decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
@@ -106,6 +113,19 @@ def light_batch(ctx: BatchContext) -> bool:
         and sum(p.width * p.height for p in ctx.jobs[i].presets) <= LIGHT_CANVAS_PIXELS for i in alive)
 
 
+def _default_streams(*backends: object) -> LaneStreams:
+    """The process's CUDA lane streams when a backend is on the GPU and CuPy can make streams,
+    else the host's no-op ones."""
+    if not any(getattr(b, "device", "cpu") == "gpu" for b in backends if b is not None):
+        return LaneStreams("cpu")
+    try:
+        return lane_streams("gpu")
+    except Exception as exc:  # no CuPy, or no CUDA device (a GPU backend's NumPy twin under test)
+        log.warning("lane streams: none on this host (%s: %s); lanes use the current stream",
+                    type(exc).__name__, exc)
+        return LaneStreams("cpu")
+
+
 def _check_order(stages: Sequence[Stage]) -> None:
     """Lanes run one after another, so the list must not go back to an earlier lane."""
     rank = {lane: k for k, lane in enumerate(LANES)}
@@ -127,15 +147,20 @@ class ImagePipeline:
 
     def __init__(self, decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
                  segmenter: Segmenter | None = None, classical: Segmenter | None = None,
-                 clock: Callable[[], int] = time.monotonic_ns, stages: Sequence[Stage] | None = None) -> None:
+                 clock: Callable[[], int] = time.monotonic_ns, stages: Sequence[Stage] | None = None,
+                 streams: LaneStreams | None = None) -> None:
         """``segmenter`` is the model; ``classical`` the fallback for plain backgrounds, used for
-        events that ask for it and for every event when no model is configured."""
+        events that ask for it and for every event when no model is configured. ``streams``: the
+        lanes' streams (default: the process's CUDA lane streams when a backend is on the GPU,
+        else the host's no-op ones)."""
         self.decoder, self.retoucher, self.encoder = decoder, retoucher, encoder
         self.segmenter, self.classical = segmenter, classical
         self.clock = clock
         self.stages: list[Stage] = list(stages if stages is not None
                                         else default_stages(decoder, retoucher, encoder, segmenter, classical))
         _check_order(self.stages)
+        self.streams = streams if streams is not None else _default_streams(
+            decoder, retoucher, encoder, segmenter, classical)
         self._light_lane = threading.Lock()  # one light batch at a time in the output lane
 
     @property
@@ -187,14 +212,20 @@ class ImagePipeline:
         return BatchContext(jobs, [JobResult() for _ in jobs], self.clock)
 
     def run_lane(self, ctx: BatchContext, lane: Lane) -> BatchContext:
-        """Every stage of ``lane`` over the batch, in list order. Light batches (:func:`light_batch`)
-        take the output lane one at a time, whatever number of threads call it: side by side they
-        would spend their time handing the GIL to each other; heavier batches run beside them."""
-        if lane == "output" and light_batch(ctx):
-            with self._light_lane:
-                run_lane(ctx, self.stages, lane)
-        else:
-            run_lane(ctx, self.stages, lane)
+        """Every stage of ``lane`` over the batch, in list order, on the lane's stream: it first
+        waits on the event the previous lane recorded (``ctx.handoff``), and records the next one
+        when its stages are done. Light batches (:func:`light_batch`) take the output lane one at
+        a time, whatever number of threads call it: side by side they would spend their time
+        handing the GIL to each other; heavier batches run beside them."""
+        with self.streams.run(lane, ctx.handoff) as stream:
+            try:
+                if lane == "output" and light_batch(ctx):
+                    with self._light_lane:
+                        run_lane(ctx, self.stages, lane)
+                else:
+                    run_lane(ctx, self.stages, lane)
+            finally:
+                ctx.handoff = stream.record()
         return ctx
 
     def run_batch(self, jobs: Sequence[Job]) -> list[JobResult]:

@@ -547,7 +547,11 @@ CUDA device it writes ``{"status": "skipped", ...}`` and exits 0. Reports:
   achieved bandwidth (7 bytes per pixel: RGB in, mask in, RGB out) against a measured
   device-to-device copy (goal: >= 50 %), parameter estimation time;
 * ``geometry_pass``: per preset, one batched launch over N images vs the unfused CuPy chain
-  image by image (goal: >= 3x), and the chain's per-stage times.
+  image by image (goal: >= 3x), and the chain's per-stage times;
+* ``measures``: the quality/compliance counts taken on the device for a batch (one copy back)
+  equal the CPU twin's on host copies (goal: equal), with the canvases rendered on the device
+  lane's stream in one thread and measured on the output lane's stream in another after waiting
+  on the hand-off event; the bytes the batch copied back.
 
 Timings are CUDA-event times, best of ``--repeat`` after a warm-up.
 """
@@ -677,6 +681,45 @@ def check_parity(cp: Any) -> dict[str, Any]:
     out["max_lsb"] = max([*values, out["render_batch_vs_single"]])
     out["ok"] = out["max_lsb"] <= 1
     return out
+
+
+def check_measures(cp: Any, retoucher: Any = None, streams: Any = None) -> dict[str, Any]:
+    """Device counts vs host counts over GPU-rendered canvases, across a lane hand-off
+    (``retoucher``/``streams``: default the CuPy retoucher and CUDA lane streams; the CPU dry run
+    passes NumPy, the CPU twin and the host's no-op streams)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gpu_kernels.lane_streams import LaneStreams
+    from gpu_kernels.presets import load_presets
+    from gpu_kernels.stages.base import to_host
+    from gpu_kernels.stages.measure import device_counts, host_counts
+
+    if retoucher is None:
+        from gpu_kernels.retouch import CupyRetoucher
+
+        retoucher = CupyRetoucher()
+    gpu, book, streams = retoucher, load_presets(), streams or LaneStreams("gpu")
+    presets = [book["taobao_main"], book["transparent_png"]]
+    cases = [synthetic(480, 640, 1), synthetic(333, 517, 3), synthetic(480, 640, 6), synthetic(1, 1, 7)]
+
+    def render() -> tuple[list[Any], list[list[Any]], Any]:
+        with streams.run("device") as s:
+            masks = [cp.asarray(m) for _, m in cases]
+            canvases = [[gpu.render(cp.asarray(i), m, p) for p in presets]
+                        for (i, _), m in zip(cases, masks, strict=True)]
+            return masks, canvases, s.record()
+
+    def measure(masks: list[Any], canvases: list[list[Any]], event: Any) -> list[Any]:
+        with streams.run("output", event):
+            return device_counts(cp, masks, canvases)
+
+    with ThreadPoolExecutor(1) as device, ThreadPoolExecutor(1) as output:
+        masks, canvases, event = device.submit(render).result()
+        counts = output.submit(measure, masks, canvases, event).result()
+    host = [host_counts(to_host(m), [to_host(c) for c in cs]) for m, cs in zip(masks, canvases, strict=True)]
+    rows = 5 * len(masks) + 3 * len(canvases) + 6 * sum(len(cs) for cs in canvases)
+    return {"equal": counts == host, "items": len(counts), "bytes_back": 8 * rows,
+            "canvas_bytes": int(sum(c.nbytes for cs in canvases for c in cs)), "ok": counts == host}
 
 
 def copy_bandwidth(cp: Any, timer: Timer, nbytes: int) -> dict[str, float]:
@@ -832,6 +875,7 @@ def retouch_main(argv: list[str] | None = None) -> int:
     timer = Timer(cp, args.repeat)
     sections: list[tuple[str, Callable[[], Any]]] = [
         ("parity", lambda: check_parity(cp)),
+        ("measures", lambda: check_measures(cp)),
         ("copy", lambda: copy_bandwidth(cp, timer, args.copy_mib << 20)),
     ]
     cw, ch = (int(v) for v in args.colour_size.split("x"))

@@ -10,14 +10,20 @@ order, as ``XpOps`` and ``xp``-generic code make them on CuPy) and reports, for 
   and scatters by index arrays, ``astype``/``copy``;
 - host synchronisations per batch: ``int``/``float``/``bool`` of an array, ``item``/``tolist``,
   data-dependent shapes (``nonzero``, ``unique``, ``bincount``, boolean-mask gathers,
-  ``ndimage.label``'s count).
+  ``ndimage.label``'s count);
+- bytes copied to the host per image: the size of every array (or value) the host reads back.
 
 Stages counted, as the device lane runs them on a batch: the mask refinement of ``segment``
 (``segment.postprocess_batch.alpha_batch`` from the model's probability and the image: guided
 edge, the rules' checks, matte; the images of one size as one stack, an image a rule changes
 refined again on its own) and the edge decontamination of ``correct``
 (``retouch.matting_device.decontaminate_batch``, what ``CupyRetoucher.correct`` runs before its
-kernel), on synthetic ~1 MP product photos of three sizes. The RawKernel passes of ``correct``
+kernel), on synthetic ~1 MP product photos of three sizes; then, as the output lane runs them on
+device canvases, the ``quality`` and ``compliance`` measures
+(``stages.measure.device_counts``: the refined masks and two presets' canvases per image, an
+800 x 800 white one and a 400 x 400 transparent one). ``compare`` shows the same measures taken
+item by item on host copies of each canvas and mask (the CPU twin's functions handed device
+arrays), for their host reads and bytes. The RawKernel passes of ``correct``
 and ``render`` (one launch per image and per preset) and the decode and encode libraries are
 not array-module code and are not counted here; nor are the few index maps the batched
 decontamination makes on the host with NumPy (integers per row and column of the batch, each
@@ -57,6 +63,7 @@ class Tally:
         self.syncs = 0
         self.by_name: collections.Counter[str] = collections.Counter()
         self.sync_names: collections.Counter[str] = collections.Counter()
+        self.bytes_to_host = 0
         self._quiet = threading.local()
 
     def call(self, name: str) -> None:
@@ -154,6 +161,7 @@ class CountedArray(np.ndarray):
 
     def _host(self, name: str) -> np.ndarray:
         TALLY.sync(name)
+        TALLY.bytes_to_host += self.nbytes
         return self.view(np.ndarray)
 
     def __bool__(self) -> bool:
@@ -265,6 +273,7 @@ def _count(xp: Any, ops: Any, batch: int, size: int) -> dict[str, Any]:
     from gpu_kernels.retouch.matting_device import decontaminate_batch
     from gpu_kernels.segment.postprocess import MaskPostprocess
     from gpu_kernels.segment.postprocess_batch import alpha_batch
+    from gpu_kernels.stages.measure import device_counts
 
     inputs = [synth(k, size) for k in range(min(batch, 4))]  # 4 distinct photos, cycled
     images = [_wrap(inputs[i % len(inputs)][0]) for i in range(batch)]
@@ -284,16 +293,61 @@ def _count(xp: Any, ops: Any, batch: int, size: int) -> dict[str, Any]:
         alphas = alpha_batch(probs, images, MaskPostprocess(), ops)  # what the device lane's refine runs
     finally:
         batched.alpha_from_probability = one
-    c1, s1 = TALLY.calls, TALLY.syncs
+    c1, s1, b1 = TALLY.calls, TALLY.syncs, TALLY.bytes_to_host
     decontaminate_batch(xp, images, alphas)  # what the device lane's correct runs before its kernel
-    c2, s2 = TALLY.calls, TALLY.syncs
-    stage = {"segment.refine": (c1, s1), "correct.decontaminate": (c2 - c1, s2 - s1)}
-    return {"batch": batch, "size": size, "array_calls_per_image": round(TALLY.calls / batch, 1),
-            "host_syncs_per_batch": TALLY.syncs, "refined_alone": len(alone),
-            "by_stage": {k: {"array_calls_per_image": round(c / batch, 1), "host_syncs_per_batch": s}
-                         for k, (c, s) in stage.items()},
-            "top_calls": dict(TALLY.by_name.most_common(12)), "top_syncs": dict(TALLY.sync_names.most_common(8)),
-            "goal": {"array_calls_per_image": 50, "host_syncs_per_batch": 5}}
+    c2, s2, b2 = TALLY.calls, TALLY.syncs, TALLY.bytes_to_host
+    canvases = _canvases(inputs, batch)
+    device_counts(xp, alphas, canvases)  # what the output lane's quality and compliance run
+    c3, s3, b3 = TALLY.calls, TALLY.syncs, TALLY.bytes_to_host
+    stage = {"segment.refine": (c1, s1, b1), "correct.decontaminate": (c2 - c1, s2 - s1, b2 - b1),
+             "quality+compliance": (c3 - c2, s3 - s2, b3 - b2)}
+    result = {"batch": batch, "size": size, "array_calls_per_image": round(TALLY.calls / batch, 1),
+              "host_syncs_per_batch": TALLY.syncs, "bytes_to_host_per_image": round(TALLY.bytes_to_host / batch),
+              "refined_alone": len(alone),
+              "by_stage": {k: {"array_calls_per_image": round(c / batch, 1), "host_syncs_per_batch": s,
+                               "bytes_to_host_per_image": round(b / batch)} for k, (c, s, b) in stage.items()},
+              "top_calls": dict(TALLY.by_name.most_common(12)), "top_syncs": dict(TALLY.sync_names.most_common(8)),
+              "goal": {"array_calls_per_image": 50, "host_syncs_per_batch": 5}}
+    result["compare"] = {"quality+compliance per item on host copies": _host_copies(alphas, canvases)}
+    return result
+
+
+def _canvases(inputs: list[tuple[np.ndarray, np.ndarray]], batch: int) -> list[list[Any]]:
+    """Two variants per image, rendered by the CPU twin from the inputs (4 distinct, cycled): an
+    800 x 800 white JPEG canvas and a 400 x 400 transparent one."""
+    from gpu_kernels.presets import Preset
+    from gpu_kernels.retouch.cpu import CpuRetoucher
+
+    presets = [Preset("white", 800, 800), Preset("clear", 400, 400, format="png", background="transparent")]
+    retoucher = CpuRetoucher()
+    made = [[retoucher.render(img, (prob * 255).astype(np.uint8), p) for p in presets] for img, prob in inputs]
+    return [[_wrap(c) for c in made[i % len(made)]] for i in range(batch)]
+
+
+def _host_copies(masks: list[Any], canvases: list[list[Any]]) -> dict[str, Any]:
+    """Quality and compliance item by item on host copies (``to_host`` of each canvas and of the
+    mask, per item and per variant), tallied as the device would see them."""
+    import gpu_kernels.stages.compliance as compliance
+    import gpu_kernels.stages.quality as quality
+    from gpu_kernels.presets import Preset
+
+    presets = [Preset("white", 800, 800), Preset("clear", 400, 400, format="png", background="transparent")]
+
+    def copy(a: Any) -> np.ndarray:
+        return a.get() if isinstance(a, CountedArray) else np.asarray(a)
+
+    saved = quality.to_host, compliance.to_host
+    quality.to_host = compliance.to_host = copy  # type: ignore[assignment]
+    TALLY.__init__()  # type: ignore[misc]
+    try:
+        for mask, cs in zip(masks, canvases, strict=True):
+            quality.measure_quality(mask, cs[0])
+            for c, p in zip(cs, presets, strict=True):
+                compliance.measure_compliance(c, p, mask)
+    finally:
+        quality.to_host, compliance.to_host = saved  # type: ignore[assignment]
+    n = len(masks)
+    return {"host_syncs_per_batch": TALLY.syncs, "bytes_to_host_per_image": round(TALLY.bytes_to_host / n)}
 
 
 def main(argv: list[str] | None = None) -> int:

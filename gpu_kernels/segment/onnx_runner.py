@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gpu_kernels.array import Array
+from gpu_kernels.lane_streams import lane_streams
 from gpu_kernels.segment.bucketed import BucketedSegmenter, batch_buckets, plan_chunks
 from gpu_kernels.segment.fetch_model import model_cache_dir, sha256_file
 from gpu_kernels.segment.graphs import GraphTable
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
 __all__ = ["DEFAULT_MAX_BATCH", "OnnxSegmenter", "batch_buckets", "compiled_path", "cpu_session_options",
-           "plan_chunks"]
+           "device_lane_stream", "plan_chunks", "stream_options"]
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,21 @@ def _cpu_session(path: Path, opts: ort.SessionOptions,
     return session, None
 
 
+def stream_options(ptr: int) -> dict[str, str]:
+    """CUDA / TensorRT provider options that run the session's kernels on the CUDA stream
+    ``ptr`` (a ``cudaStream_t`` handle; none for 0, ONNX Runtime then uses its own)."""
+    return {"has_user_compute_stream": "1", "user_compute_stream": str(int(ptr))} if ptr else {}
+
+
+def device_lane_stream() -> int:
+    """The device lane's CUDA stream handle (:mod:`gpu_kernels.lane_streams`); 0 where CuPy
+    cannot make one."""
+    try:
+        return lane_streams("gpu")["device"].ptr
+    except Exception:  # no CuPy or no CUDA device: the session then fails or runs on its own stream
+        return 0
+
+
 def _first_input_name(path: Path) -> str | None:
     """The first graph input that is not an initializer, read with ``onnx`` if it is installed."""
     try:
@@ -238,6 +254,7 @@ class OnnxSegmenter(BucketedSegmenter):
         ops: ArrayOps | None = None,
         compiled_dir: Path | None = None,
         keep_compiled: bool = True,
+        compute_stream: int | None = None,
     ) -> None:
         device = "gpu" if device in ("gpu", "cuda") else device
         if device not in ("cpu", "gpu"):
@@ -248,6 +265,10 @@ class OnnxSegmenter(BucketedSegmenter):
         self.io_binding = device == "gpu"  # the GPU binds device buffers; the CPU runs on host arrays
         self.cuda_graphs = cuda_graphs and self.io_binding
         self._ops: ArrayOps = ops or (cupy_ops() if device == "gpu" else CpuOps())
+        # the CUDA stream the GPU session runs its kernels on: the device lane's, so the model is
+        # ordered with the lane's CuPy work on the device (0: ONNX Runtime's own stream)
+        self.compute_stream = compute_stream if compute_stream is not None else (
+            device_lane_stream() if device == "gpu" else 0)
         self.model_path = Path(model_path)
         if not self.model_path.is_file():
             raise ProcessingFailed(f"model file {str(self.model_path)!r} does not exist", stage=STAGE)
@@ -339,13 +360,15 @@ class OnnxSegmenter(BucketedSegmenter):
         if "CUDAExecutionProvider" not in available:
             raise ProcessingFailed(f"device 'gpu' needs onnxruntime-gpu; this onnxruntime has {available}", stage=STAGE)
         cuda_opts: dict[str, Any] = {"device_id": self.device_id, "cudnn_conv_algo_search": "EXHAUSTIVE"}
-        if cuda_graph:
+        if cuda_graph:  # captured and replayed on ONNX Runtime's own stream, at warm-up
             cuda_opts["enable_cuda_graph"] = "1"
             return [("CUDAExecutionProvider", cuda_opts)]  # every node on the GPU, or no session
+        cuda_opts |= stream_options(self.compute_stream)
         cuda = ("CUDAExecutionProvider", cuda_opts)
         if not (use_tensorrt and "TensorrtExecutionProvider" in available):
             return [cuda, "CPUExecutionProvider"]
         trt: dict[str, Any] = {"device_id": self.device_id, "trt_fp16_enable": True}
+        trt |= stream_options(self.compute_stream)
         name = self.spec.input_name or _first_input_name(path)
         if name is not None:  # one optimisation profile covering every bucket
             h, w = self.spec.input_size
@@ -405,7 +428,8 @@ class OnnxSegmenter(BucketedSegmenter):
         import cupy
 
         x = cupy.ascontiguousarray(x, dtype=cupy.float32)
-        cupy.cuda.get_current_stream().synchronize()  # x is complete before onnxruntime reads it
+        if not self.compute_stream or cupy.cuda.get_current_stream().ptr != self.compute_stream:
+            cupy.cuda.get_current_stream().synchronize()  # x is complete before onnxruntime reads it
         binding = session.io_binding()
         binding.bind_input(self._input_name, "cuda", self.device_id, np.float32, tuple(x.shape), x.data.ptr)
         binding.bind_output(self._output_name, "cuda", self.device_id)

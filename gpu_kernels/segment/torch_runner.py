@@ -11,7 +11,8 @@ min-max normalisation and the mask post-processing, so only the model call diffe
   the lower precision, the output cast back to float32). They move the masks, so the runtime
   choice (``gpu_kernels.segment.runtime``) takes them only through the fidelity gate.
 - ``device="gpu"``: CuPy images stay on the device; the prepared batch goes to PyTorch by
-  DLPack (zero copy) and the output comes back the same way; NumPy images are uploaded through
+  DLPack (zero copy) and the output comes back the same way; the model runs on CuPy's current
+  stream (the device lane's) as a ``torch.cuda.ExternalStream``; NumPy images are uploaded through
   pinned buffers (:class:`~gpu_kernels.pinned.PinnedUploader`); any other array exposing
   ``__dlpack__`` (a DALI GPU tensor, a torch tensor) is taken by DLPack. Masks are CuPy arrays.
 - ``cuda_graphs=True``: one CUDA graph per batch bucket, captured on first use and replayed
@@ -180,11 +181,22 @@ class TorchSegmenter(BucketedSegmenter):
             import cupy
 
             xin = cupy.ascontiguousarray(x, dtype=cupy.float32)
-            out = self._run(torch.from_dlpack(xin))
-            return cupy.from_dlpack(out.contiguous())
+            with self._lane_stream(cupy.cuda.get_current_stream().ptr):
+                out = self._run(torch.from_dlpack(xin))
+                return cupy.from_dlpack(out.contiguous())
         except (RuntimeError, ValueError, TypeError) as exc:  # torch reports kernel failures as RuntimeError
             raise ProcessingFailed(f"model {self.model_path.name} failed on a batch of shape {tuple(x.shape)} "
                                    f"(torch): {exc}"[:600], stage=STAGE) from exc
+
+    def _lane_stream(self, ptr: int) -> Any:
+        """PyTorch's current stream for the model call: CuPy's current one (the device lane's
+        stream, :mod:`gpu_kernels.lane_streams`) as a ``torch.cuda.ExternalStream``, so the model's
+        kernels queue behind the lane's CuPy work and the lane's next kernels behind the model's,
+        with no host wait; on the legacy default stream (``ptr`` 0) PyTorch's own current one."""
+        if not ptr:
+            return contextlib.nullcontext()
+        torch = self._torch
+        return torch.cuda.stream(torch.cuda.ExternalStream(ptr, device=self._dev))
 
     # -- inputs on the GPU -------------------------------------------------------------------
     def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:

@@ -136,6 +136,7 @@ class BatchContext:
     compliance: dict[tuple[int, str], Compliance] = field(default_factory=dict)
     memo: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     isolation_calls: int = 0  # extra step calls made to isolate a raising item (see run_step)
+    handoff: Any = None  # the event the last lane to run recorded on its stream (None on the CPU)
 
     def __len__(self) -> int:
         return len(self.jobs)

@@ -1,4 +1,4 @@
-"""Marketplace compliance per variant (span ``compliance``, output lane, on the host).
+"""Marketplace compliance per variant (span ``compliance``, output lane).
 
 Measured on the rendered canvas before encode, as a marketplace's checker would see the pixels:
 
@@ -15,6 +15,10 @@ Measured on the rendered canvas before encode, as a marketplace's checker would 
 
 ``compliant`` checks these against the preset's rules (``pure_white``, ``min_fill``,
 ``allow_cut``, ``min_side``), with ``FILL_TOLERANCE`` for the resampled box edge.
+
+The stage takes its counts from :func:`gpu_kernels.stages.measure.batch_counts`: on the host
+item by item for host canvases, on the device for the whole batch for device canvases (a few
+integers per variant copied back, shared with the quality stage), the same integers either way.
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ from gpu_kernels.backends import Array
 from gpu_kernels.presets import Preset
 from gpu_kernels.retouch.geometry import VISIBLE_ALPHA
 from gpu_kernels.stages.base import BatchContext, Compliance, Lane, Stage, to_host
-from gpu_kernels.stages.shadow import canvas_box
+from gpu_kernels.stages.measure import CanvasCounts, MaskCounts, batch_counts, host_canvas, host_mask
 from schemas.errors import per_item
 
-__all__ = ["CUT_SHARE", "FILL_TOLERANCE", "ComplianceStage", "border_white_share", "measure_compliance",
-           "source_cut"]
+__all__ = ["CUT_SHARE", "FILL_TOLERANCE", "ComplianceStage", "border_white_share", "compliance_from",
+           "measure_compliance", "source_cut"]
 
 CUT_SHARE = 0.01       # of one source edge's pixels being subject → cut by the photo's frame
 FILL_TOLERANCE = 0.005  # the box edge moves by about a pixel through resampling and thresholds
@@ -59,39 +63,55 @@ def source_cut(mask: Array | None, threshold: int = VISIBLE_ALPHA) -> bool:
     return any(float((e >= threshold).mean()) >= CUT_SHARE for e in edges)
 
 
-def measure_compliance(canvas: Array, preset: Preset, mask: Array | None = None,
-                       box: tuple[int, int, int, int] | None = None) -> Compliance:
-    """One variant's measures and verdict. ``box`` is the subject's canvas box when known (before a
-    shadow), else measured here; ``mask`` the source's subject mask (None: no cut check on it)."""
-    img = to_host(canvas)
-    h, w = img.shape[:2]
-    box = box if box is not None else canvas_box(img)
-    white = border_white_share(img)
+def compliance_from(canvas: CanvasCounts, preset: Preset, mask: MaskCounts | None,
+                    box: tuple[int, int, int, int] | None = None) -> Compliance:
+    """One variant's measures and verdict from its counts (``box``: the subject's canvas box
+    before a shadow, when known; else the one counted on the canvas)."""
+    h, w = canvas.height, canvas.width
+    white = canvas.clean / canvas.border
+    box = box if box is not None else canvas.box
     if box is None:
         fill, touches = 0.0, False
     else:
         x0, y0, x1, y1 = box
         fill = max((x1 - x0) / w, (y1 - y0) / h)
         touches = x0 == 0 or y0 == 0 or x1 == w or y1 == h
-    cut = touches or source_cut(mask)
+    cut = touches or (mask is not None and any(
+        n / length >= CUT_SHARE for n, length in zip(mask.edge_subject, mask.edge_len, strict=True)))
     sides = min(w, h) >= preset.min_side
     ok = ((not preset.pure_white or white == 1.0) and fill >= preset.min_fill - FILL_TOLERANCE
           and (preset.allow_cut or not cut) and sides)
-    return Compliance(white_border=white, fill=float(fill), cut_off=bool(cut), min_side_ok=sides, compliant=ok)
+    return Compliance(white_border=float(white), fill=float(fill), cut_off=bool(cut), min_side_ok=sides,
+                      compliant=ok)
+
+
+def measure_compliance(canvas: Array, preset: Preset, mask: Array | None = None,
+                       box: tuple[int, int, int, int] | None = None) -> Compliance:
+    """One variant's measures and verdict (on host copies). ``box`` is the subject's canvas box
+    when known (before a shadow), else measured here; ``mask`` the source's subject mask (None:
+    no cut check on it)."""
+    return compliance_from(host_canvas(to_host(canvas), box), preset,
+                           None if mask is None else host_mask(to_host(mask)))
 
 
 class ComplianceStage(Stage):
-    """Every variant of every live item, in one step over the batch."""
+    """Every variant of every live item, in one step over the batch. ``xp``: the array module of
+    the device path (default: the canvases' own, CuPy)."""
 
     name = "compliance"
     lane: Lane = "output"
     device = "cpu"
 
+    def __init__(self, xp: Any = None) -> None:
+        self.xp = xp
+
     def apply(self, ctx: BatchContext, idx: list[int]) -> Sequence[object]:
+        counts = batch_counts(ctx, idx, self.xp)
+
         def one(i: int) -> dict[str, Compliance]:
-            return {p.name: measure_compliance(ctx.rendered[i, p.name], p, ctx.masks.get(i),
-                                               ctx.memo.get(("canvas_box", i, p.name)))
-                    for p in ctx.jobs[i].presets}
+            c = counts[i]
+            return {p.name: compliance_from(cv, p, c.mask, ctx.memo.get(("canvas_box", i, p.name)))
+                    for p, cv in zip(ctx.jobs[i].presets, c.canvases, strict=True)}
 
         return per_item(one, idx)
 

@@ -1,39 +1,45 @@
 """Quality measures (span ``quality``): subject coverage of the mask, whiteness of the first
-variant's border, sharpness (variance of the Laplacian of its luminance). Output lane, on the host."""
+variant's border, sharpness (variance of the Laplacian of its luminance). Output lane.
+
+Host canvases are measured on the host, one item at a time; device canvases on the device for
+the whole batch, with only the counts copied back (:mod:`gpu_kernels.stages.measure`, which also
+keeps the compliance stage's counts, so the batch's measures cost one copy to the host)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from gpu_kernels.backends import Array
 from gpu_kernels.stages.base import BatchContext, Lane, Quality, Stage, to_host
+from gpu_kernels.stages.measure import Counts, batch_counts, host_counts, quality_of
 from schemas.errors import per_item
 
-__all__ = ["QualityStage", "measure_quality"]
+__all__ = ["QualityStage", "measure_quality", "quality_from"]
+
+
+def quality_from(counts: Counts) -> Quality:
+    return Quality(*quality_of(counts))
 
 
 def measure_quality(mask: Array | None, first: Array) -> Quality:
-    import cv2
-
-    img = to_host(first)
-    coverage = 1.0 if mask is None else float((to_host(mask) > 127).mean())
-    rgb = img[..., :3]
-    border = np.concatenate([rgb[0], rgb[-1], rgb[:, 0], rgb[:, -1]]).astype(np.float32)
-    gray = cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2GRAY)
-    sharp = float(cv2.Laplacian(gray, cv2.CV_32F).var())
-    return Quality(coverage, float(border.mean() / 255.0), sharp)
+    """One item's quality from its mask (None: coverage 1) and first variant (copied to the host)."""
+    return quality_from(host_counts(None if mask is None else to_host(mask), [to_host(first)], variants=False))
 
 
 class QualityStage(Stage):
+    """``xp``: the array module of the device path (default: the canvases' own, CuPy)."""
+
     name = "quality"
     lane: Lane = "output"
     device = "cpu"
 
+    def __init__(self, xp: Any = None) -> None:
+        self.xp = xp
+
     def apply(self, ctx: BatchContext, idx: list[int]) -> Sequence[object]:
-        return per_item(lambda i: measure_quality(ctx.masks.get(i), ctx.rendered[i, ctx.jobs[i].presets[0].name]), idx)
+        counts = batch_counts(ctx, idx, self.xp)
+        return per_item(lambda i: quality_from(counts[i]), idx)
 
     def keep(self, ctx: BatchContext, i: int, value: Any) -> None:
         ctx.results[i].quality = value

@@ -143,3 +143,17 @@ def test_an_e2e_row_counts_dead_letters_apart_and_never_in_the_rate(catalog: lis
     lat = [r.line["latency_ms"] for r in ok]
     assert row["p99_ms"] == round(float(np.percentile(lat, 99)), 1)
 
+
+
+def test_the_measures_check_runs_its_path_on_the_cpu_twin() -> None:
+    """``checks.py retouch``'s measures section, with NumPy as the array module, the CPU twin as
+    the renderer and the host's no-op lane streams: device counts equal host counts."""
+    import numpy as np
+
+    from bench.gpu.checks import check_measures
+    from gpu_kernels.lane_streams import LaneStreams
+    from gpu_kernels.retouch import CpuRetoucher
+
+    out = check_measures(np, CpuRetoucher(), LaneStreams("cpu"))
+    assert out["ok"] and out["equal"] and out["items"] == 4
+    assert out["bytes_back"] < out["canvas_bytes"] / 1000
