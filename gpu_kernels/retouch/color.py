@@ -527,12 +527,15 @@ def estimate_white_balance(
     return gains.astype(xp.float32)
 
 
-def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConfig) -> Array:
+def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConfig, *,
+                  codes: Array | None = None) -> Array:
     """Exposure gain ``(1,)`` float64 (>= 1) from the frame's highlights.
 
     ``levels``: ``(n, 3)`` float64 levels of the input sample (the camera's exposure: before white
     balance, whose gains keep the mean level but move clipped highlights); ``alpha``: ``(n,)``
-    0..255 or None. Two bright references, each over the whole frame, or over the subject when
+    0..255 or None; ``codes``: ``levels`` as uint8 when they are integer levels (a strided sample
+    of an RGB(A) image): on NumPy the percentiles are then read from histograms of the channel
+    sums and maxima (exact integers: the same order statistics, so the same value). Two bright references, each over the whole frame, or over the subject when
     that is higher (at least 16 subject pixels and 0.5 % of the sample): the ``high_pct``
     percentile of the channel mean (the level of a white backdrop, of a product's highlights, of a
     scene's brightest parts) and the ``peak_pct`` percentile of the max channel. A photo is
@@ -545,6 +548,8 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     one has lost the information to do so). One gain for all channels: hue is kept wherever the
     curve is linear (below the knee).
     """
+    if xp is np and codes is not None:
+        return _host_tone_levels(codes, alpha, cfg)
     c0, c1, c2 = levels[:, 0], levels[:, 1], levels[:, 2]
     # the channel mean and max column by column: levels.mean(axis=1) / levels.max(axis=1) are
     # the same sums and maxima, but NumPy's reductions over a length-3 axis cost ~10x as much
@@ -583,6 +588,51 @@ def _host_tone(stats: tuple[np.ndarray, np.ndarray], alpha: np.ndarray | None, c
         select = subject if np.sum(subject) >= max(16.0, 0.005 * mean.shape[0]) else everything
         ref0 = max(ref0, float(_host_percentiles(mean, select, (cfg.high_pct,))[0]))
         ref1 = max(ref1, float(_host_percentiles(peak, select, (cfg.peak_pct,))[0]))
+    return _tone_gain(ref0, ref1, low, cfg)
+
+
+def _level_percentiles(counts: np.ndarray, qs: tuple[float, ...], divisor: float) -> list[float]:
+    """:func:`_host_percentiles` of values ``k / divisor`` given by their histogram ``counts``
+    (``counts[k]``: how many values are ``k / divisor``, ``k`` an integer; at least one value):
+    the order statistic at rank ``r`` is the least ``k`` whose cumulative count exceeds ``r``,
+    and the interpolation runs on the same Python floats, so the same value."""
+    cum = np.cumsum(counts)
+    last = float(max(int(cum[-1]) - 1, 0))
+    ranks = []
+    for q in qs:
+        pos = last * (q / 100.0)
+        floor = float(math.floor(pos))
+        ranks.append((pos, floor, min(floor + 1.0, last)))
+    at = np.searchsorted(cum, [r for _, lo, hi in ranks for r in (lo, hi)], side="right").tolist()
+    out = []
+    for k, (pos, lo, _) in enumerate(ranks):
+        a, b = at[2 * k] / divisor, at[2 * k + 1] / divisor
+        out.append(a + (b - a) * (pos - lo))
+    return out
+
+
+def _host_tone_levels(codes: np.ndarray, alpha: np.ndarray | None, cfg: ExposureConfig) -> np.ndarray:
+    """:func:`_host_tone` for integer levels ``codes`` ``(n, 3)`` uint8: the channel mean of a
+    pixel is ``(c0 + c1 + c2) / 3.0`` of an exact integer sum, its max channel an integer, so
+    each percentile is read from a histogram (766 and 256 bins) instead of a partial sort."""
+    c0, c1, c2 = codes[:, 0], codes[:, 1], codes[:, 2]
+    sums = c0.astype(np.intp)
+    sums += c1
+    sums += c2
+    peak = np.maximum(np.maximum(c0, c1), c2)
+    hist_sum, hist_peak = np.bincount(sums, minlength=766), np.bincount(peak, minlength=256)
+    high, low = _level_percentiles(hist_sum, (cfg.high_pct, cfg.low_pct), 3.0)
+    ref0, ref1 = high, _level_percentiles(hist_peak, (cfg.peak_pct,), 1.0)[0]
+    if alpha is not None:
+        subject = alpha >= cfg.subject_min_alpha
+        if np.sum(subject) >= max(16.0, 0.005 * codes.shape[0]):
+            ref0 = max(ref0, _level_percentiles(np.bincount(sums[subject], minlength=766), (cfg.high_pct,), 3.0)[0])
+            ref1 = max(ref1, _level_percentiles(np.bincount(peak[subject], minlength=256), (cfg.peak_pct,), 1.0)[0])
+    return _tone_gain(ref0, ref1, low, cfg)
+
+
+def _tone_gain(ref0: float, ref1: float, low: float, cfg: ExposureConfig) -> np.ndarray:
+    """:func:`_host_tone`'s gain from its bright references and black level (Python floats)."""
     ref0, ref1 = max(ref0, 1e-6), max(ref1, 1e-6)
     gain = min(cfg.target_high * 255.0 / ref0, cfg.ceiling * 255.0 / ref1)
     gain = min(max(gain, 1.0), cfg.max_gain)

@@ -97,7 +97,8 @@ def plan_correction(
         weight = None if a is None else a / 255.0  # None: 1 everywhere
         gain_map = illumination_gain(xp, lum, weight, cfg.retinex, matrix)
         v_max = v_max * xp.max(gain_map).astype(xp.float64)
-    tone = estimate_tone(xp, rgb.reshape(-1, 3), flat_a, cfg.exposure)  # the camera's exposure
+    tone = estimate_tone(xp, rgb.reshape(-1, 3), flat_a, cfg.exposure,  # the camera's exposure
+                         codes=None if levels is None else levels.reshape(-1, 3))
     lut, scale = tone_lut(xp, tone, v_max, cfg.exposure)
     return ColorPlan(wb, gain_map, grid, lut, scale)
 
