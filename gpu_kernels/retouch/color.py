@@ -365,7 +365,8 @@ def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ..
     la, lb, lw = ab[live, 0], ab[live, 1], weight[live]
     db = np.empty_like(la)
     centre = np.zeros(2, np.float64)
-    kernel = weight
+    # one zero-filled kernel for every sigma: each overwrites the same live rows
+    kernel = np.zeros(weight.shape[0], np.float64)
     for sigma in sigmas:
         k = np.subtract(la, centre[0])
         k *= k
@@ -376,18 +377,21 @@ def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ..
         k /= sigma * sigma
         np.exp(k, out=k)
         k *= lw
-        kernel = np.zeros(weight.shape[0], np.float64)
         kernel[live] = k
         mass = kernel.sum()
-        centre = np.where(mass > 1e-12, (kernel @ ab) / np.maximum(mass, 1e-12), centre)
+        if mass > 1e-12:  # else the centre stays; max(mass, 1e-12) == mass here
+            centre = (kernel @ ab) / mass
     return kernel, centre
 
 
 def _cluster_weight(xp: Any, light: Array, valid: Array, cfg: WhiteBalanceConfig) -> Array:
     """:func:`_neutral_cluster`'s pixel weights ``(n,)`` float64: the ``valid`` pixels' lightness
     near their top (white-patch), 0 for the others; the mean-shift reads a*b* where they are > 0."""
-    any_valid = xp.any(valid)
-    top = masked_percentiles(xp, light, valid | ~any_valid, (cfg.bright_pct,))[0]
+    if xp is np:  # valid | ~any(valid) without a device value: valid, or every pixel
+        select = valid if valid.any() else np.ones_like(valid)
+    else:
+        select = valid | ~xp.any(valid)
+    top = masked_percentiles(xp, light, select, (cfg.bright_pct,))[0]
     bright = _clamp(xp, (light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
     return xp.where(valid, bright, 0.0)
 

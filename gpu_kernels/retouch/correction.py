@@ -315,7 +315,8 @@ def correct_fused_cpu(
         return _correct_by_table(pixels, alpha, plan, transparent, white)
     wtab = white_balance_table(plan.wb) if tables else None
     out = np.empty((h, w, 4 if transparent else 3), np.uint8)
-    wb3 = np.tile(np.asarray(plan.wb, np.float32), w)
+    wb = np.asarray(plan.wb, np.float32)
+    wb3 = wb if wtab is not None else np.tile(wb, w)  # per-pixel gains only without the table
     cols3 = None if plan.gain_map is None else np.repeat(
         gain_columns(np, plan.gain_map, w, plan.grid), 3, axis=1)
     pairs = _tone_pairs(plan)
