@@ -350,6 +350,17 @@ def _plausible(xp: Any, a: Array, b: Array, cfg: WhiteBalanceConfig) -> Array:
     return _clamp(xp, (1.25 - r) / 0.25, 0.0, 1.0)
 
 
+def _host_plausible(a: float, b: float, cfg: WhiteBalanceConfig) -> float:
+    """:func:`_plausible` on Python floats: the same operations (``x ** 2`` as ``x * x``, both
+    the rounded square; the clamp's bounds win a tie, as in :func:`_clamp`)."""
+    norm = math.sqrt(1.0 + LOCUS_SLOPE * LOCUS_SLOPE)
+    along = (b + LOCUS_SLOPE * a) / norm
+    across = (a - LOCUS_SLOPE * b) / norm
+    u, v = across / cfg.max_cast_a, along / cfg.max_cast_b
+    r = math.sqrt(u * u + v * v)
+    return min(1.0, max(0.0, (1.25 - r) / 0.25))
+
+
 def _balancing_gains(xp: Any, illuminant: Array) -> Array:
     """Gains that make ``illuminant`` (3,) levels neutral and keep its mean level."""
     return illuminant.mean() / xp.maximum(illuminant, 1e-6)
@@ -406,27 +417,32 @@ def _neutral_cluster(
     mean-shift in a*b* that starts at neutral and narrows finds the cluster."""
     if weight is None:
         weight = _cluster_weight(xp, light, valid, cfg)
+    if xp is np:  # the same float64 operations on Python floats (a few microseconds each as 0-d arrays)
+        kernel, centre = _host_mean_shift(ab, weight, cfg.sigmas)
+        mass = float(kernel.sum())
+        if not mass > 1e-12:
+            return centre, kernel, np.float64(0.0)
+        share = mass / float(max(np.count_nonzero(valid), 1)) / cfg.min_evidence
+        plausible = _host_plausible(float(centre[0]), float(centre[1]), cfg)
+        return centre, kernel, np.float64(min(1.0, max(0.0, share)) * plausible)
     total = xp.maximum(xp.count_nonzero(valid), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
-    if xp is np:
-        kernel, centre = _host_mean_shift(ab, weight, cfg.sigmas)
-    else:
-        ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
-        db = xp.empty_like(ca)
-        for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
-            # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
-            kernel = xp.subtract(ca, centre[0])
-            kernel *= kernel
-            xp.subtract(cb, centre[1], out=db)
-            db *= db
-            kernel += db
-            kernel *= -0.5
-            kernel /= sigma * sigma
-            xp.exp(kernel, out=kernel)
-            kernel *= weight
-            mass = kernel.sum()
-            centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
+    ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+    db = xp.empty_like(ca)
+    for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
+        # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
+        kernel = xp.subtract(ca, centre[0])
+        kernel *= kernel
+        xp.subtract(cb, centre[1], out=db)
+        db *= db
+        kernel += db
+        kernel *= -0.5
+        kernel /= sigma * sigma
+        xp.exp(kernel, out=kernel)
+        kernel *= weight
+        mass = kernel.sum()
+        centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()
     confidence = _clamp(xp, mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
     confidence = xp.where(mass > 1e-12, confidence, 0.0)
@@ -461,10 +477,12 @@ def estimate_white_balance(
     peak = xp.maximum(xp.maximum(flat[:, 0], flat[:, 1]), flat[:, 2])  # max over channels, without a reduce
     a_flat = None if alpha is None else alpha.reshape(-1)
     weights: list[Array] = []  # on NumPy: the clusters' weights, computed once L* is known
+    seen: list[Array] = []  # and the valid pixels
 
     def ab_rows(light: Array) -> Array:
         """The pixels whose a*b* are read: the clusters' (weight > 0) and the background's."""
         valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
+        seen.append(valid)  # L* is final here: the same mask as below
         weights.append(_cluster_weight(xp, light, valid, cfg))
         rows = weights[0] > 0
         if a_flat is not None:
@@ -476,7 +494,7 @@ def estimate_white_balance(
     lab = srgb_to_lab(xp, flat, levels=None if levels is None else levels.reshape(-1, 3),
                       ab_where=ab_rows if xp is np else None)
     light, ab = lab[:, 0], lab[:, 1:]
-    valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
+    valid = seen[0] if seen else (peak < cfg.saturated) & (light >= cfg.min_lightness)
     centre, kernel, confidence = _neutral_cluster(xp, flat, light, ab, valid, cfg,
                                                   weights[0] if weights else None)
     mass = kernel.sum()
