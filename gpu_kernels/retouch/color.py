@@ -398,10 +398,9 @@ def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ..
 def _cluster_weight(xp: Any, light: Array, valid: Array, cfg: WhiteBalanceConfig) -> Array:
     """:func:`_neutral_cluster`'s pixel weights ``(n,)`` float64: the ``valid`` pixels' lightness
     near their top (white-patch), 0 for the others; the mean-shift reads a*b* where they are > 0."""
-    if xp is np:  # valid | ~any(valid) without a device value: valid, or every pixel
-        select = valid if valid.any() else np.ones_like(valid)
-    else:
-        select = valid | ~xp.any(valid)
+    # valid | ~any(valid): on NumPy without the array operations (valid, or every pixel)
+    host = xp is np
+    select = (valid if valid.any() else np.ones_like(valid)) if host else valid | ~xp.any(valid)
     top = masked_percentiles(xp, light, select, (cfg.bright_pct,))[0]
     bright = _clamp(xp, (light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
     return xp.where(valid, bright, 0.0)
@@ -422,7 +421,7 @@ def _neutral_cluster(
         mass = float(kernel.sum())
         if not mass > 1e-12:
             return centre, kernel, np.float64(0.0)
-        share = mass / float(max(np.count_nonzero(valid), 1)) / cfg.min_evidence
+        share = mass / float(max(int(np.count_nonzero(valid)), 1)) / cfg.min_evidence
         plausible = _host_plausible(float(centre[0]), float(centre[1]), cfg)
         return centre, kernel, np.float64(min(1.0, max(0.0, share)) * plausible)
     total = xp.maximum(xp.count_nonzero(valid), 1.0)
@@ -557,10 +556,12 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     balance, whose gains keep the mean level but move clipped highlights); ``alpha``: ``(n,)``
     0..255 or None; ``codes``: ``levels`` as uint8 when they are integer levels (a strided sample
     of an RGB(A) image): on NumPy the percentiles are then read from histograms of the channel
-    sums and maxima (exact integers: the same order statistics, so the same value). Two bright references, each over the whole frame, or over the subject when
-    that is higher (at least 16 subject pixels and 0.5 % of the sample): the ``high_pct``
-    percentile of the channel mean (the level of a white backdrop, of a product's highlights, of a
-    scene's brightest parts) and the ``peak_pct`` percentile of the max channel. A photo is
+    sums and maxima (exact integers: the same order statistics, so the same value).
+
+    Two bright references, each over the whole frame, or over the subject when that is higher
+    (at least 16 subject pixels and 0.5 % of the sample): the ``high_pct`` percentile of the
+    channel mean (the level of a white backdrop, of a product's highlights, of a scene's
+    brightest parts) and the ``peak_pct`` percentile of the max channel. A photo is
     underexposed when even its bright mean is below ``target_high``: the gain raises it there, but
     never lifts the bright max channel above ``ceiling`` (a saturated colour keeps its channels
     apart), never exceeds ``max_gain``, and fades out when the frame's black level is high while
