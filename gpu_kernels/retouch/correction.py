@@ -239,10 +239,11 @@ def _levels(src: np.ndarray, plan: ColorPlan, wb3: np.ndarray, cols3: np.ndarray
     t = v
     t *= np.asarray(plan.lut_scale, np.float32)[0]
     # i = min(int(t), n - 2) (t >= 0; truncation commutes with the min against an integer)
-    i = np.minimum(t, np.float32(pairs.shape[0] - 1)).astype(np.int32)
+    # (as intp, the index type take reads: the same integers, small enough for float32 exactly)
+    i = np.minimum(t, np.float32(pairs.shape[0] - 1)).astype(np.intp)
     f = i.astype(np.float32)
     np.subtract(t, f, out=f)
-    lo_d = np.take(pairs, i.astype(np.intp), mode="clip").view(np.float32).reshape(rows, -1, 2)
+    lo_d = np.take(pairs, i, mode="clip").view(np.float32).reshape(rows, -1, 2)
     f *= lo_d[..., 1]
     f += lo_d[..., 0]
     return f
@@ -252,7 +253,8 @@ def _round_into(dst: np.ndarray, v: np.ndarray) -> None:
     """``dst[...] = round_levels(v)`` for float32 ``v`` (clobbered): ``clip(v + 0.5, 0, 255)``
     truncated equals ``clip(floor(v + 0.5), 0, 255)`` for every float (NaN included)."""
     v += np.float32(0.5)
-    np.clip(v, np.float32(0), np.float32(255), out=v)
+    np.maximum(v, np.float32(0), out=v)  # np.clip's bounds as two ufunc calls (NaN kept alike)
+    np.minimum(v, np.float32(255), out=v)
     np.copyto(dst, v.reshape(dst.shape), casting="unsafe")
 
 
