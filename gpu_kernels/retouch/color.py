@@ -350,6 +350,17 @@ def _plausible(xp: Any, a: Array, b: Array, cfg: WhiteBalanceConfig) -> Array:
     return _clamp(xp, (1.25 - r) / 0.25, 0.0, 1.0)
 
 
+def _host_plausible(a: float, b: float, cfg: WhiteBalanceConfig) -> float:
+    """:func:`_plausible` on Python floats: the same operations (``x ** 2`` as ``x * x``, both
+    the rounded square; the clamp's bounds win a tie, as in :func:`_clamp`)."""
+    norm = math.sqrt(1.0 + LOCUS_SLOPE * LOCUS_SLOPE)
+    along = (b + LOCUS_SLOPE * a) / norm
+    across = (a - LOCUS_SLOPE * b) / norm
+    u, v = across / cfg.max_cast_a, along / cfg.max_cast_b
+    r = math.sqrt(u * u + v * v)
+    return min(1.0, max(0.0, (1.25 - r) / 0.25))
+
+
 def _balancing_gains(xp: Any, illuminant: Array) -> Array:
     """Gains that make ``illuminant`` (3,) levels neutral and keep its mean level."""
     return illuminant.mean() / xp.maximum(illuminant, 1e-6)
@@ -365,7 +376,8 @@ def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ..
     la, lb, lw = ab[live, 0], ab[live, 1], weight[live]
     db = np.empty_like(la)
     centre = np.zeros(2, np.float64)
-    kernel = weight
+    # one zero-filled kernel for every sigma: each overwrites the same live rows
+    kernel = np.zeros(weight.shape[0], np.float64)
     for sigma in sigmas:
         k = np.subtract(la, centre[0])
         k *= k
@@ -376,18 +388,20 @@ def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ..
         k /= sigma * sigma
         np.exp(k, out=k)
         k *= lw
-        kernel = np.zeros(weight.shape[0], np.float64)
         kernel[live] = k
         mass = kernel.sum()
-        centre = np.where(mass > 1e-12, (kernel @ ab) / np.maximum(mass, 1e-12), centre)
+        if mass > 1e-12:  # else the centre stays; max(mass, 1e-12) == mass here
+            centre = (kernel @ ab) / mass
     return kernel, centre
 
 
 def _cluster_weight(xp: Any, light: Array, valid: Array, cfg: WhiteBalanceConfig) -> Array:
     """:func:`_neutral_cluster`'s pixel weights ``(n,)`` float64: the ``valid`` pixels' lightness
     near their top (white-patch), 0 for the others; the mean-shift reads a*b* where they are > 0."""
-    any_valid = xp.any(valid)
-    top = masked_percentiles(xp, light, valid | ~any_valid, (cfg.bright_pct,))[0]
+    # valid | ~any(valid): on NumPy without the array operations (valid, or every pixel)
+    host = xp is np
+    select = (valid if valid.any() else np.ones_like(valid)) if host else valid | ~xp.any(valid)
+    top = masked_percentiles(xp, light, select, (cfg.bright_pct,))[0]
     bright = _clamp(xp, (light - (top - cfg.bright_span)) / (0.5 * cfg.bright_span), 0.0, 1.0)
     return xp.where(valid, bright, 0.0)
 
@@ -402,27 +416,32 @@ def _neutral_cluster(
     mean-shift in a*b* that starts at neutral and narrows finds the cluster."""
     if weight is None:
         weight = _cluster_weight(xp, light, valid, cfg)
+    if xp is np:  # the same float64 operations on Python floats (a few microseconds each as 0-d arrays)
+        kernel, centre = _host_mean_shift(ab, weight, cfg.sigmas)
+        mass = float(kernel.sum())
+        if not mass > 1e-12:
+            return centre, kernel, np.float64(0.0)
+        share = mass / float(max(int(np.count_nonzero(valid)), 1)) / cfg.min_evidence
+        plausible = _host_plausible(float(centre[0]), float(centre[1]), cfg)
+        return centre, kernel, np.float64(min(1.0, max(0.0, share)) * plausible)
     total = xp.maximum(xp.count_nonzero(valid), 1.0)
     centre = xp.zeros(2, xp.float64)
     kernel = weight
-    if xp is np:
-        kernel, centre = _host_mean_shift(ab, weight, cfg.sigmas)
-    else:
-        ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
-        db = xp.empty_like(ca)
-        for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
-            # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
-            kernel = xp.subtract(ca, centre[0])
-            kernel *= kernel
-            xp.subtract(cb, centre[1], out=db)
-            db *= db
-            kernel += db
-            kernel *= -0.5
-            kernel /= sigma * sigma
-            xp.exp(kernel, out=kernel)
-            kernel *= weight
-            mass = kernel.sum()
-            centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
+    ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
+    db = xp.empty_like(ca)
+    for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
+        # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
+        kernel = xp.subtract(ca, centre[0])
+        kernel *= kernel
+        xp.subtract(cb, centre[1], out=db)
+        db *= db
+        kernel += db
+        kernel *= -0.5
+        kernel /= sigma * sigma
+        xp.exp(kernel, out=kernel)
+        kernel *= weight
+        mass = kernel.sum()
+        centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()
     confidence = _clamp(xp, mass / total / cfg.min_evidence, 0.0, 1.0) * _plausible(xp, centre[0], centre[1], cfg)
     confidence = xp.where(mass > 1e-12, confidence, 0.0)
@@ -457,10 +476,12 @@ def estimate_white_balance(
     peak = xp.maximum(xp.maximum(flat[:, 0], flat[:, 1]), flat[:, 2])  # max over channels, without a reduce
     a_flat = None if alpha is None else alpha.reshape(-1)
     weights: list[Array] = []  # on NumPy: the clusters' weights, computed once L* is known
+    seen: list[Array] = []  # and the valid pixels
 
     def ab_rows(light: Array) -> Array:
         """The pixels whose a*b* are read: the clusters' (weight > 0) and the background's."""
         valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
+        seen.append(valid)  # L* is final here: the same mask as below
         weights.append(_cluster_weight(xp, light, valid, cfg))
         rows = weights[0] > 0
         if a_flat is not None:
@@ -472,7 +493,7 @@ def estimate_white_balance(
     lab = srgb_to_lab(xp, flat, levels=None if levels is None else levels.reshape(-1, 3),
                       ab_where=ab_rows if xp is np else None)
     light, ab = lab[:, 0], lab[:, 1:]
-    valid = (peak < cfg.saturated) & (light >= cfg.min_lightness)
+    valid = seen[0] if seen else (peak < cfg.saturated) & (light >= cfg.min_lightness)
     centre, kernel, confidence = _neutral_cluster(xp, flat, light, ab, valid, cfg,
                                                   weights[0] if weights else None)
     mass = kernel.sum()
@@ -527,15 +548,20 @@ def estimate_white_balance(
     return gains.astype(xp.float32)
 
 
-def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConfig) -> Array:
+def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConfig, *,
+                  codes: Array | None = None) -> Array:
     """Exposure gain ``(1,)`` float64 (>= 1) from the frame's highlights.
 
     ``levels``: ``(n, 3)`` float64 levels of the input sample (the camera's exposure: before white
     balance, whose gains keep the mean level but move clipped highlights); ``alpha``: ``(n,)``
-    0..255 or None. Two bright references, each over the whole frame, or over the subject when
-    that is higher (at least 16 subject pixels and 0.5 % of the sample): the ``high_pct``
-    percentile of the channel mean (the level of a white backdrop, of a product's highlights, of a
-    scene's brightest parts) and the ``peak_pct`` percentile of the max channel. A photo is
+    0..255 or None; ``codes``: ``levels`` as uint8 when they are integer levels (a strided sample
+    of an RGB(A) image): on NumPy the percentiles are then read from histograms of the channel
+    sums and maxima (exact integers: the same order statistics, so the same value).
+
+    Two bright references, each over the whole frame, or over the subject when that is higher
+    (at least 16 subject pixels and 0.5 % of the sample): the ``high_pct`` percentile of the
+    channel mean (the level of a white backdrop, of a product's highlights, of a scene's
+    brightest parts) and the ``peak_pct`` percentile of the max channel. A photo is
     underexposed when even its bright mean is below ``target_high``: the gain raises it there, but
     never lifts the bright max channel above ``ceiling`` (a saturated colour keeps its channels
     apart), never exceeds ``max_gain``, and fades out when the frame's black level is high while
@@ -545,6 +571,8 @@ def estimate_tone(xp: Any, levels: Array, alpha: Array | None, cfg: ExposureConf
     one has lost the information to do so). One gain for all channels: hue is kept wherever the
     curve is linear (below the knee).
     """
+    if xp is np and codes is not None:
+        return _host_tone_levels(codes, alpha, cfg)
     c0, c1, c2 = levels[:, 0], levels[:, 1], levels[:, 2]
     # the channel mean and max column by column: levels.mean(axis=1) / levels.max(axis=1) are
     # the same sums and maxima, but NumPy's reductions over a length-3 axis cost ~10x as much
@@ -583,6 +611,51 @@ def _host_tone(stats: tuple[np.ndarray, np.ndarray], alpha: np.ndarray | None, c
         select = subject if np.sum(subject) >= max(16.0, 0.005 * mean.shape[0]) else everything
         ref0 = max(ref0, float(_host_percentiles(mean, select, (cfg.high_pct,))[0]))
         ref1 = max(ref1, float(_host_percentiles(peak, select, (cfg.peak_pct,))[0]))
+    return _tone_gain(ref0, ref1, low, cfg)
+
+
+def _level_percentiles(counts: np.ndarray, qs: tuple[float, ...], divisor: float) -> list[float]:
+    """:func:`_host_percentiles` of values ``k / divisor`` given by their histogram ``counts``
+    (``counts[k]``: how many values are ``k / divisor``, ``k`` an integer; at least one value):
+    the order statistic at rank ``r`` is the least ``k`` whose cumulative count exceeds ``r``,
+    and the interpolation runs on the same Python floats, so the same value."""
+    cum = np.cumsum(counts)
+    last = float(max(int(cum[-1]) - 1, 0))
+    ranks = []
+    for q in qs:
+        pos = last * (q / 100.0)
+        floor = float(math.floor(pos))
+        ranks.append((pos, floor, min(floor + 1.0, last)))
+    at = np.searchsorted(cum, [r for _, lo, hi in ranks for r in (lo, hi)], side="right").tolist()
+    out = []
+    for k, (pos, lo, _) in enumerate(ranks):
+        a, b = at[2 * k] / divisor, at[2 * k + 1] / divisor
+        out.append(a + (b - a) * (pos - lo))
+    return out
+
+
+def _host_tone_levels(codes: np.ndarray, alpha: np.ndarray | None, cfg: ExposureConfig) -> np.ndarray:
+    """:func:`_host_tone` for integer levels ``codes`` ``(n, 3)`` uint8: the channel mean of a
+    pixel is ``(c0 + c1 + c2) / 3.0`` of an exact integer sum, its max channel an integer, so
+    each percentile is read from a histogram (766 and 256 bins) instead of a partial sort."""
+    c0, c1, c2 = codes[:, 0], codes[:, 1], codes[:, 2]
+    sums = c0.astype(np.intp)
+    sums += c1
+    sums += c2
+    peak = np.maximum(np.maximum(c0, c1), c2)
+    hist_sum, hist_peak = np.bincount(sums, minlength=766), np.bincount(peak, minlength=256)
+    high, low = _level_percentiles(hist_sum, (cfg.high_pct, cfg.low_pct), 3.0)
+    ref0, ref1 = high, _level_percentiles(hist_peak, (cfg.peak_pct,), 1.0)[0]
+    if alpha is not None:
+        subject = alpha >= cfg.subject_min_alpha
+        if np.sum(subject) >= max(16.0, 0.005 * codes.shape[0]):
+            ref0 = max(ref0, _level_percentiles(np.bincount(sums[subject], minlength=766), (cfg.high_pct,), 3.0)[0])
+            ref1 = max(ref1, _level_percentiles(np.bincount(peak[subject], minlength=256), (cfg.peak_pct,), 1.0)[0])
+    return _tone_gain(ref0, ref1, low, cfg)
+
+
+def _tone_gain(ref0: float, ref1: float, low: float, cfg: ExposureConfig) -> np.ndarray:
+    """:func:`_host_tone`'s gain from its bright references and black level (Python floats)."""
     ref0, ref1 = max(ref0, 1e-6), max(ref1, 1e-6)
     gain = min(cfg.target_high * 255.0 / ref0, cfg.ceiling * 255.0 / ref1)
     gain = min(max(gain, 1.0), cfg.max_gain)

@@ -97,7 +97,8 @@ def plan_correction(
         weight = None if a is None else a / 255.0  # None: 1 everywhere
         gain_map = illumination_gain(xp, lum, weight, cfg.retinex, matrix)
         v_max = v_max * xp.max(gain_map).astype(xp.float64)
-    tone = estimate_tone(xp, rgb.reshape(-1, 3), flat_a, cfg.exposure)  # the camera's exposure
+    tone = estimate_tone(xp, rgb.reshape(-1, 3), flat_a, cfg.exposure,  # the camera's exposure
+                         codes=None if levels is None else levels.reshape(-1, 3))
     lut, scale = tone_lut(xp, tone, v_max, cfg.exposure)
     return ColorPlan(wb, gain_map, grid, lut, scale)
 
@@ -238,10 +239,11 @@ def _levels(src: np.ndarray, plan: ColorPlan, wb3: np.ndarray, cols3: np.ndarray
     t = v
     t *= np.asarray(plan.lut_scale, np.float32)[0]
     # i = min(int(t), n - 2) (t >= 0; truncation commutes with the min against an integer)
-    i = np.minimum(t, np.float32(pairs.shape[0] - 1)).astype(np.int32)
+    # (as intp, the index type take reads: the same integers, small enough for float32 exactly)
+    i = np.minimum(t, np.float32(pairs.shape[0] - 1)).astype(np.intp)
     f = i.astype(np.float32)
     np.subtract(t, f, out=f)
-    lo_d = np.take(pairs, i.astype(np.intp), mode="clip").view(np.float32).reshape(rows, -1, 2)
+    lo_d = np.take(pairs, i, mode="clip").view(np.float32).reshape(rows, -1, 2)
     f *= lo_d[..., 1]
     f += lo_d[..., 0]
     return f
@@ -251,7 +253,8 @@ def _round_into(dst: np.ndarray, v: np.ndarray) -> None:
     """``dst[...] = round_levels(v)`` for float32 ``v`` (clobbered): ``clip(v + 0.5, 0, 255)``
     truncated equals ``clip(floor(v + 0.5), 0, 255)`` for every float (NaN included)."""
     v += np.float32(0.5)
-    np.clip(v, np.float32(0), np.float32(255), out=v)
+    np.maximum(v, np.float32(0), out=v)  # np.clip's bounds as two ufunc calls (NaN kept alike)
+    np.minimum(v, np.float32(255), out=v)
     np.copyto(dst, v.reshape(dst.shape), casting="unsafe")
 
 
@@ -314,7 +317,8 @@ def correct_fused_cpu(
         return _correct_by_table(pixels, alpha, plan, transparent, white)
     wtab = white_balance_table(plan.wb) if tables else None
     out = np.empty((h, w, 4 if transparent else 3), np.uint8)
-    wb3 = np.tile(np.asarray(plan.wb, np.float32), w)
+    wb = np.asarray(plan.wb, np.float32)
+    wb3 = wb if wtab is not None else np.tile(wb, w)  # per-pixel gains only without the table
     cols3 = None if plan.gain_map is None else np.repeat(
         gain_columns(np, plan.gain_map, w, plan.grid), 3, axis=1)
     pairs = _tone_pairs(plan)

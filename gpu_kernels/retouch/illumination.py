@@ -114,6 +114,28 @@ def _blurred_ones(h: int, w: int, sigma: float, matrix: MatrixFn) -> np.ndarray:
     return plane
 
 
+@lru_cache(maxsize=32)
+def _ones_planes(h: int, w: int, sigmas: tuple[float, ...], min_support: float,
+                 matrix: MatrixFn) -> tuple[tuple[np.ndarray, ...], np.ndarray | None]:
+    """What :func:`illumination_gain` derives from the blurred weight planes of an unmasked
+    ``(h, w)`` sample, once per process: ``max(plane, 1e-12)`` per sigma (the surround's
+    denominators) and the mask ``support >= min_support`` of the largest plane, None where it
+    holds everywhere (the gain is then kept as it is). Read-only."""
+    planes = [_blurred_ones(h, w, sigma, matrix) for sigma in sigmas]
+    floors = tuple(np.maximum(p, 1e-12) for p in planes)
+    support = planes[0].copy()
+    for p in planes[1:]:
+        np.maximum(support, p, out=support)
+    keep: np.ndarray | None = support >= min_support
+    for f in floors:
+        f.flags.writeable = False
+    if keep is not None and bool(keep.all()):
+        keep = None
+    elif keep is not None:
+        keep.flags.writeable = False
+    return floors, keep
+
+
 def illumination_gain(
     xp: Any, lum: Array, weight: Array | None, cfg: RetinexConfig, matrix: MatrixFn
 ) -> Array:
@@ -132,22 +154,31 @@ def illumination_gain(
     side = max(h, w)
     log_surround = None
     support = None
+    sigmas = tuple(frac * side for frac in cfg.scales)
+    floors, keep = _ones_planes(h, w, sigmas, cfg.min_support, matrix) if tabled else ((), None)
     # each per-pixel step in place (one temporary per scale, not one per operation); the same
     # float64 operations on the same operands in the same order, so the same bits
-    for frac in cfg.scales:
-        sigma = frac * side
+    for k, sigma in enumerate(sigmas):
         blurred = (matrix(h, sigma) @ stack @ matrix(w, sigma).T).astype(xp.float64)
-        den = _blurred_ones(h, w, sigma, matrix) if tabled else blurred[1]
-        term = xp.maximum(den, 1e-12)
-        xp.divide(blurred[0], term, out=term)  # the local surround
+        if tabled:  # the denominator and the support from the per-process table
+            term = blurred[0]
+            xp.divide(term, floors[k], out=term)  # the local surround
+        else:
+            den = blurred[1]
+            term = xp.maximum(den, 1e-12)
+            xp.divide(blurred[0], term, out=term)  # the local surround
         xp.maximum(term, 0.0, out=term)
         xp.log1p(term, out=term)
         if log_surround is None:
-            log_surround, support = term, den.copy()
+            log_surround = term
         else:
             log_surround += term
-            xp.maximum(support, den, out=support)
-    assert log_surround is not None and support is not None
+        if not tabled:
+            if support is None:
+                support = den.copy()
+            else:
+                xp.maximum(support, den, out=support)
+    assert log_surround is not None
     log_surround /= len(cfg.scales)
     if weight is None:  # sums of ones are exact: h * w, and weight * x == x
         total = xp.float64(h * w)
@@ -160,7 +191,11 @@ def illumination_gain(
     xp.exp(gain, out=gain)
     xp.maximum(gain, cfg.min_gain, out=gain)
     xp.minimum(gain, cfg.max_gain, out=gain)
-    gain = xp.where((support >= cfg.min_support) & (total > 0), gain, 1.0)
+    if not tabled:
+        assert support is not None
+        gain = xp.where((support >= cfg.min_support) & (total > 0), gain, 1.0)
+    elif keep is not None:  # total = h * w > 0
+        gain = xp.where(keep, gain, 1.0)
     return gain.astype(xp.float32)
 
 

@@ -331,6 +331,30 @@ def test_the_host_tone_equals_the_array_module_path_bit_for_bit(scene: str) -> N
     assert np.array_equal(host, estimate_tone(_array_module_twin(), levels, alpha, cfg))
 
 
+@pytest.mark.parametrize("scene", ["dark", "veiled", "bright", "masked_dark", "masked_few", "one_pixel", "clipped"])
+def test_the_tone_from_level_histograms_equals_the_partial_sorts_bit_for_bit(scene: str) -> None:
+    """Integer levels (a strided sample): the percentiles read from histograms of the channel
+    sums and maxima give the gain of the partial sorts and of the array-module path, bit for bit."""
+    rng = np.random.default_rng(12)
+    n = 1 if scene == "one_pixel" else 4096
+    lo, hi = {"dark": (10, 140), "veiled": (110, 200), "bright": (30, 256), "clipped": (200, 256)}.get(scene, (5, 120))
+    codes = rng.integers(lo, hi, (n, 3)).astype(np.uint8)
+    alpha = None
+    if scene.startswith("masked"):
+        alpha = np.where(rng.random(n) < (0.4 if scene == "masked_dark" else 0.002), 255.0, 0.0)
+        codes[alpha > 0] += 40  # a subject brighter than its backdrop: its references count
+    levels = codes.astype(np.float64)
+    cfg = ExposureConfig()
+    by_histogram = estimate_tone(np, levels, alpha, cfg, codes=codes)
+    by_sort = estimate_tone(np, levels, alpha, cfg)
+    assert by_histogram.dtype == np.float64 and by_histogram.shape == (1,)
+    assert by_histogram.tobytes() == by_sort.tobytes()
+    assert by_histogram.tobytes() == estimate_tone(_array_module_twin(), levels, alpha, cfg, codes=codes).tobytes()
+    assert (float(by_histogram[0]) > 1.0) == (scene not in ("bright", "clipped"))
+    if scene == "masked_dark":  # the subject's histograms moved the gain
+        assert by_histogram.tobytes() != estimate_tone(np, levels, None, cfg, codes=codes).tobytes()
+
+
 @pytest.mark.parametrize(("src", "canvas", "offset"), [
     ((64, 64), (64, 64), (0.0, 0.0)),  # a 64x64 photo to a 64x64 preset at fill 1: the whole canvas
     ((48, 90), (40, 40), (7.0, 3.0)),  # a window of a larger photo
