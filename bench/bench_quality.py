@@ -250,13 +250,15 @@ import os, sys, time, numpy as np
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher
-from gpu_kernels.segment import OnnxSegmenter, ensure_u2netp
+from gpu_kernels.segment import KNOWN_SPECS, OnnxSegmenter, ensure_u2netp
 data = np.load(sys.argv[1])
 r, out = CpuRetoucher(), {}
 name = os.environ.get("QUALITY_PRESET") or "transparent_png"
 preset = load_presets()[name]
 seg_s = 0.0
-with OnnxSegmenter(os.environ.get("QUALITY_MODEL") or ensure_u2netp().original, threads=2) as seg:
+model = os.environ.get("QUALITY_MODEL") or ""
+spec = KNOWN_SPECS.get(os.path.basename(model).split(".")[0], KNOWN_SPECS["u2netp"])
+with OnnxSegmenter(model or ensure_u2netp().original, spec, threads=2) as seg:
     for key in data.files:
         image = data[key]
         t0 = time.perf_counter()
@@ -387,6 +389,14 @@ def bench_set(before: Path, sheet: Path | None, model: Path | None = None) -> No
 # ``review``: the real-photo review set (bench/review/review_set.py) beside rembg
 
 JUDGEMENT = ROOT / "bench" / "review" / "review_judgement.toml"
+
+
+def spec_for(model: Path) -> Any:
+    """The pre/post-processing of a fetched model file, by its name (``isnet/isnet.onnx``:
+    IS-Net's; a name lightbox does not know: U2-Net's)."""
+    from gpu_kernels.segment import KNOWN_SPECS
+
+    return KNOWN_SPECS.get(model.name.split(".")[0], KNOWN_SPECS["u2netp"])
 
 
 def judgement_for(model: Path | None) -> Path:
@@ -622,7 +632,7 @@ def bench_speed(model: Path, rounds: int = 4) -> None:
 
     items = review_set(photos=tuple(p for p in PHOTOS if p.name in SPEED_PHOTOS))
     segs = {"u2netp": OnnxSegmenter(ensure_u2netp().original, threads=1),
-            model.stem: OnnxSegmenter(model.expanduser(), threads=1)}
+            model.stem: OnnxSegmenter(model.expanduser(), spec_for(model), threads=1)}
     for seg in segs.values():
         seg.segment_batch([items[0].image])  # warm-up
     cpu: dict[str, list[float]] = {k: [] for k in segs}
