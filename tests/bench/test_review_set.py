@@ -20,7 +20,7 @@ from bench.bench_quality import (
 from bench.review.review_set import FRAMINGS, PHOTOS, ReviewItem, to_photo
 
 
-@pytest.mark.parametrize("model", [None, Path("u2net.onnx")], ids=["u2netp", "u2net"])
+@pytest.mark.parametrize("model", [None, Path("u2net.onnx"), Path("isnet.onnx")], ids=["u2netp", "u2net", "isnet"])
 def test_every_review_image_has_a_verdict_with_a_reason_for_each_tool(model: Path | None) -> None:
     kept = load_judgement(judgement_for(model))
     names = {f"{p.name}-{f}" for p in PHOTOS for f in FRAMINGS}
@@ -35,10 +35,13 @@ def test_every_review_image_has_a_verdict_with_a_reason_for_each_tool(model: Pat
 def test_a_model_s_own_verdicts_are_read_where_they_were_judged() -> None:
     assert judgement_for(None) == JUDGEMENT
     assert judgement_for(Path("/models/u2net/u2net.onnx")).name == "review_judgement_u2net.toml"
+    assert judgement_for(Path("/models/isnet/isnet.onnx")).name == "review_judgement_isnet.toml"
     assert judgement_for(Path("/models/other.onnx")) == JUDGEMENT
-    mine, default = load_judgement(judgement_for(Path("u2net.onnx"))), load_judgement(JUDGEMENT)
-    assert mine.keys() == default.keys()
-    assert all(mine[k]["rembg"] == default[k]["rembg"] for k in mine)  # the same rembg run, judged once
+    default = load_judgement(JUDGEMENT)
+    for model in ("u2net.onnx", "isnet.onnx"):
+        mine = load_judgement(judgement_for(Path(model)))
+        assert mine.keys() == default.keys()
+        assert all(mine[k]["rembg"] == default[k]["rembg"] for k in mine)  # the same rembg run, judged once
 
 
 def test_fingerprints_tell_a_moved_mask_from_the_same_one() -> None:

