@@ -11,8 +11,9 @@ names its lane:
     device   CorrectStage                 correct        (output lane when all is on the CPU)
     device   RenderStage                  preset:<name>  (the same)
     device   ShadowStage                  shadow:<name>  (the same; presets with shadow = "contact")
-    device   EncodeStage (GPU encoder)    encode:<name>
-    output   EncodeStage (CPU encoder)    encode:<name>
+    device   EncodeStage (GPU half)       encode:<name>  (a GPU encoder's own images, batched: nvJPEG)
+    output   EncodeStage (CPU)            encode:<name>  (the rest: PNG, WebP, small JPEGs; all of
+                                                          them with a CPU encoder)
     output   QualityStage                 quality
     output   ComplianceStage              compliance
 
@@ -51,7 +52,7 @@ from gpu_kernels.stages.base import (
 from gpu_kernels.stages.compliance import ComplianceStage
 from gpu_kernels.stages.correct import CorrectStage
 from gpu_kernels.stages.decode import DecodeStage
-from gpu_kernels.stages.encode import EncodeStage
+from gpu_kernels.stages.encode import encode_stages
 from gpu_kernels.stages.quality import QualityStage, measure_quality
 from gpu_kernels.stages.render import RenderStage
 from gpu_kernels.stages.segment import RefineStage, SegmentStage
@@ -87,7 +88,7 @@ def default_stages(decoder: Decoder, retoucher: Retoucher, encoder: Encoder,
         CorrectStage(retoucher, lane=canvas),
         RenderStage(retoucher, lane=canvas),
         ShadowStage(retoucher.device, lane=canvas),  # presets with shadow = "contact"
-        EncodeStage(encoder),  # device lane for a GPU encoder, output lane for the CPU one
+        *encode_stages(encoder),  # a GPU encoder's own part in the device lane, the CPU formats in the output lane
         QualityStage(),
         ComplianceStage(),  # marketplace rules per variant
     ]

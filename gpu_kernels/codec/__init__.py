@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from gpu_kernels.codec.chain import DecoderChain, ReduceMode, reduced_size
+from gpu_kernels.codec.chain import DecoderChain, ReduceMode, decode_threads, reduced_size
 from gpu_kernels.codec.encode import CpuEncoder, EncodeSettings, NvJpegEncoder, flatten_alpha
 from gpu_kernels.codec.orient import orient
 from gpu_kernels.codec.sniff import (
@@ -53,6 +53,7 @@ __all__ = [
     "NvJpegEncoder",
     "ReduceMode",
     "TorchvisionDecoder",
+    "decode_threads",
     "exif_orientation",
     "fingerprint",
     "flatten_alpha",
@@ -94,7 +95,8 @@ def make_decoder(device: str = "cpu", **options: Any) -> DecoderChain | Torchvis
     :class:`ValueError` at once, with what to install (never a failure at the first image).
     ``options``: the decoder's keyword arguments (``max_pixels``, ``max_bytes``, ``max_frames``,
     ``max_scans``, ``max_markers``, ``batch_size``, ``num_threads``, ``hw_decoder_load``,
-    ``device_id``, ``reduce``, ``time_budget_s``, ``dali``)."""
+    ``device_id``, ``reduce``, ``time_budget_s``, ``dali``); ``num_threads`` unset or None:
+    :func:`decode_threads` (on a GPU one per usable core, at most 8; on a CPU 2)."""
     if device == "cpu":
         options.setdefault("dali", False)
         return DecoderChain(device, **options)

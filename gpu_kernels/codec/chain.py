@@ -72,6 +72,7 @@ Not thread-safe: one decoder per worker thread.
 from __future__ import annotations
 
 import importlib
+import os
 import re
 import threading
 import time
@@ -98,13 +99,31 @@ from gpu_kernels.codec.sniff import (
 )
 from schemas.errors import DecodeFailed, LightboxError
 
-__all__ = ["DecoderChain", "ReduceMode", "reduced_size"]
+__all__ = ["CPU_DECODE_THREADS", "GPU_DECODE_THREADS_CAP", "DecoderChain", "ReduceMode", "decode_threads",
+           "reduced_size"]
 
 STAGE = "decode"
 ReduceMode = Literal["auto", "dct", "resize", "off"]
 _FAILED_SAMPLE = re.compile(r"Failed to decode sample #(\d+)")
 DEFAULT_TIME_BUDGET_S = 10.0
 CHUNK_PIXELS = 256 * 256  # images up to this many pixels (header) go to the pool in chunks
+CPU_DECODE_THREADS = 2  # a CPU worker's decode pool: its cores also run the model and the output lane
+GPU_DECODE_THREADS_CAP = 8  # a GPU decoder's CPU threads at most (DALI's pool: Huffman decode, fallbacks)
+
+
+def decode_threads(device: str) -> int:
+    """The CPU threads a decoder on ``device`` gets by default: on ``"gpu"`` one per core this
+    process may run on (its CPU affinity), at most :data:`GPU_DECODE_THREADS_CAP` (DALI's
+    pipeline threads run the host half of nvJPEG's hybrid decode, the part the hardware
+    decoder does not take, and the Pillow/OpenCV fallbacks share the same count); on ``"cpu"``
+    :data:`CPU_DECODE_THREADS`."""
+    if device != "gpu":
+        return CPU_DECODE_THREADS
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(GPU_DECODE_THREADS_CAP, cores))
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +159,9 @@ class DecoderChain:
         device: ``"cpu"`` (NumPy out) or ``"gpu"`` (``mixed`` decode, CuPy out).
         max_pixels, max_bytes, max_frames, max_scans, max_markers: header guards, see :func:`sniff`.
         batch_size: largest DALI batch; longer inputs run in chunks.
-        num_threads: DALI CPU threads (and the DCT-scaled decode pool).
+        num_threads: DALI's CPU threads (``Pipeline(num_threads=...)``) and the pool of the
+            Pillow, OpenCV and DCT-scaled decodes; ``None``: :func:`decode_threads` of ``device``
+            (on a GPU the process's cores, at most 8; on a CPU 2).
         hw_decoder_load: share of each JPEG batch sent to the hardware decoder (GPU only).
         device_id: CUDA device (GPU only).
         reduce: reduced-size decode strategy; ``"auto"`` = ``"dct"`` on CPU, ``"resize"`` on GPU.
@@ -159,7 +180,7 @@ class DecoderChain:
         max_pixels: int = DEFAULT_MAX_PIXELS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         batch_size: int = 32,
-        num_threads: int = 2,
+        num_threads: int | None = None,
         hw_decoder_load: float = 0.65,
         device_id: int = 0,
         reduce: ReduceMode = "auto",
@@ -177,6 +198,8 @@ class DecoderChain:
             raise ValueError(
                 f"DecoderChain: hw_decoder_load must be in [0, 1], got {hw_decoder_load}"
             )
+        if num_threads is None:
+            num_threads = decode_threads(device)
         if batch_size < 1 or num_threads < 1:
             raise ValueError("DecoderChain: batch_size and num_threads must be >= 1")
         if not time_budget_s > 0:

@@ -2,8 +2,9 @@
 
 ``CpuEncoder``: JPEG with libjpeg-turbo (simplejpeg), PNG and WebP with OpenCV (libpng,
 libwebp). ``NvJpegEncoder``: JPEG with nvJPEG through nvImageCodec for images of at least
-``gpu_min_pixels`` (where the GPU wins; see bench/gpu/checks.py codec), the CPU encoder for
-smaller JPEGs and for PNG/WebP.
+``gpu_min_pixels`` (where the GPU wins; see bench/gpu/checks.py codec), a preset's images in
+one batched call, the CPU encoder for smaller JPEGs and for PNG/WebP (the pipeline runs those in
+its output lane, not in the device lane).
 
 Input: ``(H, W, 3)`` RGB or ``(H, W, 4)`` RGBA uint8 (``(H, W)`` gray also accepted). JPEG
 has no alpha: an RGBA image is flattened over white (the marketplace background) first.
@@ -14,6 +15,7 @@ bytes, which idempotent outputs rely on (docs/architecture.md, "Delivery: the ar
 from __future__ import annotations
 
 import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -142,9 +144,17 @@ class NvJpegEncoder:
     """:class:`~gpu_kernels.backends.Encoder` on the GPU: nvJPEG (via nvImageCodec) for JPEGs
     of >= ``gpu_min_pixels`` pixels, :class:`CpuEncoder` otherwise (after a device→host copy).
 
+    The pipeline calls the two halves apart (:class:`~gpu_kernels.stages.encode.EncodeStage`):
+    :meth:`encode_device`, one nvImageCodec call for a preset's images that :meth:`on_device`
+    takes, in the device lane; :meth:`encode_host` for the others (PNG, WebP, JPEGs under
+    ``gpu_min_pixels`` or with alpha), in the output lane, so a CPU encode never holds up the
+    device thread. :meth:`encode` is both, one image at a time.
+
     Takes CuPy (or NumPy) ``(H, W, 3|4)`` uint8 images. nvImageCodec is imported lazily; where it
     is not installed (a stock PyTorch image) every image goes through the CPU encoder after its
-    device→host copy (``version`` "host-encode-1" says so).
+    device→host copy (``version`` "host-encode-1" says so). ``cpu_threads``: nvImageCodec's
+    ``max_num_cpu_threads`` (the host half of nvJPEG's hybrid encoder); None: as many as the
+    GPU decoder's (:func:`~gpu_kernels.codec.chain.decode_threads`).
     """
 
     version = "nvjpeg-encode-1"
@@ -156,6 +166,7 @@ class NvJpegEncoder:
         device_id: int = 0,
         gpu_min_pixels: int = 500_000,
         settings: EncodeSettings | None = None,
+        cpu_threads: int | None = None,
     ) -> None:
         if device != "gpu":
             raise ValueError(f"NvJpegEncoder: device must be 'gpu', got {device!r}")
@@ -169,63 +180,104 @@ class NvJpegEncoder:
             self.version = "host-encode-1"
             self._encoder: Any = None
             return
+        from gpu_kernels.codec.chain import decode_threads
+
         self._nvimgcodec = nvimgcodec
-        self._encoder = nvimgcodec.Encoder(device_id=device_id, backends=gpu_encode_backends(nvimgcodec))
+        self._encoder = nvimgcodec.Encoder(device_id=device_id,
+                                           max_num_cpu_threads=cpu_threads or decode_threads("gpu"),
+                                           backends=gpu_encode_backends(nvimgcodec))
         self._subsampling = {
             "444": nvimgcodec.ChromaSubsampling.CSS_444,
             "422": nvimgcodec.ChromaSubsampling.CSS_422,
             "420": nvimgcodec.ChromaSubsampling.CSS_420,
         }[self.settings.jpeg_subsampling]
 
-    def encode(self, image: Array, preset: Preset) -> bytes:
-        if str(getattr(image, "dtype", "")) != "uint8" or image.ndim not in (2, 3):
+    @staticmethod
+    def _checked(image: Array, preset: Preset) -> Array:
+        if str(getattr(image, "dtype", "")) != "uint8" or getattr(image, "ndim", 0) not in (2, 3):
             raise ProcessingFailed(
                 f"preset {preset.name!r}: expected a uint8 (H, W[, C]) image, got "
                 f"{type(image).__name__} {getattr(image, 'dtype', '')} "
                 f"{getattr(image, 'shape', '')}",
                 stage=STAGE,
             )
-        h, w = image.shape[:2]
-        on_gpu = (
+        return image
+
+    def on_device(self, image: Array, preset: Preset) -> bool:
+        """Whether ``image`` is encoded by nvJPEG for ``preset``: a JPEG preset, an RGB uint8
+        image of at least ``gpu_min_pixels`` pixels, nvImageCodec installed."""
+        return (
             self._encoder is not None
             and preset.format == "jpeg"
-            and image.ndim == 3
+            and str(getattr(image, "dtype", "")) == "uint8"
+            and getattr(image, "ndim", 0) == 3
             and image.shape[2] == 3
-            and h * w >= self.gpu_min_pixels
+            and image.shape[0] * image.shape[1] >= self.gpu_min_pixels
         )
-        if not on_gpu:
-            host = image.get() if hasattr(image, "get") else np.asarray(image)
-            if preset.format == "jpeg" and host.ndim == 3 and host.shape[2] == 4:
-                host = flatten_alpha(host)
-            return self._cpu.encode(host, preset)
-        return self.encode_jpeg_gpu(image, preset.quality, preset.name)
 
-    def encode_jpeg_gpu(self, image: Array, quality: int, name: str = "") -> bytes:
-        """nvJPEG encode of one ``(H, W, 3)`` uint8 RGB device array."""
-        import cupy as cp
+    def encode(self, image: Array, preset: Preset) -> bytes:
+        self._checked(image, preset)
+        if not self.on_device(image, preset):
+            return self.encode_host(image, preset)
+        (out,) = self.encode_device([image], preset)
+        if isinstance(out, ProcessingFailed):
+            raise out
+        return out
 
+    def encode_host(self, image: Array, preset: Preset) -> bytes:
+        """The CPU encoder's bytes for ``image`` (copied to the host first: on the caller's
+        current stream, which must have waited for the image's producer)."""
+        host = np.asarray(image.get() if hasattr(image, "get") else image)
+        self._checked(host, preset)
+        if preset.format == "jpeg" and host.ndim == 3 and host.shape[2] == 4:
+            host = flatten_alpha(host)
+        return self._cpu.encode(host, preset)
+
+    def encode_device(self, images: Sequence[Array], preset: Preset) -> list[bytes | ProcessingFailed]:
+        """nvJPEG encodes of ``images`` (``(H, W, 3)`` uint8 RGB, each :meth:`on_device`) at the
+        preset's quality: one nvImageCodec call for the list, on the current CUDA stream. An image
+        nvImageCodec could not encode gets its ``ProcessingFailed`` in its place."""
+        for image in images:
+            if not self.on_device(self._checked(image, preset), preset):
+                raise ProcessingFailed(f"preset {preset.name!r}: a {getattr(image, 'shape', '')} image is not "
+                                       "one nvJPEG encodes here", stage=STAGE)
+        if not images:
+            return []
         nv = self._nvimgcodec
         params = nv.EncodeParams(
             quality_type=nv.QualityType.QUALITY,
-            quality_value=float(quality),
+            quality_value=float(preset.quality),
             chroma_subsampling=self._subsampling,
         )
-        img = cp.ascontiguousarray(cp.asarray(image))
-        stream = cp.cuda.get_current_stream()
+        inputs, stream = _device_inputs(images)
         try:
-            code_stream = self._encoder.encode(img, "jpeg", params=params, cuda_stream=stream.ptr)
+            code_streams = self._encoder.encode(inputs, "jpeg", params=params, cuda_stream=stream)
         except (RuntimeError, ValueError) as err:
             raise ProcessingFailed(
-                f"preset {name!r}: nvJPEG encode of a {tuple(img.shape)} image failed: {err}",
+                f"preset {preset.name!r}: nvJPEG encode of {len(inputs)} image(s) failed: {err}",
                 stage=STAGE,
             ) from err
-        if code_stream is None:
-            raise ProcessingFailed(
-                f"preset {name!r}: nvJPEG encode of a {tuple(img.shape)} image failed",
-                stage=STAGE,
-            )
-        # The buffer may be larger than the stream (capacity >= size).
-        return bytes(memoryview(code_stream)[: code_stream.size])
+        if code_streams is None or len(code_streams) != len(inputs):
+            raise ProcessingFailed(f"preset {preset.name!r}: nvJPEG returned no list for {len(inputs)} image(s)",
+                                   stage=STAGE)
+        out: list[bytes | ProcessingFailed] = []
+        for img, code_stream in zip(inputs, code_streams, strict=True):
+            if code_stream is None:
+                out.append(ProcessingFailed(
+                    f"preset {preset.name!r}: nvJPEG encode of a {tuple(img.shape)} image failed", stage=STAGE))
+            else:  # the buffer may be larger than the stream (capacity >= size)
+                out.append(bytes(memoryview(code_stream)[: code_stream.size]))
+        return out
 
     def close(self) -> None:
         self._encoder = None
+
+
+def _device_inputs(images: Sequence[Array]) -> tuple[list[Any], int]:
+    """Contiguous inputs for nvImageCodec and the stream it orders its reads on: CuPy arrays on
+    the current stream; NumPy arrays (nvImageCodec reads host memory too) on none."""
+    if all(isinstance(im, np.ndarray) for im in images):
+        return [np.ascontiguousarray(im) for im in images], 0
+    import cupy as cp
+
+    return [cp.ascontiguousarray(cp.asarray(im)) for im in images], int(cp.cuda.get_current_stream().ptr)

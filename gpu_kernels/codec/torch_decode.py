@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from gpu_kernels.array import Array
-from gpu_kernels.codec.chain import DecoderChain, _Job
+from gpu_kernels.codec.chain import DecoderChain, _Job, decode_threads
 from gpu_kernels.codec.sniff import sniff
 from schemas.errors import DecodeFailed, LightboxError
 
@@ -54,7 +54,9 @@ class TorchvisionDecoder:
     """:class:`~gpu_kernels.backends.Decoder` on torchvision's nvJPEG; see the module doc.
 
     ``options``: the CPU decoder's keyword arguments (``max_pixels``, ``max_bytes``,
-    ``max_frames``, ``max_scans``, ``max_markers``, ``num_threads``, ``time_budget_s``)."""
+    ``max_frames``, ``max_scans``, ``max_markers``, ``num_threads``, ``time_budget_s``); the CPU
+    decoder's pool gets the GPU decoder's thread count (:func:`~.chain.decode_threads`) unless
+    ``num_threads`` is given."""
 
     version = "torchvision-nvjpeg-1"
 
@@ -69,6 +71,8 @@ class TorchvisionDecoder:
         self._on_cuda = self._target.startswith("cuda")
         for name in ("batch_size", "hw_decoder_load", "reduce", "dali", "device_id"):
             options.pop(name, None)  # DALI's knobs: nothing to set here
+        if options.get("num_threads") is None:
+            options["num_threads"] = decode_threads("gpu")
         self._cpu = DecoderChain("cpu", dali=False, reduce="off", **options)
 
     def decode_batch(self, blobs: Sequence[bytes], *, max_side: int | None = None) -> list[Array | LightboxError]:

@@ -14,7 +14,9 @@ On a working copy (longer side ``work_side``), in CIELAB:
 
 The binary working mask is resized to the image and goes through the shared
 post-processing (threshold, inward feather, ``postprocess.py``). On the GPU the full-size
-work (shrink, enlarge, post-processing) runs in CuPy; only the small working copy visits the host.
+work (shrink, enlarge, post-processing) runs in CuPy; only the small working copies visit the
+host, the batch's in one copy each way, and the batch's masks are refined together
+(``postprocess_batch.alpha_batch``, as the model's are).
 It fails on textured or cluttered backgrounds, and on subjects whose outline matches the
 background colour; use the model there.
 """
@@ -29,8 +31,9 @@ import numpy as np
 
 from gpu_kernels.array import Array
 from gpu_kernels.segment.inputs import precut_alpha, validate_image
-from gpu_kernels.segment.ops import ArrayOps, CpuOps, cupy_ops, disk
+from gpu_kernels.segment.ops import ArrayOps, CpuOps, XpOps, cupy_ops, disk
 from gpu_kernels.segment.postprocess import MaskPostprocess, alpha_from_probability, clean_cutout
+from gpu_kernels.segment.postprocess_batch import alpha_batch
 from schemas.errors import LightboxError, ProcessingFailed, per_item
 
 __all__ = ["ClassicalConfig", "ClassicalSegmenter", "background_distance", "classical_foreground"]
@@ -122,6 +125,16 @@ def classical_foreground(rgb: np.ndarray, cfg: ClassicalConfig) -> np.ndarray:
     return out
 
 
+def _split(flat: Array, shapes: Sequence[tuple[int, ...]]) -> list[Array]:
+    """``flat`` cut into consecutive arrays of ``shapes`` (views, no copy)."""
+    out, at = [], 0
+    for shape in shapes:
+        n = int(np.prod(shape))
+        out.append(flat[at:at + n].reshape(shape))
+        at += n
+    return out
+
+
 class ClassicalSegmenter:
     """Implements :class:`gpu_kernels.backends.Segmenter` with the border-colour model.
 
@@ -148,27 +161,63 @@ class ClassicalSegmenter:
         self.post = post or MaskPostprocess()
         self._ops: ArrayOps = ops or (cupy_ops() if device == "gpu" else CpuOps())
 
-    def _segment_one(self, img: Array) -> Array:
-        ops = self._ops
+    def _work_size(self, img: Array) -> tuple[int, int]:
         h, w = img.shape[:2]
         scale = min(1.0, self.config.work_side / max(h, w))
-        sh, sw = max(1, round(h * scale)), max(1, round(w * scale))
-        small = ops.asnumpy(ops.resize_image(img[..., :3], sh, sw))
+        return max(1, round(h * scale)), max(1, round(w * scale))
+
+    def _segment_one(self, img: Array) -> Array:
+        """One image on its own (the reference :meth:`segment_batch` equals, image by image)."""
+        ops = self._ops
+        h, w = img.shape[:2]
+        small = ops.asnumpy(ops.resize_image(img[..., :3], *self._work_size(img)))
         fg = classical_foreground(small, self.config).astype(np.float32)
         prob = ops.resize_map(ops.asarray(fg), h, w)
         return alpha_from_probability(prob, self.post, ops, img)
 
+    def _probabilities(self, images: Sequence[Array]) -> list[Array]:
+        """Each image's full-size subject map (0 or 1, float32): the working copies go to the
+        host, the border-colour model runs there (OpenCV), the masks come back and are enlarged.
+        On a device the working copies travel in one copy each way for the batch."""
+        ops, cfg = self._ops, self.config
+        smalls = [ops.resize_image(img[..., :3], *self._work_size(img)) for img in images]
+        batched = isinstance(ops, XpOps) and ops.device == "gpu" and len(images) > 1
+        if batched:
+            flat = ops.asnumpy(ops.xp.concatenate([s.reshape(-1) for s in smalls]))  # the one read back
+            hosts = _split(flat, [tuple(s.shape) for s in smalls])
+        else:
+            hosts = [ops.asnumpy(s) for s in smalls]
+        fgs = [classical_foreground(small, cfg).astype(np.float32) for small in hosts]
+        if batched:
+            up = ops.asarray(np.concatenate([f.reshape(-1) for f in fgs]))
+            masks = _split(up, [f.shape for f in fgs])
+        else:
+            masks = [ops.asarray(f) for f in fgs]
+        return [ops.resize_map(m, *img.shape[:2]) for m, img in zip(masks, images, strict=True)]
+
     def segment_batch(self, images: Sequence[Array]) -> list[Array | LightboxError]:
         """Alpha ``(H, W)`` uint8 per image (0 background, 255 subject), same H, W as the image;
-        an image of the wrong shape or dtype gets its ``ProcessingFailed`` in its place."""
+        an image of the wrong shape or dtype gets its ``ProcessingFailed`` in its place.
 
-        def one(item: tuple[int, Array]) -> Array:
+        The images to segment are refined together (:func:`~.postprocess_batch.alpha_batch`: on
+        a device, images of one size as one stack, a few host reads per batch; elsewhere one by
+        one), the same alpha as :meth:`_segment_one` gives each image alone."""
+        ops = self._ops
+
+        def prepare(item: tuple[int, Array]) -> Array | None:
             i, img = item
             validate_image(i, img)
-            precut = precut_alpha(img, self._ops.xp)
-            return clean_cutout(precut, self.post, self._ops) if precut is not None else self._segment_one(img)
+            precut = precut_alpha(img, ops.xp)
+            return clean_cutout(precut, self.post, ops) if precut is not None else None
 
-        return per_item(one, enumerate(images))
+        out: list[Array | LightboxError | None] = list(per_item(prepare, enumerate(images)))
+        todo = [k for k, value in enumerate(out) if value is None]
+        if todo:
+            chosen = [images[k] for k in todo]
+            alphas = alpha_batch(self._probabilities(chosen), chosen, self.post, ops)
+            for k, alpha in zip(todo, alphas, strict=True):
+                out[k] = alpha
+        return [value for value in out if value is not None]
 
     def close(self) -> None:
         """Nothing to release."""
