@@ -441,7 +441,8 @@ into the same three presets. Every round runs, the order alternating:
   the whole process;
 - the naive script (``bench/peers/peer_naive.py``) on the same photo: the same two figures;
 - a child that makes ``lightbox process``'s steps one after another with a clock between them:
-  importing the CLI (typer, rich, pydantic-settings: the settings), reading the settings,
+  importing the CLI (typer, rich, pydantic-settings: the settings), the command line (Typer's
+  Click command made for ``process`` and the arguments parsed), reading the settings,
   importing the segment package (NumPy, OpenCV), the model made (its checksum, the cached
   runtime verdict, the runtime's import: ONNX Runtime or OpenVINO, whichever the verdict chose)
   and compiled for one caller (from the runtime's cache: OpenVINO's blob, ONNX Runtime's
@@ -460,7 +461,7 @@ Reported: the median of each figure over the rounds. Writes ``OUT/startup.json``
 not a test: it asserts nothing. Run it on a quiet machine.
 """
 
-STEPS = ("cli imports", "settings", "model imports", "model + pipeline", "photo", "close")
+STEPS = ("cli imports", "command line", "settings", "model imports", "model + pipeline", "photo", "close")
 # packages by who brings them in; the rest is Python's own library or "other"
 GROUPS = {
     "numpy": ("numpy",),
@@ -481,7 +482,16 @@ def startup_child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
     fresh interpreter (``startup --child``): the imports are the first ones (this module imports
     only Python's own library before it)."""
     marks = [(time.perf_counter(), time.process_time())]
-    import lightbox.cli  # noqa: F401 - typer, rich, pydantic-settings, streams.settings
+    import lightbox.cli  # typer, rich, pydantic-settings, streams.settings
+
+    marks.append((time.perf_counter(), time.process_time()))
+    import typer.main
+
+    # as `lightbox process PHOTO` starts: Typer's Click command made (for that command alone,
+    # lightbox.cli.app_for) and the arguments parsed
+    argv = ["process", str(photo), "-o", str(out), "--presets", presets, "--no-table"]
+    group = typer.main.get_command(lightbox.cli.app_for(argv))
+    group.make_context("lightbox", list(argv))
     marks.append((time.perf_counter(), time.process_time()))
     from streams.settings import Settings
 
@@ -648,6 +658,12 @@ def print_startup(report: dict[str, Any]) -> None:
             stages = report["stages_ms"]
             extra += "  (" + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 1) + " ms)"
         print(f"  {name:18} {report['steps_s'][name]:.3f}  cpu {report['steps_cpu_s'][name]:.3f}{extra}")
+    before = STEPS[:STEPS.index("photo")]
+    line = (f"  {'before the photo':18} {sum(report['steps_s'][n] for n in before):.3f}"
+            f"  cpu {sum(report['steps_cpu_s'][n] for n in before):.3f}")
+    if base:
+        line += f"  baseline cpu {sum(base['steps_cpu_s'].get(n, 0.0) for n in before):.3f}"
+    print(line)
     imports = report["imports_s"]
     total = sum(imports.values()) or 1.0
     print("import time by package (python -X importtime, own time summed; shares of its total):")
