@@ -9,9 +9,10 @@ commands that use them, so ``--help`` and option errors stay quick.
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Annotated, Any
 
 from lightbox import startup
@@ -20,23 +21,9 @@ startup.hold()  # before typer, rich and pydantic: what their imports make outli
 
 import typer  # noqa: E402
 
-from lightbox.cli import (  # noqa: E402
-    demo,
-    doctor,
-    events,
-    faults,
-    model,
-    process,
-    produce,
-    registry,
-    replay,
-    servers,
-    settings,
-    worker,
-)
 from lightbox.cli.common import err  # noqa: E402
 
-__all__ = ["COMMANDS", "app", "app_for", "main"]
+__all__ = ["COMMANDS", "app", "app_for", "main", "whole_app"]
 
 def _version(value: bool) -> None:
     if value:
@@ -68,30 +55,33 @@ def _local_secure_env() -> None:
             os.environ.setdefault(key, value)
 
 
-# the order of `lightbox --help`: (name, command function) or (name, Typer of a command group)
-COMMANDS: list[tuple[str, Callable[..., Any] | typer.Typer]] = [
-    ("kafka", servers.kafka_app),
-    *((_store.command, servers.object_store_app(_store)) for _store in servers.OBJECT_STORES),
-    ("toxiproxy", faults.toxiproxy_app),
-    ("registry", registry.registry_app),
-    ("schemas", registry.schemas_app),
-    ("doctor", doctor.doctor),
-    ("settings", settings.settings),
-    ("worker", worker.worker),
-    ("backfill-worker", worker.backfill_worker),
-    ("produce", produce.produce),
-    ("tail", events.tail),
-    ("report", events.report),
-    ("process", process.process),
-    ("audit", events.audit),
-    ("contact-sheet", process.contact_sheet),
-    ("quality-report", process.quality_report),
-    ("model", model.model_app),
-    ("samples", demo.samples),
-    ("demo", demo.demo),
-    ("replay", replay.replay_app),
-    ("redrive", replay.redrive),
-]
+# the order of `lightbox --help`: each command's name, its module under lightbox.cli and the
+# module's attribute (a command function, or a Typer of a command group); STORES: one group per
+# object store that servers.OBJECT_STORES names. A command's module is imported when it runs.
+STORES = "<object stores>"
+COMMANDS: tuple[tuple[str, str, str], ...] = (
+    ("kafka", "servers", "kafka_app"),
+    (STORES, "servers", "OBJECT_STORES"),
+    ("toxiproxy", "faults", "toxiproxy_app"),
+    ("registry", "registry", "registry_app"),
+    ("schemas", "registry", "schemas_app"),
+    ("doctor", "doctor", "doctor"),
+    ("settings", "settings", "settings"),
+    ("worker", "worker", "worker"),
+    ("backfill-worker", "worker", "backfill_worker"),
+    ("produce", "produce", "produce"),
+    ("tail", "events", "tail"),
+    ("report", "events", "report"),
+    ("process", "process", "process"),
+    ("audit", "events", "audit"),
+    ("contact-sheet", "process", "contact_sheet"),
+    ("quality-report", "process", "quality_report"),
+    ("model", "model", "model_app"),
+    ("samples", "demo", "samples"),
+    ("demo", "demo", "demo"),
+    ("replay", "replay", "replay_app"),
+    ("redrive", "replay", "redrive"),
+)
 # commands that never reach a broker: no secured local broker's settings are looked up for them
 _OFFLINE = frozenset({"process", "contact-sheet", "quality-report"})
 
@@ -103,6 +93,18 @@ def _new_app() -> typer.Typer:
     return made
 
 
+def _entries(name: str, module: str, attr: str) -> Iterator[tuple[str, Callable[..., Any] | typer.Typer]]:
+    """The commands of one ``COMMANDS`` row, its module imported."""
+    got = getattr(importlib.import_module(f"lightbox.cli.{module}"), attr)
+    if name == STORES:
+        from lightbox.cli.servers import object_store_app
+
+        for store in got:
+            yield store.command, object_store_app(store)
+    else:
+        yield name, got
+
+
 def _add(to: typer.Typer, name: str, what: Callable[..., Any] | typer.Typer) -> None:
     if isinstance(what, typer.Typer):
         to.add_typer(what, name=name)
@@ -110,23 +112,43 @@ def _add(to: typer.Typer, name: str, what: Callable[..., Any] | typer.Typer) -> 
         to.command(name)(what)
 
 
-app = _new_app()
-for _name, _what in COMMANDS:
-    _add(app, _name, _what)
+def whole_app() -> typer.Typer:
+    """Every command, in ``COMMANDS``' order (every command module imported)."""
+    made = _new_app()
+    for row in COMMANDS:
+        for name, what in _entries(*row):
+            _add(made, name, what)
+    return made
 
 
 def app_for(argv: Sequence[str]) -> typer.Typer:
-    """The app that runs ``argv`` (the arguments after ``lightbox``): for a command named first
-    (``lightbox process …``) one with the same callback and that command alone, which Typer turns
-    into Click commands in ~4 ms instead of ~45 ms for all of them (signatures and annotations
-    read); anything else (``--help``, ``--version``, an unknown name) the whole app."""
+    """The app that runs ``argv`` (the arguments after ``lightbox``). For a command named first
+    (``lightbox process …``) one with the same callback and that command alone: only its module
+    is imported, and Typer turns one function into a Click command (~4 ms) instead of every one
+    (~45 ms: each signature and its annotations read). Anything else (``--help``, ``--version``,
+    an object store's group, an unknown name) gets the whole app."""
     first = argv[0] if argv else ""
-    for name, what in COMMANDS:
+    for name, module, attr in COMMANDS:
         if name == first:
             one = _new_app()
-            _add(one, name, what)
+            for entry in _entries(name, module, attr):
+                _add(one, *entry)
             return one
-    return app
+    return _whole()
+
+
+def _whole() -> typer.Typer:
+    made = globals().get("app")
+    if not isinstance(made, typer.Typer):
+        made = globals()["app"] = whole_app()
+    return made
+
+
+def __getattr__(name: str) -> Any:
+    """``app``: the whole app, made on first use (``from lightbox.cli import app``)."""
+    if name == "app":
+        return _whole()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def main() -> None:
