@@ -440,6 +440,8 @@ into the same three presets. Every round runs, the order alternating:
 - ``lightbox process PHOTO``, started as the peer benchmark starts it: wall and CPU seconds of
   the whole process;
 - the naive script (``bench/peers/peer_naive.py``) on the same photo: the same two figures;
+- ``lightbox process`` on a file that is not there (it exits 2 at its first action): the whole
+  process's wall and CPU seconds are Python's start, the CLI's imports and the command line;
 - a child that makes ``lightbox process``'s steps one after another with a clock between them:
   importing the CLI (typer, rich, pydantic-settings: the settings), the command line (Typer's
   Click command made for ``process`` and the arguments parsed), reading the settings,
@@ -454,8 +456,8 @@ into the same three presets. Every round runs, the order alternating:
   summed by package. That clock slows every import down, so read its shares, not its sum.
 
 ``--baseline TREE`` (another checkout of lightbox, e.g. the main branch's) adds, in every round and
-in alternating order with this tree's, that tree's whole ``lightbox process`` and its own step
-replay, so a change is read as this tree's steps beside the baseline's on the same load.
+in alternating order with this tree's, that tree's whole ``lightbox process``, its start to the
+command and its own step replay, so a change is read as this tree's steps beside the baseline's on the same load.
 
 Reported: the median of each figure over the rounds. Writes ``OUT/startup.json``. A benchmark,
 not a test: it asserts nothing. Run it on a quiet machine.
@@ -572,6 +574,8 @@ def startup_main(argv: list[str]) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     lightbox = command("lightbox", [photo], work / "lb", model, None)
     naive = command("naive", [photo], work / "naive", model, None)
+    # the entry point to the command's first action: `process` on a file that is not there exits 2
+    cli_only = command("lightbox", [work / "no-such-photo.jpg"], work / "lb", model, None)
     steps = [sys.executable, str(Path(__file__).resolve()), "startup", "--child", str(photo), str(work / "steps"),
              PRESETS]
     whole: dict[str, list[dict[str, float]]] = {"lightbox": [], "naive": []}
@@ -585,7 +589,8 @@ def startup_main(argv: list[str]) -> int:
         base_steps = ([sys.executable, str(old_bench), *steps[3:]] if old_bench.exists()
                       else [sys.executable, str(base / "bench" / "bench_peers.py"), *steps[2:]])
         compile_packages(base)  # both trees byte-compiled, as an installed wheel is
-    base_runs: dict[str, list[dict[str, float]]] = {"whole": [], "steps_s": [], "steps_cpu_s": []}
+    base_runs: dict[str, list[dict[str, float]]] = {"whole": [], "steps_s": [], "steps_cpu_s": [], "cli": []}
+    cli_runs: list[dict[str, float]] = []
     stage_runs: list[dict[str, float]] = []
     import_runs: list[dict[str, float]] = []
     python_runs: list[float] = []
@@ -608,6 +613,15 @@ def startup_main(argv: list[str]) -> int:
                 whole[tool].append({"wall_s": wall, "cpu_s": cpu})
             python_runs.append(_timed_ok([sys.executable, "-c", "pass"], env)[0])
             for which in ("this", "baseline") if r % 2 == 0 else ("baseline", "this"):
+                if which == "baseline" and base is None:
+                    continue
+                done, wall, cpu = run_timed(cli_only, env=base_env if which == "baseline" else env,
+                                            cwd=base if which == "baseline" else ROOT)
+                if done.returncode != 2:
+                    raise RuntimeError(f"{which}: process on a missing file exited {done.returncode}: "
+                                       f"{done.stderr[-2000:]}")
+                (base_runs["cli"] if which == "baseline" else cli_runs).append({"wall_s": wall, "cpu_s": cpu})
+            for which in ("this", "baseline") if r % 2 == 0 else ("baseline", "this"):
                 if which == "baseline" and base is not None:
                     got = json.loads(_timed_ok(base_steps, base_env, cwd=base)[2].stdout)
                     base_runs["steps_s"].append(got["steps"])
@@ -626,7 +640,8 @@ def startup_main(argv: list[str]) -> int:
         shutil.rmtree(work, ignore_errors=True)
     report = {"photo": photo.name, "rounds": args.rounds,
               "whole": {tool: median_of(runs) for tool, runs in whole.items()},
-              "python_start_s": statistics.median(python_runs), "steps_s": median_of(step_runs),
+              "python_start_s": statistics.median(python_runs), "cli": median_of(cli_runs),
+              "steps_s": median_of(step_runs),
               "steps_cpu_s": median_of(step_cpu_runs),
               "stages_ms": median_of(stage_runs), "imports_s": median_of(import_runs)}
     if base is not None:
@@ -647,6 +662,11 @@ def print_startup(report: dict[str, Any]) -> None:
     if base:
         print(f"  {'baseline':9} {base['whole']['wall_s']:.2f} s wall, {base['whole']['cpu_s']:.2f} s CPU"
               f"  ({base['tree']})")
+    line = (f"  {'to the command':9} {report['cli']['wall_s']:.3f} s wall, {report['cli']['cpu_s']:.3f} s CPU"
+            " (the whole process of `process` on a missing file: Python, the CLI, the command line)")
+    if base:
+        line += f"; baseline {base['cli']['wall_s']:.3f} s wall, {base['cli']['cpu_s']:.3f} s CPU"
+    print(line)
     print("lightbox process, step by step (a child replaying its steps; wall and CPU seconds"
           + ("; the baseline's CPU seconds beside)" if base else ")") + ":")
     print(f"  {'python start':18} {report['python_start_s']:.3f}")
