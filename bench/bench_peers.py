@@ -440,8 +440,11 @@ into the same three presets. Every round runs, the order alternating:
 - ``lightbox process PHOTO``, started as the peer benchmark starts it: wall and CPU seconds of
   the whole process;
 - the naive script (``bench/peers/peer_naive.py``) on the same photo: the same two figures;
+- ``lightbox process`` on a file that is not there (it exits 2 at its first action): the whole
+  process's wall and CPU seconds are Python's start, the CLI's imports and the command line;
 - a child that makes ``lightbox process``'s steps one after another with a clock between them:
-  importing the CLI (typer, rich, pydantic-settings: the settings), reading the settings,
+  importing the CLI (typer, rich, pydantic-settings: the settings), the command line (Typer's
+  Click command made for ``process`` and the arguments parsed), reading the settings,
   importing the segment package (NumPy, OpenCV), the model made (its checksum, the cached
   runtime verdict, the runtime's import: ONNX Runtime or OpenVINO, whichever the verdict chose)
   and compiled for one caller (from the runtime's cache: OpenVINO's blob, ONNX Runtime's
@@ -453,14 +456,16 @@ into the same three presets. Every round runs, the order alternating:
   summed by package. That clock slows every import down, so read its shares, not its sum.
 
 ``--baseline TREE`` (another checkout of lightbox, e.g. the main branch's) adds, in every round and
-in alternating order with this tree's, that tree's whole ``lightbox process`` and its own step
-replay, so a change is read as this tree's steps beside the baseline's on the same load.
+in alternating order with this tree's, that tree's whole ``lightbox process``, its start to the
+command and its own step replay, so a change is read as this tree's steps beside the baseline's on the same load.
 
 Reported: the median of each figure over the rounds. Writes ``OUT/startup.json``. A benchmark,
 not a test: it asserts nothing. Run it on a quiet machine.
 """
 
-STEPS = ("cli imports", "settings", "model imports", "model + pipeline", "photo", "close")
+# what lightbox.cli.main sets before any import, given to the step replay (which does not run main)
+AS_MAIN = {"OPENBLAS_NUM_THREADS": "1"}
+STEPS = ("cli imports", "command line", "settings", "model imports", "model + pipeline", "photo", "close")
 # packages by who brings them in; the rest is Python's own library or "other"
 GROUPS = {
     "numpy": ("numpy",),
@@ -481,7 +486,16 @@ def startup_child(photo: Path, out: Path, presets: str) -> dict[str, Any]:
     fresh interpreter (``startup --child``): the imports are the first ones (this module imports
     only Python's own library before it)."""
     marks = [(time.perf_counter(), time.process_time())]
-    import lightbox.cli  # noqa: F401 - typer, rich, pydantic-settings, streams.settings
+    import lightbox.cli  # typer, rich, pydantic-settings, streams.settings
+
+    marks.append((time.perf_counter(), time.process_time()))
+    import typer.main
+
+    # as `lightbox process PHOTO` starts: Typer's Click command made (for that command alone,
+    # lightbox.cli.app_for) and the arguments parsed
+    argv = ["process", str(photo), "-o", str(out), "--presets", presets, "--no-table"]
+    group = typer.main.get_command(lightbox.cli.app_for(argv))
+    group.make_context("lightbox", list(argv))
     marks.append((time.perf_counter(), time.process_time()))
     from streams.settings import Settings
 
@@ -562,6 +576,8 @@ def startup_main(argv: list[str]) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     lightbox = command("lightbox", [photo], work / "lb", model, None)
     naive = command("naive", [photo], work / "naive", model, None)
+    # the entry point to the command's first action: `process` on a file that is not there exits 2
+    cli_only = command("lightbox", [work / "no-such-photo.jpg"], work / "lb", model, None)
     steps = [sys.executable, str(Path(__file__).resolve()), "startup", "--child", str(photo), str(work / "steps"),
              PRESETS]
     whole: dict[str, list[dict[str, float]]] = {"lightbox": [], "naive": []}
@@ -575,7 +591,8 @@ def startup_main(argv: list[str]) -> int:
         base_steps = ([sys.executable, str(old_bench), *steps[3:]] if old_bench.exists()
                       else [sys.executable, str(base / "bench" / "bench_peers.py"), *steps[2:]])
         compile_packages(base)  # both trees byte-compiled, as an installed wheel is
-    base_runs: dict[str, list[dict[str, float]]] = {"whole": [], "steps_s": [], "steps_cpu_s": []}
+    base_runs: dict[str, list[dict[str, float]]] = {"whole": [], "steps_s": [], "steps_cpu_s": [], "cli": []}
+    cli_runs: list[dict[str, float]] = []
     stage_runs: list[dict[str, float]] = []
     import_runs: list[dict[str, float]] = []
     python_runs: list[float] = []
@@ -598,12 +615,21 @@ def startup_main(argv: list[str]) -> int:
                 whole[tool].append({"wall_s": wall, "cpu_s": cpu})
             python_runs.append(_timed_ok([sys.executable, "-c", "pass"], env)[0])
             for which in ("this", "baseline") if r % 2 == 0 else ("baseline", "this"):
+                if which == "baseline" and base is None:
+                    continue
+                done, wall, cpu = run_timed(cli_only, env=base_env if which == "baseline" else env,
+                                            cwd=base if which == "baseline" else ROOT)
+                if done.returncode != 2:
+                    raise RuntimeError(f"{which}: process on a missing file exited {done.returncode}: "
+                                       f"{done.stderr[-2000:]}")
+                (base_runs["cli"] if which == "baseline" else cli_runs).append({"wall_s": wall, "cpu_s": cpu})
+            for which in ("this", "baseline") if r % 2 == 0 else ("baseline", "this"):
                 if which == "baseline" and base is not None:
-                    got = json.loads(_timed_ok(base_steps, base_env, cwd=base)[2].stdout)
+                    got = json.loads(_timed_ok(base_steps, {**base_env, **AS_MAIN}, cwd=base)[2].stdout)
                     base_runs["steps_s"].append(got["steps"])
                     base_runs["steps_cpu_s"].append(got["steps_cpu"])
                 elif which == "this":
-                    got = json.loads(_timed_ok(steps, env)[2].stdout)
+                    got = json.loads(_timed_ok(steps, {**env, **AS_MAIN})[2].stdout)
                     step_runs.append(got["steps"])
                     step_cpu_runs.append(got["steps_cpu"])
                     stage_runs.append(got["stages_ms"])
@@ -616,7 +642,8 @@ def startup_main(argv: list[str]) -> int:
         shutil.rmtree(work, ignore_errors=True)
     report = {"photo": photo.name, "rounds": args.rounds,
               "whole": {tool: median_of(runs) for tool, runs in whole.items()},
-              "python_start_s": statistics.median(python_runs), "steps_s": median_of(step_runs),
+              "python_start_s": statistics.median(python_runs), "cli": median_of(cli_runs),
+              "steps_s": median_of(step_runs),
               "steps_cpu_s": median_of(step_cpu_runs),
               "stages_ms": median_of(stage_runs), "imports_s": median_of(import_runs)}
     if base is not None:
@@ -637,6 +664,11 @@ def print_startup(report: dict[str, Any]) -> None:
     if base:
         print(f"  {'baseline':9} {base['whole']['wall_s']:.2f} s wall, {base['whole']['cpu_s']:.2f} s CPU"
               f"  ({base['tree']})")
+    line = (f"  {'to the command':9} {report['cli']['wall_s']:.3f} s wall, {report['cli']['cpu_s']:.3f} s CPU"
+            " (the whole process of `process` on a missing file: Python, the CLI, the command line)")
+    if base:
+        line += f"; baseline {base['cli']['wall_s']:.3f} s wall, {base['cli']['cpu_s']:.3f} s CPU"
+    print(line)
     print("lightbox process, step by step (a child replaying its steps; wall and CPU seconds"
           + ("; the baseline's CPU seconds beside)" if base else ")") + ":")
     print(f"  {'python start':18} {report['python_start_s']:.3f}")
@@ -648,6 +680,12 @@ def print_startup(report: dict[str, Any]) -> None:
             stages = report["stages_ms"]
             extra += "  (" + ", ".join(f"{k} {v:.0f}" for k, v in stages.items() if v >= 1) + " ms)"
         print(f"  {name:18} {report['steps_s'][name]:.3f}  cpu {report['steps_cpu_s'][name]:.3f}{extra}")
+    before = STEPS[:STEPS.index("photo")]
+    line = (f"  {'before the photo':18} {sum(report['steps_s'][n] for n in before):.3f}"
+            f"  cpu {sum(report['steps_cpu_s'][n] for n in before):.3f}")
+    if base:
+        line += f"  baseline cpu {sum(base['steps_cpu_s'].get(n, 0.0) for n in before):.3f}"
+    print(line)
     imports = report["imports_s"]
     total = sum(imports.values()) or 1.0
     print("import time by package (python -X importtime, own time summed; shares of its total):")

@@ -30,6 +30,31 @@ def test_every_command_explains_itself(args: list[str]) -> None:
     assert any(len(line.split()) >= 5 for line in first[1:8]), result.output
 
 
+def test_a_command_named_first_runs_on_an_app_of_its_own() -> None:
+    """`lightbox NAME …` builds NAME alone, with the same options and help as in the whole app;
+    anything else (the top-level help, an object store's group, an unknown name) gets the whole app."""
+    import typer.core
+    import typer.main
+
+    from lightbox.cli import COMMANDS, STORES, app_for
+
+    whole = typer.main.get_command(app)
+    assert isinstance(whole, typer.core.TyperGroup)
+    names = [name for name, _, _ in COMMANDS if name != STORES]
+    assert set(names) < set(whole.commands)
+    for name in names:
+        one = typer.main.get_command(app_for([name, "--help"]))
+        assert isinstance(one, typer.core.TyperGroup)
+        assert list(one.commands) == [name]
+        mine, theirs = one.commands[name], whole.commands[name]
+        assert mine.help == theirs.help
+        assert [(p.name, p.opts, p.required) for p in mine.params] == [(p.name, p.opts, p.required)
+                                                                     for p in theirs.params]
+        assert [p.name for p in one.params] == [p.name for p in whole.params]  # --version
+    for argv in ([], ["--help"], ["--version"], ["s3", "up"], ["no-such-command"]):
+        assert app_for(argv) is app
+
+
 def test_produce_reports_a_missing_path() -> None:
     result = runner.invoke(app, ["produce", "/no/such/folder", "--bootstrap", "127.0.0.1:1"])
     assert result.exit_code == 2
