@@ -233,7 +233,10 @@ def worker_env(s: Settings, presets: Path, **extra: str) -> dict[str, str]:
            "LIGHTBOX_DLQ_TOPIC": s.topics.dlq, "LIGHTBOX_BACKFILL_TOPIC": s.topics.backfill,
            "LIGHTBOX_DATA_DIR": str(s.worker.data_dir), "LIGHTBOX_DEVICE": "cpu", "LIGHTBOX_SEGMENTER": "classical",
            "LIGHTBOX_PRESETS_FILE": str(presets), "LIGHTBOX_SESSION_TIMEOUT_S": "6",
-           "OMP_NUM_THREADS": "1"}
+           "OMP_NUM_THREADS": "1",
+           # the backfill process's metrics default to the worker's port + 1, which another test's
+           # ephemeral port may hold: none unless a test names one
+           "LIGHTBOX_BACKFILL_METRICS_PORT": "0"}
     env.update({k if k.startswith(("LIGHTBOX_", "OMP_")) else f"LIGHTBOX_{k.upper()}": v for k, v in extra.items()})
     return env
 
