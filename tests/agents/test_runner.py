@@ -530,6 +530,35 @@ def test_in_flight_is_bounded_until_inputs_are_acknowledged() -> None:
     run(go)
 
 
+def test_acknowledged_inputs_are_freed_without_waiting_for_a_garbage_collection() -> None:
+    """An input's item and its acknowledgement ticket refer to each other; a released item must let
+    go of its ticket, or every released input (its record and decoded event) waits for a full
+    collection, which after a backlog comes only hundreds of inputs later."""
+    import gc
+
+    from agents.intake import Item
+    from agents.watermark import Ticket
+
+    def alive() -> int:
+        return sum(isinstance(o, Item | Ticket) for o in gc.get_objects())
+
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True))
+        await h.runner.start()
+        await h.submit(*(rec(p, i, b"bad" if i % 5 == 0 else b"ok") for p in range(2) for i in range(20)))
+        await until(lambda: len(h.acked) == 40, "all acked")
+        # the loops' locals may still hold their last batch: at most a few batches of items
+        assert h.runner.in_flight == 0 and alive() <= 12, f"{alive()} items and tickets still alive"
+        await h.runner.stop()
+
+    gc.collect()
+    gc.disable()  # only reference counting frees what the runner let go of
+    try:
+        run(go)
+    finally:
+        gc.enable()
+
+
 class SizedProcessor(FakeProcessor):
     """Every prepared job decodes to ``nbytes``; counts the jobs decoded and not yet through their
     output call, and the most there ever were at once (in bytes)."""
