@@ -149,9 +149,14 @@ class BatchingConfig:
         if device == "gpu":
             base = cls()
         elif device == "cpu":
+            # 8, not 16: on a CPU a larger batch gains nothing per image (worker CPU per input 62.6 and
+            # 66.7 ms at 16 against 65.9 and 61.7 ms at 8, bench/bench_faults.py's mixed stream,
+            # 2026-12-07), and the lanes' in-flight window is sized from it (agents/wiring.py:
+            # 136 inputs at 16, 72 at 8): a backlog drained after an outage peaked at 1.41× the
+            # steady RSS against 1.44–1.53× at 16 (docs/delivery.md, the fault table)
             base = cls(
                 slo_s=2.0,
-                max_batch=16,
+                max_batch=8,
                 max_wait_s=0.2,
                 memory_budget_bytes=2**30,
                 rate_window_s=4.0,

@@ -837,3 +837,25 @@ def test_the_decoded_bytes_bound_defaults_by_device_and_follows_its_setting() ->
     assert (cpu.max_in_flight_bytes, gpu.max_in_flight_bytes) == (256 * 2**20, 4 * 2**30)
     set_, _ = _runner_parts(Settings(device="cpu", max_in_flight_bytes=5 << 20), "cpu", proc)  # type: ignore[arg-type]
     assert set_.max_in_flight_bytes == 5 << 20
+
+
+def test_a_cpu_worker_holds_at_most_72_inputs_unless_told_otherwise() -> None:
+    """The in-flight window is sized from the largest batch (every lane slot full, plus one filling
+    batch): a CPU's largest batch of 8 gives 72, what a backlog drained after an outage may hold
+    at once; a larger LIGHTBOX_MAX_BATCH or LIGHTBOX_MAX_IN_FLIGHT widens it."""
+    from agents.worker import _runner_parts
+    from streams.settings import Settings
+
+    class Pipeline:
+        side_by_side = 1
+
+        def device_callers(self, n: int) -> None:
+            pass
+
+    proc = SimpleNamespace(pipeline=Pipeline())
+    cpu, batcher = _runner_parts(Settings(device="cpu"), "cpu", proc)  # type: ignore[arg-type]
+    assert cpu.max_in_flight <= 72
+    assert batcher.live.config.max_batch == 8
+    wide, _ = _runner_parts(Settings(device="cpu", max_batch=16), "cpu", proc)  # type: ignore[arg-type]
+    told, _ = _runner_parts(Settings(device="cpu", max_in_flight=200), "cpu", proc)  # type: ignore[arg-type]
+    assert wide.max_in_flight > 72 and told.max_in_flight == 200
