@@ -149,9 +149,15 @@ class BatchingConfig:
         if device == "gpu":
             base = cls()
         elif device == "cpu":
+            # 8, not 16: on a CPU a larger batch gains nothing per image (worker CPU per input 62.6,
+            # 66.7, 69.5 ms at 16 against 65.9, 61.7, 66.8 ms at 8: alternating rounds, a 120-input
+            # backlog of bench/bench_faults.py's mixed stream, 2026-12-07, shared 2-vCPU host), and
+            # the lanes' in-flight window is sized from it (agents/wiring.py: 136 inputs at 16, 72
+            # at 8): a backlog drained after an outage peaked at 1.41x the steady RSS against
+            # 1.44-1.53x at 16 (bench/bench_faults.py, broker and S3 blackholes)
             base = cls(
                 slo_s=2.0,
-                max_batch=16,
+                max_batch=8,
                 max_wait_s=0.2,
                 memory_budget_bytes=2**30,
                 rate_window_s=4.0,

@@ -136,7 +136,12 @@ class Delivery:
             self.observer.in_flight(self._wm.pending)
 
     def release(self, item: Item) -> None:
-        """An input's work is over: its tier may take another."""
+        """An input's work is over: its tier may take another, and the item lets go of its ticket.
+        The two refer to each other (``item.ticket``, ``ticket.token``): left so, a released input's
+        record and decoded event live on as cyclic garbage until a full collection, which after a
+        backlog comes only hundreds of inputs later (measured: 440 released inputs, ~40 MiB of
+        records, still held after a drain)."""
+        item.ticket = None
         self._intake[item.tier].release()
 
     def release_dropped(self, dropped: list[Ticket[Item]]) -> None:

@@ -51,7 +51,7 @@ from agents import backfill_process
 from agents.backfill import BackfillConsumer, BackfillEvent
 from agents.dependencies import Dependencies
 from agents.dependencies import dependencies as make_dependencies
-from agents.memory import cap_malloc_arenas
+from agents.memory import cap_malloc_arenas, fix_mmap_threshold
 from agents.observe import REFRESH_S, Observability, version
 from agents.process import BatchProcessor
 from agents.runner import BatchRunner, Pair, RunnerConfig, RunnerFailed, RunnerObserver
@@ -234,6 +234,7 @@ def run_worker(settings: Settings, overrides: Mapping[str, Any], loglevel: str) 
     from streams.security import KafkaSecurityError
 
     cap_malloc_arenas(settings.worker.malloc_arenas)  # before the lanes' threads
+    fix_mmap_threshold(settings.worker.malloc_mmap_threshold)
     logs = logging_config(settings.observe.log_format, loglevel)
     logging.config.dictConfig(logs)  # Faust's Worker applies the same again when it starts
     logging.captureWarnings(True)
@@ -326,6 +327,7 @@ def run_backfill_worker(settings: Settings, loglevel: str) -> int:
     """The backfill tier alone, at the lower CPU priority, until SIGTERM/SIGINT (0) or a fail-stop (70)."""
     backfill_process.lower_priority(settings.backfill.nice, settings.backfill.sched_idle)  # before any thread
     cap_malloc_arenas(settings.worker.malloc_arenas)
+    fix_mmap_threshold(settings.worker.malloc_mmap_threshold)
     import logging.config
 
     from agents.logs import logging_config

@@ -588,14 +588,17 @@ def worker_env(srv: Servers, topics: dict[str, str], tag: str, data_dir: Path, *
 
 
 # ------------------------------------------------------------------------------- capacity
-async def capacity(srv: Servers, photos: tuple[list[Path], list[bytes]], work: Path, burst: int = 40) -> float:
-    """Inputs per second one worker finishes from a backlog of the mixed stream, no fault."""
+async def capacity(srv: Servers, photos: tuple[list[Path], list[bytes]], work: Path, burst: int = 40,
+                   extra_env: dict[str, str] | None = None) -> float:
+    """Inputs per second one worker (with ``extra_env``'s settings) finishes from a backlog of the
+    mixed stream, no fault."""
     from lightbox.demo import WorkerProcess
     from streams.producer import ImageProducer
 
     tag = f"faults-capacity-{uuid.uuid4().hex[:4]}"
     topics = run_topics(tag)
-    worker = WorkerProcess(worker_env(srv, topics, tag, work / tag), work / tag / "worker.log").start()
+    worker = WorkerProcess({**worker_env(srv, topics, tag, work / tag), **(extra_env or {})},
+                           work / tag / "worker.log").start()
     reader = Outputs(srv.kafka.bootstrap, topics["output"], topics["dlq"])
     try:
         while _readyz(srv.metrics_port) != 200:
@@ -623,8 +626,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     fault_s = args.fault_s or (15.0 if args.quick else 60.0)
     steady_s, after_s = (8.0, 8.0) if args.quick else (30.0, 20.0)
     cells: list[dict[str, Any]] = []
+    extra_env = dict(kv.split("=", 1) for kv in args.worker_env)
     with servers(work, args.port_base, registry="registry" in args.links) as srv:
-        cap = args.rate / 0.5 if args.rate else await capacity(srv, photos, work)
+        cap = args.rate / 0.5 if args.rate else await capacity(srv, photos, work, extra_env=extra_env)
         rate = args.rate or 0.5 * cap
         print(f"capacity {cap:.2f} inputs/s; feeding {rate:.2f}/s; faults of {fault_s:.0f} s", flush=True)
         for link in args.links:
@@ -634,7 +638,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.monotonic()
                 cell = await run_cell(srv, photos, link, fault, rate=rate, steady_s=steady_s, fault_s=fault_s,
                                       after_s=after_s, drain_s=args.drain_s, work=work,
-                                      extra_env=dict(kv.split("=", 1) for kv in args.worker_env))
+                                      extra_env=extra_env)
                 cells.append(asdict(cell))
                 print(f"{link:7s} {fault:14s} {time.monotonic() - t0:5.0f} s  " + json.dumps(
                     {k: v for k, v in asdict(cell).items() if k not in ("link", "fault")}), flush=True)

@@ -530,6 +530,35 @@ def test_in_flight_is_bounded_until_inputs_are_acknowledged() -> None:
     run(go)
 
 
+def test_acknowledged_inputs_are_freed_without_waiting_for_a_garbage_collection() -> None:
+    """An input's item and its acknowledgement ticket refer to each other; a released item must let
+    go of its ticket, or every released input (its record and decoded event) waits for a full
+    collection, which after a backlog comes only hundreds of inputs later."""
+    import gc
+
+    from agents.intake import Item
+    from agents.watermark import Ticket
+
+    def alive() -> int:
+        return sum(isinstance(o, Item | Ticket) for o in gc.get_objects())
+
+    async def go() -> None:
+        h = Harness(sink=FakeSink(auto=True))
+        await h.runner.start()
+        await h.submit(*(rec(p, i, b"bad" if i % 5 == 0 else b"ok") for p in range(2) for i in range(20)))
+        await until(lambda: len(h.acked) == 40, "all acked")
+        # the loops' locals may still hold their last batch: at most a few batches of items
+        assert h.runner.in_flight == 0 and alive() <= 12, f"{alive()} items and tickets still alive"
+        await h.runner.stop()
+
+    gc.collect()
+    gc.disable()  # only reference counting frees what the runner let go of
+    try:
+        run(go)
+    finally:
+        gc.enable()
+
+
 class SizedProcessor(FakeProcessor):
     """Every prepared job decodes to ``nbytes``; counts the jobs decoded and not yet through their
     output call, and the most there ever were at once (in bytes)."""
@@ -808,3 +837,25 @@ def test_the_decoded_bytes_bound_defaults_by_device_and_follows_its_setting() ->
     assert (cpu.max_in_flight_bytes, gpu.max_in_flight_bytes) == (256 * 2**20, 4 * 2**30)
     set_, _ = _runner_parts(Settings(device="cpu", max_in_flight_bytes=5 << 20), "cpu", proc)  # type: ignore[arg-type]
     assert set_.max_in_flight_bytes == 5 << 20
+
+
+def test_a_cpu_worker_holds_at_most_72_inputs_unless_told_otherwise() -> None:
+    """The in-flight window is sized from the largest batch (every lane slot full, plus one filling
+    batch): a CPU's largest batch of 8 gives 72, what a backlog drained after an outage may hold
+    at once; a larger LIGHTBOX_MAX_BATCH or LIGHTBOX_MAX_IN_FLIGHT widens it."""
+    from agents.worker import _runner_parts
+    from streams.settings import Settings
+
+    class Pipeline:
+        side_by_side = 1
+
+        def device_callers(self, n: int) -> None:
+            pass
+
+    proc = SimpleNamespace(pipeline=Pipeline())
+    cpu, batcher = _runner_parts(Settings(device="cpu"), "cpu", proc)  # type: ignore[arg-type]
+    assert cpu.max_in_flight <= 72
+    assert batcher.live.config.max_batch == 8
+    wide, _ = _runner_parts(Settings(device="cpu", max_batch=16), "cpu", proc)  # type: ignore[arg-type]
+    told, _ = _runner_parts(Settings(device="cpu", max_in_flight=200), "cpu", proc)  # type: ignore[arg-type]
+    assert wide.max_in_flight > 72 and told.max_in_flight == 200

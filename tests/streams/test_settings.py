@@ -42,6 +42,7 @@ ENV: list[tuple[str, str, Any]] = [
     ("LIGHTBOX_MAX_IN_FLIGHT", "67", 67),
     ("LIGHTBOX_MAX_IN_FLIGHT_BYTES", "1048576", 1048576),
     ("LIGHTBOX_MALLOC_ARENAS", "3", 3),
+    ("LIGHTBOX_MALLOC_MMAP_THRESHOLD", "1048576", 1048576),
     ("LIGHTBOX_SESSION_TIMEOUT_S", "15.0", 15.0),
     ("LIGHTBOX_WORKER_ID", "w-1", "w-1"),
     ("LIGHTBOX_DATA_DIR", "/srv/x", Path("/srv/x")),
