@@ -185,8 +185,11 @@ class BatchRunner:
         return self._wm.committable()
 
     async def start(self) -> None:
-        """Start the sink (reads the topics' size limits) and the loops."""
-        await self.sink.start()
+        """Start the sink (reads the topics' size limits) and the loops. Brokers that cannot be
+        reached at start are waited for, as a send they do not acknowledge is: capped backoff,
+        ``/readyz`` false, until they answer; what waiting cannot fix (a refused password, a topic
+        that does not exist) still raises."""
+        await self._start_sink()
         loops: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
                  "prepare": functools.partial(self._prepare_loop, LIVE),
                  "backfill-prepare": functools.partial(self._prepare_loop, BACKFILL),
@@ -199,6 +202,19 @@ class BatchRunner:
             task = asyncio.create_task(loop(), name=f"lightbox-{name}")
             task.add_done_callback(functools.partial(self._sup.loop_ended, name))
             self._sup.loops.append(task)
+
+    async def _start_sink(self) -> None:
+        deps = self.dependencies
+        while True:
+            try:
+                await self.sink.start()
+            except Exception as exc:
+                if not self.sink.retriable(exc):
+                    raise
+                await asyncio.sleep(deps.failed(Delivery.BROKERS, f"start: {type(exc).__name__}"))
+            else:
+                deps.reached(Delivery.BROKERS)
+                return
 
     async def submit(self, event: Any, record: InRecord | None = None, *, tier: str = LIVE) -> None:
         """Take one consumed input; returns once it is on its way (waits while its tier is full:

@@ -44,7 +44,12 @@ class KafkaSink:
             max_batch_size=min(16384, *by_topic.values()),  # batched small records stay under every limit
             request_timeout_ms=int(min(self.delivery_timeout_s, 30.0) * 1000),
             client_id=self.client_id)
-        await self._producer.start()
+        try:
+            await self._producer.start()
+        except BaseException:  # brokers unreachable: no half-started client left behind for a retry
+            await self._producer.stop()
+            self._producer = None
+            raise
 
     async def send_batch(self, records: Sequence[Outgoing]) -> list[BaseException | None]:
         """Hand every record to the producer, then wait once for the brokers' acknowledgements.

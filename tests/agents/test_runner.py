@@ -127,9 +127,13 @@ class FakeSink:
     sends: int = 0
     stopped: bool = False
     answers: bool | None = True  # what the readiness probe finds (None: it raises)
+    start_errors: list[BaseException] = field(default_factory=list)  # raised by the next starts, in order
+    starts: int = 0
 
     async def start(self) -> None:
-        pass
+        self.starts += 1
+        if self.start_errors:
+            raise self.start_errors.pop(0)
 
     async def send_batch(self, records: Sequence[OutRecord]) -> list[BaseException | None]:
         self.sends += 1
@@ -422,6 +426,33 @@ def test_brokers_that_keep_failing_are_waited_for_and_a_refusal_fail_stops(retri
         await until(lambda: len(h.acked) == 2, "both acknowledged after the heal")
         assert paused.done() and not deps.waiting and deps.healed_at > 1000.0 and not h.fatal
         assert [r.offset for r in h.acked] == [0, 1]
+        await h.runner.stop()
+
+    run(go)
+
+
+@pytest.mark.parametrize("retriable", [True, False])
+def test_brokers_unreachable_at_start_are_waited_for_and_a_refusal_raises(retriable: bool) -> None:
+    """The sink cannot reach the brokers when the runner starts (a backfill process started during a
+    broker outage): start waits, the brokers counted as down, and the runner works once they
+    answer. What waiting cannot fix (not retriable) raises from start at once."""
+    async def go() -> None:
+        err = Transient("unreachable") if retriable else RuntimeError("password refused")
+        sink = FakeSink(auto=True, start_errors=[err] * 40)
+        h = Harness(sink=sink)
+        deps = h.runner.dependencies
+        if not retriable:
+            with pytest.raises(RuntimeError, match="password refused"):
+                await h.runner.start()
+            assert sink.starts == 1
+            return
+        starting = asyncio.create_task(h.runner.start())
+        await until(lambda: deps.waiting, "the brokers counted as down at start")
+        assert "Kafka brokers unreachable (start: Transient)" in deps.describe()
+        await starting
+        assert sink.starts == 41 and not deps.waiting and deps.outages_seen == 1
+        await h.submit(rec(0, 0))
+        await until(lambda: len(h.acked) == 1, "an input processed once the brokers answered")
         await h.runner.stop()
 
     run(go)
