@@ -200,8 +200,14 @@ def servers(work: Path, port_base: int | None, registry: bool = False) -> Iterat
     from lightbox.devservers.s3_local import LocalS3
     from lightbox.devservers.toxiproxy_local import LocalToxiproxy
 
-    def port(k: int) -> int:
-        return free_port() if port_base is None else port_base + k
+    chosen: dict[int, int] = {}
+
+    def port(k: int) -> int:  # the same port each time k is asked for (the broker advertises the proxy's)
+        if port_base is not None:
+            return port_base + k
+        if k not in chosen:
+            chosen[k] = free_port()
+        return chosen[k]
 
     tp = LocalToxiproxy.start(port=port(0), data_dir=work / "toxiproxy")
     kafka = s3 = origin = reg = None
