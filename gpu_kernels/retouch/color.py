@@ -366,6 +366,21 @@ def _balancing_gains(xp: Any, illuminant: Array) -> Array:
     return illuminant.mean() / xp.maximum(illuminant, 1e-6)
 
 
+def _gaussian_kernel(xp: Any, a: Array, b: Array, centre: Array, sigma: float, weight: Array, db: Array) -> Array:
+    """``weight * exp(-0.5 * d2 / sigma^2)``, ``d2 = (a - centre[0])^2 + (b - centre[1])^2``: a new
+    array, made in place by the same float64 operations on NumPy and CuPy (``db``: scratch of ``b``'s shape)."""
+    k = xp.subtract(a, centre[0])
+    k *= k
+    xp.subtract(b, centre[1], out=db)
+    db *= db
+    k += db
+    k *= -0.5
+    k /= sigma * sigma
+    xp.exp(k, out=k)
+    k *= weight
+    return k
+
+
 def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_neutral_cluster`'s mean-shift on NumPy: ``(kernel (n,), centre (2,))``.
 
@@ -379,16 +394,7 @@ def _host_mean_shift(ab: np.ndarray, weight: np.ndarray, sigmas: tuple[float, ..
     # one zero-filled kernel for every sigma: each overwrites the same live rows
     kernel = np.zeros(weight.shape[0], np.float64)
     for sigma in sigmas:
-        k = np.subtract(la, centre[0])
-        k *= k
-        np.subtract(lb, centre[1], out=db)
-        db *= db
-        k += db
-        k *= -0.5
-        k /= sigma * sigma
-        np.exp(k, out=k)
-        k *= lw
-        kernel[live] = k
+        kernel[live] = _gaussian_kernel(np, la, lb, centre, sigma, lw, db)
         mass = kernel.sum()
         if mass > 1e-12:  # else the centre stays; max(mass, 1e-12) == mass here
             centre = (kernel @ ab) / mass
@@ -430,16 +436,7 @@ def _neutral_cluster(
     ca, cb = xp.ascontiguousarray(ab[:, 0]), xp.ascontiguousarray(ab[:, 1])
     db = xp.empty_like(ca)
     for sigma in cfg.sigmas:  # weighted sums as matrix products (one pass each, no (n, k) temporaries)
-        # weight * exp(-0.5 * d2 / sigma^2), d2 = (a - ca)^2 + (b - cb)^2: the same operations, in place
-        kernel = xp.subtract(ca, centre[0])
-        kernel *= kernel
-        xp.subtract(cb, centre[1], out=db)
-        db *= db
-        kernel += db
-        kernel *= -0.5
-        kernel /= sigma * sigma
-        xp.exp(kernel, out=kernel)
-        kernel *= weight
+        kernel = _gaussian_kernel(xp, ca, cb, centre, sigma, weight, db)
         mass = kernel.sum()
         centre = xp.where(mass > 1e-12, (kernel @ ab) / xp.maximum(mass, 1e-12), centre)
     mass = kernel.sum()
