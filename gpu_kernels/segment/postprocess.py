@@ -4,6 +4,8 @@
     hard  = prob >= threshold
             - regions the model was unsure of that look like the backdrop around them, dropped
               (the backdrop between items of a multi-item shot)
+            + thick parts the model half sees, unlike the backdrop and touching the mask, added
+              (the rest of an item the model cut in two)
             - islands small beside the largest, or far from it and not large, dropped,
               unless the model is sure of them and they are unlike the backdrop (every item kept)
             - other objects that touch the frame's edge and are unlike the largest, dropped
@@ -49,6 +51,7 @@ __all__ = [
     "drop_islands",
     "drop_leaks",
     "fill_holes",
+    "grow_unsure",
     "guided_probability",
     "keep_items",
     "matte_alpha",
@@ -100,6 +103,15 @@ class MaskPostprocess:
     the island rule drops is kept when the model's mean probability on it is at least
     ``item_prob``, its mean ΔE from the local backdrop at least ``item_delta_e`` and its area at
     least ``item_min`` of the frame (the far coins of a tray of coins).
+    Grow (``grow_prob`` < ``threshold``): the thick parts (an opening by a disk of
+    ``backdrop_thick`` of the diagonal) of the pixels the model half sees (``grow_prob`` <= prob <
+    ``threshold``) that are at least ``grow_delta_e`` (CIELAB ΔE) from the backdrop's local colour
+    and connected to the mask join it, each part at least ``grow_min`` of the frame and its mean
+    colour within ``grow_like_e`` of the mask's beside it, with the half-seen pixels within the
+    opening's reach that join it to the mask: the rest of an item the model cut in two (a toy's
+    wheel, an aircraft's tail, a notch in a car's window, more of a packet's white face). The
+    backdrop-coloured haze round a subject, thin rims along its outline and another object the
+    model half sees beside it (trees behind a car, a second animal) stay out.
     """
 
     threshold: float = 0.5  # probability at or above which a pixel is subject
@@ -134,6 +146,10 @@ class MaskPostprocess:
     item_prob: float = 0.9
     item_delta_e: float = 20.0
     item_min: float = 0.002
+    grow_prob: float = 0.25  # at or above ``threshold``: off
+    grow_delta_e: float = 20.0
+    grow_like_e: float = 15.0
+    grow_min: float = 0.002
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -294,6 +310,61 @@ def drop_backdrop_regions(hard: Array, prob: Array, likeness: Likeness, cfg: Mas
     if st > 1:
         gone = ops.resize_map(gone.astype(xp.float32), h, w) >= xp.float32(0.5)
     return hard & ~gone
+
+
+def grow_unsure(hard: Array, prob: Array, image: Array, likeness: Likeness, cfg: MaskPostprocess,
+                ops: ArrayOps) -> Array:
+    """``hard`` with the thick parts the model half sees that are unlike the backdrop, like the
+    mask beside them and touch it (see :class:`MaskPostprocess`). ``likeness`` as in
+    :func:`drop_backdrop_regions` (called only when such a thick half-seen part is large enough)."""
+    xp = ops.xp
+    if cfg.grow_prob >= cfg.threshold:
+        return hard
+    h, w = hard.shape[:2]
+    st = _stride(h, w)
+    hard_s, prob_s = hard[::st, ::st], prob[::st, ::st]
+    weak = ~hard_s & (prob_s >= xp.float32(cfg.grow_prob))
+    r = max(1, round(cfg.backdrop_thick * math.hypot(*weak.shape[:2])))
+    least = cfg.grow_min * h * w / (st * st)
+    if float(xp.sum(weak)) < least or float(xp.sum(~ops.erode(~ops.erode(weak, r), r))) < least:
+        return hard  # the usual case: nothing thick is half seen, no colour needed
+    found = likeness() if callable(likeness) else likeness
+    if found is None:
+        return hard
+    delta, st = found
+    cand = weak & (delta >= xp.float32(cfg.grow_delta_e))
+    thick = ~ops.erode(~ops.erode(cand, r), r)
+    labels, n = ops.label(cand | hard_s, 8)  # connected to the mask through the half-seen pixels
+    seeded = xp.zeros(n + 1, dtype=bool)
+    seeded[labels[hard_s]] = True
+    seeded[0] = False
+    joined = cand & seeded[labels]
+    parts, m = ops.label(thick & joined, 8)
+    areas = xp.bincount(parts.ravel(), minlength=m + 1)
+    big = areas >= least
+    big[0] = False
+    if not bool(big.any()):
+        return hard
+    rgb = image[::st, ::st, :3] if image.ndim == 3 else xp.repeat(image[::st, ::st, None], 3, axis=2)
+    flat = rgb.reshape(-1, 3)
+    lab = srgb_to_lab(xp, flat.astype(xp.float64), levels=flat if flat.dtype == xp.uint8 else None).reshape(
+        *rgb.shape[:2], 3)
+    for k in xp.nonzero(big)[0].tolist():  # a part must look like the mask it would join
+        part = parts == k
+        beside = hard_s & ~ops.erode(~part, 2 * r)
+        if not bool(beside.any()):
+            big[k] = False
+            continue
+        gap = lab[part].mean(axis=0) - lab[beside].mean(axis=0)
+        big[k] = float(xp.sqrt((gap * gap).sum())) <= cfg.grow_like_e
+    if not bool(big.any()):
+        return hard
+    # the thick parts with the half-seen pixels within their reach (the opening cut the thin
+    # ones that join them to the mask; a rim farther along the outline stays out)
+    grown = joined & ~ops.erode(~big[parts], r)
+    if st > 1:
+        grown = ops.resize_map(grown.astype(xp.float32), h, w) >= xp.float32(0.5)
+    return hard | (grown & (prob >= xp.float32(cfg.grow_prob)))
 
 
 def keep_items(hard: Array, kept: Array, prob: Array, likeness: Likeness, cfg: MaskPostprocess,
@@ -578,6 +649,8 @@ def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps, ima
 
     if image is not None and cfg.backdrop_delta_e > 0 and bool(hard.any()):
         hard = drop_backdrop_regions(hard, prob, likeness, cfg, ops)
+    if image is not None and cfg.grow_prob < cfg.threshold and bool(hard.any()):
+        hard = grow_unsure(hard, prob, image, likeness, cfg, ops)
     if cfg.min_component > 0:
         kept = drop_islands(hard, cfg, ops) if cfg.far_component > 0 else ops.keep_large_components(
             hard, cfg.min_component)

@@ -14,7 +14,8 @@ stacked ``(B, H, W)`` and run as one:
   per-image values by a label-to-image map, no host read): specks dropped and filled as the
   per-image rules would;
 * what only the per-image rules can decide is *flagged*, per image: a thick unsure part with a
-  thick part within the rule's ΔE of the local backdrop (backdrop between items?), an island
+  thick part within the rule's ΔE of the local backdrop (backdrop between items?), a thick part
+  the model half sees (a part to grow into?), an island
   between the two size limits (how near the largest is it?), a dropped island the model is sure
   of and not tiny (an item?), more than one component left (clutter at the frame's edge?), a
   hole between the speck and the largest size (its colour);
@@ -112,6 +113,17 @@ class _Stack:
         cand = unsure & (delta < xp.float32(cfg.backdrop_delta_e))
         return flags & known & (~ops.erode_masks(~ops.erode_masks(cand, r), r)).any(axis=(1, 2))
 
+    def grow_flags(self) -> Array:
+        """Per image: the grow rule could add a part (the half-seen pixels have a thick part as
+        large as the rule asks; the rule itself then looks at colour and contact)."""
+        cfg, ops, xp = self.cfg, self.ops, self.ops.xp
+        _, h, w = self.hard.shape
+        st = _stride(h, w)
+        weak = ~self.hard[:, ::st, ::st] & (self.prob[:, ::st, ::st] >= xp.float32(cfg.grow_prob))
+        r = max(1, round(cfg.backdrop_thick * math.hypot(*weak.shape[1:3])))
+        thick = (~ops.erode_masks(~ops.erode_masks(weak, r), r)).sum(axis=(1, 2))
+        return self.hard.any(axis=(1, 2)) & (thick.astype(xp.float64) >= cfg.grow_min * h * w / (st * st))
+
     def _likeness(self, st: int) -> tuple[Array, Array]:
         """:func:`~gpu_kernels.segment.postprocess.backdrop_likeness` of each slice: ``(ΔE, known)``
         with ``known`` False where that returns None (the model calls almost nothing background)."""
@@ -164,6 +176,8 @@ def _checks(stacks: list[_Stack], cfg: MaskPostprocess, ops: XpOps) -> Array:
     total = sum(int(s.hard.shape[0]) for s in stacks)
     need = xp.concatenate([s.backdrop_flags() for s in stacks]) if cfg.backdrop_delta_e > 0 else xp.zeros(
         total, dtype=bool)
+    if cfg.grow_prob < cfg.threshold:
+        need |= xp.concatenate([s.grow_flags() for s in stacks])
     sizes = [tuple(int(v) for v in s.hard.shape) for s in stacks]
     hh, ww = max(b[1] for b in sizes), max(b[2] for b in sizes)
     frame = xp.asarray(np.repeat([float(h * w) for b, h, w in sizes], [b for b, _, _ in sizes]))  # pixels per image

@@ -152,3 +152,26 @@ def test_real_photos_with_the_model_batched_equal_one_by_one(u2netp: Any) -> Non
     masks = OnnxSegmenter(u2netp.original).infer_batch(images)
     probs = [ops.resize_map(m.prob, *im.shape[:2]) for m, im in zip(masks, images, strict=True)]  # type: ignore[union-attr]
     _compare(np, ops, list(zip(probs, images, strict=True)), MaskPostprocess())
+
+
+def test_a_part_to_grow_into_is_flagged_and_refined_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wheel whose lower half the model half sees (the grow rule adds it) is sent to the
+    per-image refinement; the plain photos beside it stay in their stack; the values equal."""
+    import gpu_kernels.segment.postprocess_batch as batch
+    from tests.gpu_kernels.test_subject_selection import toy
+
+    image, prob, _ = toy()
+    cases = [(p, i) for i, p in (synth(k, 300) for k in range(3))]
+    cases += [(prob, image), (prob.copy(), image.copy())]
+    alone: list[int] = []
+    ids = {id(p): k for k, (p, _) in enumerate(cases)}
+
+    def one(prob: Any, cfg: MaskPostprocess, ops: Any, image: Any) -> Any:
+        alone.append(ids[id(prob)])
+        return alpha_from_probability(prob, cfg, ops, image)
+
+    monkeypatch.setattr(batch, "alpha_from_probability", one)
+    alpha_batch([p for p, _ in cases], [i for _, i in cases], MaskPostprocess(), XpOps(np, ndi, "gpu"))
+    assert sorted(alone) == [3, 4], alone
+    monkeypatch.undo()
+    _compare(np, XpOps(np, ndi, "gpu"), cases, MaskPostprocess())

@@ -171,3 +171,52 @@ def test_a_backdrop_coloured_part_held_by_one_sure_part_stays() -> None:
     alpha = alpha_from_probability(cv2.GaussianBlur(prob, (0, 0), 0.5), MaskPostprocess(), CpuOps(), image) >= 128
     beside = cv2.dilate(gone.astype(np.uint8), np.ones((9, 9), np.uint8)).astype(bool)
     assert alpha[parts["patch"] & ~beside].mean() > 0.9
+
+
+def toy(h: int = 400, w: int = 400) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """An orange wheel the model is sure of in its upper half (0.95) and half sees in its lower
+    half (0.35); beside it a patch of the pale backdrop (0.35) and a dark-blue cloth it half sees
+    (0.35), both against the wheel, on a pale grey backdrop; ``(image, probability, parts)``."""
+    image = np.full((h, w, 3), 214, np.uint8)
+    parts = {k: np.zeros((h, w), np.uint8) for k in ("sure", "half", "haze", "cloth")}
+    wheel = np.zeros((h, w), np.uint8)
+    cv2.circle(wheel, (200, 200), 90, 1, -1)
+    parts["sure"][:200] = wheel[:200]
+    parts["half"][200:] = wheel[200:]
+    cv2.rectangle(parts["haze"], (285, 60), (390, 180), 1, -1)
+    cv2.rectangle(parts["cloth"], (10, 40), (120, 190), 1, -1)
+    for k in ("haze", "cloth"):
+        parts[k] &= 1 - wheel
+    colours = {"sure": (235, 120, 40), "half": (228, 115, 45), "haze": (208, 210, 212), "cloth": (30, 40, 110)}
+    prob = np.zeros((h, w), np.float32)
+    for k, m in parts.items():
+        image[m.astype(bool)] = colours[k]
+        prob[m.astype(bool)] = 0.95 if k == "sure" else 0.35
+    return image, cv2.GaussianBlur(prob, (0, 0), 1.0), {k: m.astype(bool) for k, m in parts.items()}
+
+
+def test_the_half_seen_rest_of_an_item_joins_the_mask() -> None:
+    """The wheel's lower half (0.35, like its upper half, unlike the backdrop) is kept; the patch
+    of backdrop colour (0.35) and the cloth of another colour (0.35) beside the wheel stay out;
+    with the rule off the lower half goes too."""
+    image, prob, parts = toy()
+    alpha = alpha_from_probability(prob, MaskPostprocess(), CpuOps(), image) >= 128
+    assert alpha[parts["sure"]].mean() > 0.97
+    assert alpha[parts["half"]].mean() > 0.9
+    assert alpha[parts["haze"]].mean() < 0.01
+    assert alpha[parts["cloth"]].mean() < 0.01
+    off = alpha_from_probability(prob, MaskPostprocess(grow_prob=0.5), CpuOps(), image) >= 128
+    assert off[parts["half"]].mean() < 0.05 and off[parts["sure"]].mean() > 0.97
+    unlike = alpha_from_probability(prob, MaskPostprocess(grow_like_e=1e3), CpuOps(), image) >= 128
+    assert unlike[parts["cloth"]].mean() > 0.9  # without the likeness test the cloth would join
+
+
+def test_a_half_seen_part_apart_from_the_mask_or_below_the_floor_is_not_grown() -> None:
+    image, prob, parts = toy()
+    apart = prob.copy()
+    apart[200:230] = 0.0  # a gap between the two halves
+    alpha = alpha_from_probability(apart, MaskPostprocess(), CpuOps(), image) >= 128
+    assert alpha[parts["half"] & (np.arange(400) >= 230)[:, None]].mean() < 0.05
+    faint = np.where(parts["half"], np.float32(0.2), prob)
+    alpha = alpha_from_probability(faint, MaskPostprocess(), CpuOps(), image) >= 128
+    assert alpha[parts["half"]].mean() < 0.05
