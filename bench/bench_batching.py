@@ -639,7 +639,7 @@ def triton_main(argv: list[str] | None = None) -> None:
     images = photos()
     log = args.out / "bench_vs_triton.triton.log"
     report: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "note": "shared machine"},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": os.getloadavg()},
         "config": {"seconds": args.seconds, "seed": args.seed, "max_batch": args.max_batch,
                    "triton_queue_delay_ms": args.queue_delay_ms, "threads": args.threads, "loads": loads,
                    "client_threads": CLIENT_THREADS, "images": "skimage astronaut, coffee, chelsea, rocket",
@@ -724,7 +724,8 @@ def triton_plot(report: dict[str, Any], path: Path) -> None:
     axes[0].set_yscale("log")
     axes[1].set_yscale("log")
     cfg = report["config"]
-    fig.suptitle(f"u2netp on CPU ({cfg['threads']} ORT threads, shared 2-core machine): capacity "
+    fig.suptitle(f"u2netp on CPU ({cfg['threads']} ORT threads, {report['machine']['cpus']} cores, max batch "
+                 f"{cfg['max_batch']}): capacity "
                  f"{report['capacity_rps']['lightbox']:.2f} req/s in-process, {report['capacity_rps']['triton']:.2f} "
                  f"via Triton; loads {'/'.join(f'{v:.0%}' for v in cfg['loads'])} of {report['load_basis_rps']:.2f} "
                  f"req/s, {cfg['seconds']:.0f} s each")
