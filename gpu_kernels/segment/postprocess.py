@@ -212,11 +212,8 @@ def backdrop_likeness(prob: Array, image: Array, cfg: MaskPostprocess, ops: Arra
     h, w = prob.shape[:2]
     st = _stride(h, w)
     p = prob[::st, ::st]
-    rgb = image[::st, ::st, :3] if image.ndim == 3 else xp.repeat(image[::st, ::st, None], 3, axis=2)
     hs, ws = p.shape[:2]
-    flat = rgb.reshape(-1, 3)
-    lab = srgb_to_lab(xp, flat.astype(xp.float64), levels=flat if flat.dtype == xp.uint8 else None)
-    lab = lab.reshape(hs, ws, 3).astype(xp.float32)
+    lab = _strided_lab(xp, image, st)
     bg = (p < xp.float32(cfg.backdrop_prob)).astype(xp.float32)
     if float(bg.mean()) < 0.02:
         return None
@@ -234,6 +231,14 @@ def backdrop_likeness(prob: Array, image: Array, cfg: MaskPostprocess, ops: Arra
     delta = xp.sqrt(((lab - local) ** 2).sum(axis=-1))
     delta[far] = xp.float32(1e3)
     return delta, st
+
+
+def _strided_lab(xp: Any, image: Array, st: int) -> Array:
+    """``(H/st, W/st, 3)`` float32 CIELAB of every ``st``-th pixel of ``image`` (grey repeated)."""
+    rgb = image[::st, ::st, :3] if image.ndim == 3 else xp.repeat(image[::st, ::st, None], 3, axis=2)
+    flat = rgb.reshape(-1, 3)
+    lab = srgb_to_lab(xp, flat.astype(xp.float64), levels=flat if flat.dtype == xp.uint8 else None)
+    return lab.reshape(*rgb.shape[:2], 3).astype(xp.float32)
 
 
 def _stride(h: int, w: int) -> int:
@@ -345,10 +350,7 @@ def grow_unsure(hard: Array, prob: Array, image: Array, likeness: Likeness, cfg:
     big[0] = False
     if not bool(big.any()):
         return hard
-    rgb = image[::st, ::st, :3] if image.ndim == 3 else xp.repeat(image[::st, ::st, None], 3, axis=2)
-    flat = rgb.reshape(-1, 3)
-    lab = srgb_to_lab(xp, flat.astype(xp.float64), levels=flat if flat.dtype == xp.uint8 else None).reshape(
-        *rgb.shape[:2], 3)
+    lab = _strided_lab(xp, image, st)
     for k in xp.nonzero(big)[0].tolist():  # a part must look like the mask it would join
         part = parts == k
         beside = hard_s & ~ops.erode(~part, 2 * r)

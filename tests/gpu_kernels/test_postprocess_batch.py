@@ -112,23 +112,29 @@ def test_a_cpu_backend_refines_one_by_one() -> None:
         assert np.array_equal(a, alpha_from_probability(p, cfg, ops, i))
 
 
-def test_only_the_images_a_rule_changes_are_refined_again(monkeypatch: pytest.MonkeyPatch) -> None:
+def _refined_alone(cases: list[tuple[np.ndarray, np.ndarray | None]], monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The indices of ``cases`` that :func:`alpha_batch` refines on their own, sorted."""
     import gpu_kernels.segment.postprocess_batch as batch
 
     alone: list[int] = []
-    cases = _batch(160)
     ids = {id(p): k for k, (p, _) in enumerate(cases)}
 
     def one(prob: Any, cfg: MaskPostprocess, ops: Any, image: Any) -> Any:
         alone.append(ids[id(prob)])
         return alpha_from_probability(prob, cfg, ops, image)
 
-    monkeypatch.setattr(batch, "alpha_from_probability", one)
-    alpha_batch([p for p, _ in cases], [i for _, i in cases], MaskPostprocess(), XpOps(np, ndi, "gpu"))
+    with monkeypatch.context() as patched:
+        patched.setattr(batch, "alpha_from_probability", one)
+        alpha_batch([p for p, _ in cases], [i for _, i in cases], MaskPostprocess(), XpOps(np, ndi, "gpu"))
+    return sorted(alone)
+
+
+def test_only_the_images_a_rule_changes_are_refined_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    alone = _refined_alone(_batch(160), monkeypatch)
     # the grey photo and the one without an image alone from the start; then the island, the
     # hole and the slab (flagged); the plain photos, the empty one and the specks (dropped and
     # filled in the stack) stay in their stacks
-    assert sorted(alone) == [5, 6, 7, 9, 10], alone
+    assert alone == [5, 6, 7, 9, 10], alone
 
 
 def test_a_size_with_more_images_than_a_stack_holds_makes_several(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,21 +163,10 @@ def test_real_photos_with_the_model_batched_equal_one_by_one(u2netp: Any) -> Non
 def test_a_part_to_grow_into_is_flagged_and_refined_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """A wheel whose lower half the model half sees (the grow rule adds it) is sent to the
     per-image refinement; the plain photos beside it stay in their stack; the values equal."""
-    import gpu_kernels.segment.postprocess_batch as batch
     from tests.gpu_kernels.test_subject_selection import toy
 
     image, prob, _ = toy()
-    cases = [(p, i) for i, p in (synth(k, 300) for k in range(3))]
+    cases: list[tuple[np.ndarray, np.ndarray | None]] = [(p, i) for i, p in (synth(k, 300) for k in range(3))]
     cases += [(prob, image), (prob.copy(), image.copy())]
-    alone: list[int] = []
-    ids = {id(p): k for k, (p, _) in enumerate(cases)}
-
-    def one(prob: Any, cfg: MaskPostprocess, ops: Any, image: Any) -> Any:
-        alone.append(ids[id(prob)])
-        return alpha_from_probability(prob, cfg, ops, image)
-
-    monkeypatch.setattr(batch, "alpha_from_probability", one)
-    alpha_batch([p for p, _ in cases], [i for _, i in cases], MaskPostprocess(), XpOps(np, ndi, "gpu"))
-    assert sorted(alone) == [3, 4], alone
-    monkeypatch.undo()
+    assert _refined_alone(cases, monkeypatch) == [3, 4]
     _compare(np, XpOps(np, ndi, "gpu"), cases, MaskPostprocess())
