@@ -10,7 +10,8 @@ apicurio-registry-app-<v>-runner.jar`` on 127.0.0.1 with:
 - BACKWARD as the global compatibility level (Apicurio's default is NONE, Confluent's BACKWARD);
 - its storage in an H2 database file in the data folder, so a registry stopped and started again
   on the same folder (:meth:`LocalRegistry.restart`, ``lightbox registry up --data-dir D``) keeps its
-  subjects and ids.
+  subjects and ids; each commit is written before the answer (``WRITE_DELAY=0``: H2's default
+  half-second delay lost a registration killed right after it was answered).
 
 Java 17+ is needed. Used by ``lightbox registry up|down|status`` and the tests' session fixture.
 """
@@ -184,7 +185,7 @@ class LocalRegistry(EmulatorProcess):
                "-XX:TieredStopAtLevel=1", "-Djava.awt.headless=true",
                "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={self.port}",
                "-Dregistry.ccompat.use-canonical-hash=true", "-Dquarkus.log.level=WARN",
-               f"-Dquarkus.datasource.jdbc.url=jdbc:h2:file:{db}",
+               f"-Dquarkus.datasource.jdbc.url=jdbc:h2:file:{db};WRITE_DELAY=0",
                "-jar", str(app / RUNNER)]
         with self.log_file.open("ab") as out:
             proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -53,3 +53,19 @@ def test_schemas_commands_need_a_registry_url() -> None:
     result = runner.invoke(app, ["schemas", "register"], env={"LIGHTBOX_SCHEMA_REGISTRY_URL": ""})
     assert result.exit_code == 2
     assert "LIGHTBOX_SCHEMA_REGISTRY_URL is not set" in result.output
+
+
+def test_a_schema_registered_just_before_a_crash_is_kept(schema_registry: Any) -> None:
+    """The local registry flushes each registration before answering (H2 without a write delay):
+    a schema registered and then SIGKILLed at once is still there after the restart, as a
+    producer that got its id must be able to count on."""
+    from lightbox.devservers.registry_local import _request
+
+    schema = {"type": "record", "name": f"Crash{uuid.uuid4().hex[:8]}", "fields": [{"name": "a", "type": "int"}]}
+    got = _request(f"{schema_registry.api_url}/subjects/crash-{uuid.uuid4().hex[:8]}/versions", "POST",
+                   {"schema": json.dumps(schema)})
+    assert isinstance(got, dict)
+    schema_registry.kill()
+    schema_registry.restart()
+    kept = _request(f"{schema_registry.api_url}/schemas/ids/{got['id']}")
+    assert isinstance(kept, dict) and json.loads(kept["schema"])["name"] == schema["name"]
