@@ -241,6 +241,17 @@ def _strided_lab(xp: Any, image: Array, st: int) -> Array:
     return lab.reshape(*rgb.shape[:2], 3).astype(xp.float32)
 
 
+def _thick_radius(cfg: MaskPostprocess, h: int, w: int) -> int:
+    """The radius (grid pixels) of the disk whose opening keeps a grid mask's thick parts:
+    ``backdrop_thick`` of the ``(h, w)`` grid's diagonal, at least 1."""
+    return max(1, round(cfg.backdrop_thick * math.hypot(h, w)))
+
+
+def _opened(erode: Callable[[Array, int], Array], mask: Array, r: int) -> Array:
+    """``mask`` opened by a disk of radius ``r`` with ``erode`` (one mask or a stack): its thick parts."""
+    return ~erode(~erode(mask, r), r)
+
+
 def _stride(h: int, w: int) -> int:
     """The grid stride of the backdrop rules (about 0.25 MP)."""
     return max(1, math.ceil(math.sqrt(h * w / 250_000)))
@@ -261,15 +272,15 @@ def drop_backdrop_regions(hard: Array, prob: Array, likeness: Likeness, cfg: Mas
     unsure = hard_s & (prob_s < xp.float32(cfg.backdrop_unsure))
     # only thick parts count (an opening by a disk of ``backdrop_thick`` of the diagonal): a soft
     # rim or fur along the outline, backdrop-coloured but thin, stays
-    r = max(1, round(cfg.backdrop_thick * math.hypot(*unsure.shape[:2])))
-    if float(xp.sum(~ops.erode(~ops.erode(unsure, r), r))) * st * st < cfg.backdrop_min * h * w:
+    r = _thick_radius(cfg, *unsure.shape[:2])
+    if float(xp.sum(_opened(ops.erode, unsure, r))) * st * st < cfg.backdrop_min * h * w:
         return hard
     found = likeness() if callable(likeness) else likeness
     if found is None:
         return hard
     delta, st = found
     cand = unsure & (delta < xp.float32(cfg.backdrop_delta_e))
-    thick = ~ops.erode(~ops.erode(cand, r), r)
+    thick = _opened(ops.erode, cand, r)
     if not bool(thick.any()):
         return hard
     labels, n = ops.label(cand, 8)
@@ -329,16 +340,16 @@ def grow_unsure(hard: Array, prob: Array, image: Array, likeness: Likeness, cfg:
     st = _stride(h, w)
     hard_s, prob_s = hard[::st, ::st], prob[::st, ::st]
     weak = ~hard_s & (prob_s >= xp.float32(cfg.grow_prob))
-    r = max(1, round(cfg.backdrop_thick * math.hypot(*weak.shape[:2])))
+    r = _thick_radius(cfg, *weak.shape[:2])
     least = cfg.grow_min * h * w / (st * st)
-    if float(xp.sum(weak)) < least or float(xp.sum(~ops.erode(~ops.erode(weak, r), r))) < least:
+    if float(xp.sum(weak)) < least or float(xp.sum(_opened(ops.erode, weak, r))) < least:
         return hard  # the usual case: nothing thick is half seen, no colour needed
     found = likeness() if callable(likeness) else likeness
     if found is None:
         return hard
     delta, st = found
     cand = weak & (delta >= xp.float32(cfg.grow_delta_e))
-    thick = ~ops.erode(~ops.erode(cand, r), r)
+    thick = _opened(ops.erode, cand, r)
     labels, n = ops.label(cand | hard_s, 8)  # connected to the mask through the half-seen pixels
     seeded = xp.zeros(n + 1, dtype=bool)
     seeded[labels[hard_s]] = True

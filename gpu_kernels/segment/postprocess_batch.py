@@ -45,7 +45,14 @@ from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import srgb_to_lab
 from gpu_kernels.retouch.matting import guided_coefficients
 from gpu_kernels.segment.ops import ArrayOps, XpOps
-from gpu_kernels.segment.postprocess import MaskPostprocess, _grey, _stride, alpha_from_probability
+from gpu_kernels.segment.postprocess import (
+    MaskPostprocess,
+    _grey,
+    _opened,
+    _stride,
+    _thick_radius,
+    alpha_from_probability,
+)
 
 __all__ = ["STACK_PIXELS", "alpha_batch", "batchable"]
 
@@ -105,13 +112,13 @@ class _Stack:
         _, h, w = self.hard.shape
         st = _stride(h, w)
         unsure = self.hard[:, ::st, ::st] & (self.prob[:, ::st, ::st] < xp.float32(cfg.backdrop_unsure))
-        r = max(1, round(cfg.backdrop_thick * math.hypot(*unsure.shape[1:3])))
-        thick = (~ops.erode_masks(~ops.erode_masks(unsure, r), r)).sum(axis=(1, 2))
+        r = _thick_radius(cfg, *unsure.shape[1:3])
+        thick = _opened(ops.erode_masks, unsure, r).sum(axis=(1, 2))
         flags = self.hard.any(axis=(1, 2)) & (thick.astype(xp.float64) * (st * st) >= cfg.backdrop_min * h * w)
         # then, as the rule goes on: no backdrop to compare with, or no thick backdrop-like part
         delta, known = self._likeness(st)
         cand = unsure & (delta < xp.float32(cfg.backdrop_delta_e))
-        return flags & known & (~ops.erode_masks(~ops.erode_masks(cand, r), r)).any(axis=(1, 2))
+        return flags & known & _opened(ops.erode_masks, cand, r).any(axis=(1, 2))
 
     def grow_flags(self) -> Array:
         """Per image: the grow rule could add a part (the half-seen pixels have a thick part as
@@ -120,8 +127,8 @@ class _Stack:
         _, h, w = self.hard.shape
         st = _stride(h, w)
         weak = ~self.hard[:, ::st, ::st] & (self.prob[:, ::st, ::st] >= xp.float32(cfg.grow_prob))
-        r = max(1, round(cfg.backdrop_thick * math.hypot(*weak.shape[1:3])))
-        thick = (~ops.erode_masks(~ops.erode_masks(weak, r), r)).sum(axis=(1, 2))
+        r = _thick_radius(cfg, *weak.shape[1:3])
+        thick = _opened(ops.erode_masks, weak, r).sum(axis=(1, 2))
         return self.hard.any(axis=(1, 2)) & (thick.astype(xp.float64) >= cfg.grow_min * h * w / (st * st))
 
     def _likeness(self, st: int) -> tuple[Array, Array]:
