@@ -187,12 +187,17 @@ def foreground_colour(xp: Any, image: Array, alpha: Array, radii_px: tuple[int, 
             rows, cols = slice(y0 * st, y1 * st, st), slice(x0 * st, x1 * st, st)
             a_r = a[rows, cols]
             i_r = img[rows, cols].astype(xp.float32)
-            fa_r = i_r * a_r[..., None]
+            # alpha stacked per channel: the same products as broadcasting a[..., None], at half
+            # the cost (a broadcast last axis of 3 runs NumPy's loop three values at a time)
+            fa_r = i_r * xp.stack([a_r, a_r, a_r], axis=-1)
             bna_r = i_r - fa_r
-            e_r = at[rows, cols]
-            on = e_r >= 0
-            fa_r[on] = fa_e[e_r[on]]
-            bna_r[on] = bna_e[e_r[on]]
+            # the edge pixels' running estimates, written through flat indices (one gather of
+            # the tile's edge list instead of two boolean-mask reads and writes)
+            e_r = at[rows, cols].reshape(-1)
+            pos = xp.flatnonzero(e_r >= 0)
+            idx = e_r[pos]
+            fa_r.reshape(-1, 3)[pos] = fa_e[idx]
+            bna_r.reshape(-1, 3)[pos] = bna_e[idx]
             return [a_r, 1.0 - a_r, fa_r, bna_r]
 
         hs, ws = -(-h // st), -(-w // st)
