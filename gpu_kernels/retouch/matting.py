@@ -28,8 +28,8 @@ from typing import Any
 
 from gpu_kernels.array import Array
 
-__all__ = ["MattingConfig", "box_blur", "box_means_at", "decontaminate", "foreground_colour", "guided_coefficients",
-           "matte_band"]
+__all__ = ["MattingConfig", "box_blur", "box_means_at", "colour_line_alpha", "colour_line_planes", "decontaminate",
+           "foreground_colour", "guided_coefficients", "matte_band"]
 
 Blur = Callable[[Array, float], Array]
 
@@ -156,6 +156,64 @@ def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, 
     out = hard.astype(xp.float32)
     out[ys, xs] = q
     return out
+
+
+def colour_line_planes(xp: Any, image: Array, hard: Array, unknown: Array, s: int) -> list[Array]:
+    """The planes :func:`colour_line_alpha` reads, as means over ``s`` x ``s`` blocks: the share
+    of the subject's sure pixels (``hard`` outside ``unknown``) and their colour per channel,
+    then the same for the backdrop's sure pixels. ``image`` ``(..., H, W, 3)`` uint8 with
+    ``hard``/``unknown`` ``(..., H, W)``: one image or a stack, the same sums in the same order."""
+    img = image.astype(xp.float32)
+    planes = []
+    for sure in (hard & ~unknown, ~hard & ~unknown):
+        w = sure.astype(xp.float32)
+        planes.append(_block_means(xp, w, s))
+        planes += [_block_means(xp, img[..., c] * w, s) for c in range(3)]
+    return planes
+
+
+def _block_means(xp: Any, a: Array, s: int) -> Array:
+    """Means over ``s`` x ``s`` blocks of the last two axes of float32 ``a`` (the trailing rows
+    and columns left over are dropped)."""
+    if s == 1:
+        return a
+    h, w = (a.shape[-2] // s) * s, (a.shape[-1] // s) * s
+    total = a[..., 0:h:s, 0:w:s].copy()
+    for i in range(s):
+        for j in range(s):
+            if i or j:
+                total += a[..., i:h:s, j:w:s]
+    total *= xp.float32(1 / (s * s))
+    return total
+
+
+def colour_line_alpha(xp: Any, pix: list[Array], means: list[Array], alpha: Array, min_sep: float, fit: float,
+                      snap: float) -> Array:
+    """``alpha`` where a pixel is not a mix of the subject's and the backdrop's local colours,
+    else the share of the subject in it: with ``F``, ``B`` the means of the sure subject and sure
+    backdrop pixels around it (``means``: the box means of :func:`colour_line_planes`, read at
+    the pixels), the pixel's colour ``I`` (``pix``: three float32 levels arrays) gives
+    ``a = (I - B)·(F - B) / |F - B|²`` in [0, 1] (the colour-line model of matting), taken where
+    both kinds of sure pixels are near (a twentieth of the window each), ``F`` and ``B`` are at
+    least ``min_sep`` levels apart and ``I`` lies within ``fit`` of that distance from the line
+    between them; values within ``snap`` of 0 or 1 become 0 or 1 (JPEG noise on a hard edge).
+    Elementwise on any shape, channel by channel, so a stack and one image's points give the
+    same bits."""
+    wf, f0, f1, f2, wb, b0, b1, b2 = means
+    inv_f = xp.float32(1) / xp.maximum(wf, xp.float32(1e-6))
+    inv_b = xp.float32(1) / xp.maximum(wb, xp.float32(1e-6))
+    bm = (b0 * inv_b, b1 * inv_b, b2 * inv_b)
+    d = (f0 * inv_f - bm[0], f1 * inv_f - bm[1], f2 * inv_f - bm[2])
+    q = (pix[0] - bm[0], pix[1] - bm[1], pix[2] - bm[2])
+    n2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2]
+    a = xp.clip((q[0] * d[0] + q[1] * d[1] + q[2] * d[2]) / xp.maximum(n2, xp.float32(1e-6)),
+                xp.float32(0), xp.float32(1))
+    e = (q[0] - a * d[0], q[1] - a * d[1], q[2] - a * d[2])
+    res2 = e[0] * e[0] + e[1] * e[1] + e[2] * e[2]
+    ok = (wf > xp.float32(0.05)) & (wb > xp.float32(0.05)) & (n2 >= xp.float32(min_sep * min_sep))
+    ok &= res2 <= xp.float32(fit * fit) * n2
+    a = xp.where(a < xp.float32(snap), xp.float32(0), xp.where(a > xp.float32(1 - snap), xp.float32(1), a))
+    return xp.where(ok, a, alpha).astype(xp.float32)
 
 
 def foreground_colour(xp: Any, image: Array, alpha: Array, radii_px: tuple[int, ...], where: Array) -> Array:

@@ -43,10 +43,11 @@ import numpy as np
 
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import srgb_to_lab
-from gpu_kernels.retouch.matting import guided_coefficients
+from gpu_kernels.retouch.matting import colour_line_alpha, colour_line_planes, guided_coefficients
 from gpu_kernels.segment.ops import ArrayOps, XpOps
 from gpu_kernels.segment.postprocess import (
     MaskPostprocess,
+    _colour_radius,
     _grey,
     _opened,
     _stride,
@@ -167,6 +168,11 @@ class _Stack:
         lo, hi = cfg.matte_unsure
         unknown |= _near(hard, 3 * band, ops) & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
         alpha = _matte_band(ops, self.images[..., :3], hard, unknown, band, cfg.matte_eps)
+        if cfg.matte_colour:
+            gate = unknown & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
+            gate &= hard | (prob >= xp.float32(cfg.matte_colour_outside))
+            alpha = xp.where(gate,
+                             _colour_line(ops, self.images[..., :3], hard, unknown, alpha, band, cfg), alpha)
         outside_ok = (prob >= xp.float32(cfg.matte_outside)) & (alpha >= xp.float32(cfg.matte_outside))
         alpha = xp.where(hard, alpha, xp.where(outside_ok, xp.minimum(alpha, xp.float32(127 / 255)), xp.float32(0)))
         floor = ops.blur_maps(hard.astype(xp.float32), max(cfg.feather_px, 0.5))
@@ -316,6 +322,22 @@ def _shrink(xp: Any, a: Array, s: int, scale: Any = 1.0) -> Array:
             total = part if total is None else total + part
     assert total is not None
     return (total / xp.float32(s * s)).astype(xp.float32)
+
+
+def _colour_line(ops: XpOps, image: Array, hard: Array, unknown: Array, alpha: Array, band: int,
+                 cfg: MaskPostprocess) -> Array:
+    """:func:`gpu_kernels.retouch.matting.colour_line_alpha` at every pixel of each slice (the
+    per-image refinement evaluates it at the gated band's pixels: the same arithmetic)."""
+    xp = ops.xp
+    s = max(1, min(4, band // 2))
+    r = _colour_radius(band, s, cfg)
+    means = [ops.box_means(p, r) for p in colour_line_planes(xp, image, hard, unknown, s)]
+    _, h, w = hard.shape
+    by = xp.minimum(xp.arange(h) // s, means[0].shape[1] - 1)[:, None]
+    bx = xp.minimum(xp.arange(w) // s, means[0].shape[2] - 1)[None, :]
+    return colour_line_alpha(xp, [image[..., c].astype(xp.float32) for c in range(3)],
+                             [m[:, by, bx] for m in means], alpha, cfg.matte_colour_sep, cfg.matte_colour_fit,
+                             cfg.matte_colour_snap)
 
 
 def _matte_band(ops: XpOps, image: Array, hard: Array, unknown: Array, radius: int, eps: float,

@@ -11,6 +11,8 @@ from gpu_kernels.retouch.matting import (
     MattingConfig,
     box_blur,
     box_means_at,
+    colour_line_alpha,
+    colour_line_planes,
     decontaminate,
     foreground_colour,
     matte_band,
@@ -42,6 +44,46 @@ def test_the_matte_follows_a_soft_edge_better_than_the_hard_mask() -> None:
     assert err_matte < 0.5 * err_hard, (err_matte, err_hard)
     assert np.array_equal(alpha[~unknown], hard[~unknown].astype(np.float32))
 
+
+
+def _line_means(f: np.ndarray, b: np.ndarray, n: int, wf: float = 0.5, wb: float = 0.5) -> list[np.ndarray]:
+    """The box means colour_line_alpha reads, for ``n`` pixels with subject mean ``f`` and
+    backdrop mean ``b`` (each a share ``wf``/``wb`` of the window)."""
+    full = np.ones(n, np.float32)
+    return [full * wf, *(full * np.float32(wf * c) for c in f), full * wb, *(full * np.float32(wb * c) for c in b)]
+
+
+def test_the_colour_line_gives_a_mixed_pixel_its_subject_share() -> None:
+    """Pixels mixed from the subject's and the backdrop's colours get the subject's share as
+    alpha (within float32 rounding), near 0 and 1 snapped; a pixel off the line (another colour),
+    one whose means are too close together, or one with too few sure pixels of a kind around it
+    keeps the alpha it had."""
+    shares = np.array([0.05, 0.3, 0.5, 0.8, 0.95], np.float32)
+    pix = [np.float32(FG[c]) * shares + np.float32(BG[c]) * (1 - shares) for c in range(3)]
+    before = np.full(shares.shape, 0.9, np.float32)
+    got = colour_line_alpha(np, pix, _line_means(FG, BG, shares.size), before, 60.0, 0.2, 0.1)
+    assert np.allclose(got, [0.0, 0.3, 0.5, 0.8, 1.0], atol=1e-4), got
+    off = [np.full(1, np.float32(v)) for v in (200.0, 40.0, 40.0)]  # red: not blue, not cream
+    assert colour_line_alpha(np, off, _line_means(FG, BG, 1), before[:1], 60.0, 0.2, 0.1)[0] == np.float32(0.9)
+    mid = [p[2:3] for p in pix]
+    near = BG - np.array([20.0, 20.0, 20.0])  # means 35 levels apart: under min_sep
+    assert colour_line_alpha(np, mid, _line_means(near, BG, 1), before[:1], 60.0, 0.2, 0.1)[0] == np.float32(0.9)
+    lone = _line_means(FG, BG, 1, wb=0.01)  # hardly any sure backdrop in the window
+    assert colour_line_alpha(np, mid, lone, before[:1], 60.0, 0.2, 0.1)[0] == np.float32(0.9)
+
+
+def test_the_colour_line_planes_are_the_sure_pixels_means() -> None:
+    """The planes are block means of the sure subject (hard outside unknown) and sure backdrop
+    shares and colour sums: their ratio over a block of one kind is its colour."""
+    image, truth = soft_disc()
+    hard = truth >= 0.5
+    unknown = np.abs(truth - 0.5) < 0.45
+    planes = colour_line_planes(np, image, hard, unknown, 2)
+    assert len(planes) == 8 and planes[0].shape == (120, 160)
+    inner, outer = (60, 80), (2, 2)  # the disc's centre, the frame's corner (shrunk by 2)
+    assert planes[0][inner] == 1 and planes[4][inner] == 0 and planes[0][outer] == 0 and planes[4][outer] == 1
+    assert np.allclose([planes[1 + c][inner] for c in range(3)], FG, atol=1)
+    assert np.allclose([planes[5 + c][outer] for c in range(3)], BG, atol=1)
 
 def test_decontamination_brings_edge_pixels_back_to_the_subject_s_colour() -> None:
     """Half-covered pixels (alpha 0.25..0.75) are a mix with the cream backdrop; after
@@ -157,3 +199,39 @@ def test_tiled_erosion_and_the_boxed_matte_equal_the_whole_frame() -> None:
     boxed = matte_alpha(prob, hard, frame, cfg, ops)
     assert np.array_equal(boxed, _matte_box(prob, hard, frame, band, cfg, ops))
     assert ((boxed > 0) & (boxed < 255)).sum() > 100  # a real soft edge was matted
+
+
+def test_the_refinement_s_colour_line_brings_a_soft_rim_nearer_its_coverage() -> None:
+    """A subject with a soft rim and a model map blurred wider than it: over the rim the alpha's
+    mean error against the true coverage is under 0.8 of the guided filter's alone (0.070
+    against 0.097 when written), and the outline (alpha >= 128) is the same but for a few pixels."""
+    from gpu_kernels.segment import MaskPostprocess, alpha_from_probability
+    from gpu_kernels.segment.ops import CpuOps
+
+    image, truth = soft_disc(blur=1.5)
+    prob = np.asarray(cv2.GaussianBlur((truth >= 0.5).astype(np.float32), (0, 0), 3.0), np.float32)
+    on = alpha_from_probability(prob, MaskPostprocess(), CpuOps(), image).astype(np.float32) / 255
+    off = alpha_from_probability(prob, MaskPostprocess(matte_colour=False), CpuOps(), image).astype(np.float32) / 255
+    rim = ((truth > 0.02) & (truth < 0.98)) | ((on > 0) & (on < 1)) | ((off > 0) & (off < 1))
+    err_on, err_off = np.abs(on - truth)[rim].mean(), np.abs(off - truth)[rim].mean()
+    assert err_on < 0.8 * err_off, (err_on, err_off)
+    assert int(((on >= 0.5) != (off >= 0.5)).sum()) <= 0.01 * int((off >= 0.5).sum())
+
+
+def test_the_colour_line_leaves_a_hard_edge_s_jpeg_ringing_outside_the_mask_alone() -> None:
+    """A sharp-edged product, JPEG-compressed: outside the hard mask, where the model gives less
+    than ``matte_colour_outside``, the alpha is what the refinement without the colour line
+    gives (no halo of ringing made opaque)."""
+    from gpu_kernels.segment import MaskPostprocess, alpha_from_probability
+    from gpu_kernels.segment.ops import CpuOps
+
+    image, truth = soft_disc(blur=0.6)
+    ok, jpeg = cv2.imencode(".jpg", image[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 70])
+    assert ok
+    image = np.ascontiguousarray(cv2.imdecode(jpeg, cv2.IMREAD_COLOR)[..., ::-1])
+    prob = np.asarray(cv2.GaussianBlur((truth >= 0.5).astype(np.float32), (0, 0), 2.0), np.float32)
+    on = alpha_from_probability(prob, MaskPostprocess(), CpuOps(), image)
+    off = alpha_from_probability(prob, MaskPostprocess(matte_colour=False), CpuOps(), image)
+    low = prob < MaskPostprocess().matte_colour_outside
+    assert np.array_equal(on[low], off[low])
+    assert not np.array_equal(on, off)  # the rule ran: inside the outline it moved some pixels
