@@ -73,8 +73,8 @@ def test_the_colour_line_gives_a_mixed_pixel_its_subject_share() -> None:
 
 
 def test_the_colour_line_planes_are_the_sure_pixels_means() -> None:
-    """The planes are block means of the sure subject (hard outside unknown) and sure backdrop
-    shares and colour sums: their ratio over a block of one kind is its colour."""
+    """The planes sample every s-th pixel: whether it is a sure subject pixel (hard outside
+    unknown) and its colour there, then the same for the sure backdrop."""
     image, truth = soft_disc()
     hard = truth >= 0.5
     unknown = np.abs(truth - 0.5) < 0.45
