@@ -589,7 +589,7 @@ def matte_alpha(prob: Array, hard: Array, image: Array, cfg: MaskPostprocess, op
     # Far from the outline the alpha is the hard mask: only the subject's box is matted, with a
     # margin that holds the unknown band (3 band), the guided filter's two windows and its blocks
     # (the block grid kept on the image's), and the feather; the same values as the whole frame.
-    s = max(1, min(4, band // 2))
+    s = _matte_block(band)
     windows = max(2 * max(1, round(band / s)), _colour_radius(band, s, cfg) if cfg.matte_colour else 0)
     m = 3 * band + (windows + 2) * s + math.ceil(4 * max(cfg.feather_px, 0.5)) + 2
     y0, y1 = max(0, int(rows[0]) - m) // s * s, min(h, int(rows[-1]) + m + 1)
@@ -649,11 +649,9 @@ def _matte_box(prob: Array, hard: Array, image: Array, band: int, cfg: MaskPostp
         image.reshape(h, w, 1), 3, axis=2)
     alpha = matte_band(xp, rgb, hard, unknown, band, cfg.matte_eps)
     if cfg.matte_colour:
-        gate = unknown & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
-        gate &= hard | (prob >= xp.float32(cfg.matte_colour_outside))  # not JPEG ringing beside a hard edge
-        ys, xs = xp.nonzero(gate)
+        ys, xs = xp.nonzero(_colour_gate(xp, prob, hard, unknown, cfg))
         if int(ys.size):
-            s = max(1, min(4, band // 2))  # matte_band's blocks
+            s = _matte_block(band)
             means = [box_blur(xp, xp.ascontiguousarray(p), _colour_radius(band, s, cfg))
                      for p in colour_line_planes(xp, rgb, hard, unknown, s)]
             by, bx = xp.minimum(ys // s, means[0].shape[0] - 1), xp.minimum(xs // s, means[0].shape[1] - 1)
@@ -669,6 +667,21 @@ def _matte_box(prob: Array, hard: Array, image: Array, band: int, cfg: MaskPostp
     floor = ops.blur(hard.astype(xp.float32), max(cfg.feather_px, 0.5))
     alpha = xp.where(hard, xp.maximum(alpha, floor), alpha)
     return xp.rint(alpha * xp.float32(255)).astype(xp.uint8)
+
+
+def _matte_block(band: int) -> int:
+    """The side of the blocks the matte's filters run on for a band of ``band`` pixels (as
+    :func:`gpu_kernels.retouch.matting.matte_band` shrinks its guide)."""
+    return max(1, min(4, band // 2))
+
+
+def _colour_gate(xp: Any, prob: Array, hard: Array, unknown: Array, cfg: MaskPostprocess) -> Array:
+    """Where the colour line may set alpha: the band's pixels the model is unsure of, outside the
+    hard mask only from ``matte_colour_outside`` up (not JPEG ringing beside a hard edge)."""
+    lo, hi = cfg.matte_unsure
+    gate = unknown & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
+    gate &= hard | (prob >= xp.float32(cfg.matte_colour_outside))
+    return gate
 
 
 def _colour_radius(band: int, s: int, cfg: MaskPostprocess) -> int:

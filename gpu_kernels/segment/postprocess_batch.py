@@ -21,8 +21,8 @@ stacked ``(B, H, W)`` and run as one:
   hole between the speck and the largest size (its colour);
 * the matte over each whole frame (the unknown band by stacked erosions, "near the subject" by
   one distance transform of the images laid out with gaps wider than the reach, the guided
-  filter evaluated everywhere and kept in the band with ``where``): the same values as the
-  per-image matte on the subject's box, whose margin holds every window;
+  filter and the colour line evaluated everywhere and kept in the band with ``where``): the same
+  values as the per-image matte on the subject's box, whose margin holds every window;
 * the flags come back in one read; an image whose flag is set (a multi-item shot, a large
   island or hole) is refined again on its own by :func:`alpha_from_probability`, so every image
   gets the per-image result. (Of nine of scikit-image's colour photos with u2netp,
@@ -30,7 +30,8 @@ stacked ``(B, H, W)`` and run as one:
 
 The host reads per batch: the two labellings' counts and the flags. A stack holds at most
 :data:`STACK_PIXELS` pixels (more images of one size make several stacks, still labelled and
-flagged together), which bounds the matte's device memory (a dozen float32 copies of a stack).
+flagged together), which bounds the matte's device memory (about two dozen float32 copies of a
+stack at once, most of them the colour line's, 6 GiB for a full stack).
 """
 
 from __future__ import annotations
@@ -47,8 +48,10 @@ from gpu_kernels.retouch.matting import colour_line_alpha, colour_line_planes, g
 from gpu_kernels.segment.ops import ArrayOps, XpOps
 from gpu_kernels.segment.postprocess import (
     MaskPostprocess,
+    _colour_gate,
     _colour_radius,
     _grey,
+    _matte_block,
     _opened,
     _stride,
     _thick_radius,
@@ -169,9 +172,7 @@ class _Stack:
         unknown |= _near(hard, 3 * band, ops) & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
         alpha = _matte_band(ops, self.images[..., :3], hard, unknown, band, cfg.matte_eps)
         if cfg.matte_colour:
-            gate = unknown & (prob > xp.float32(lo)) & (prob < xp.float32(hi))
-            gate &= hard | (prob >= xp.float32(cfg.matte_colour_outside))
-            alpha = xp.where(gate,
+            alpha = xp.where(_colour_gate(xp, prob, hard, unknown, cfg),
                              _colour_line(ops, self.images[..., :3], hard, unknown, alpha, band, cfg), alpha)
         outside_ok = (prob >= xp.float32(cfg.matte_outside)) & (alpha >= xp.float32(cfg.matte_outside))
         alpha = xp.where(hard, alpha, xp.where(outside_ok, xp.minimum(alpha, xp.float32(127 / 255)), xp.float32(0)))
@@ -329,7 +330,7 @@ def _colour_line(ops: XpOps, image: Array, hard: Array, unknown: Array, alpha: A
     """:func:`gpu_kernels.retouch.matting.colour_line_alpha` at every pixel of each slice (the
     per-image refinement evaluates it at the gated band's pixels: the same arithmetic)."""
     xp = ops.xp
-    s = max(1, min(4, band // 2))
+    s = _matte_block(band)
     r = _colour_radius(band, s, cfg)
     means = [ops.box_means(p, r) for p in colour_line_planes(xp, image, hard, unknown, s)]
     _, h, w = hard.shape
