@@ -72,7 +72,7 @@ def test_the_colour_line_gives_a_mixed_pixel_its_subject_share() -> None:
     assert colour_line_alpha(np, mid, lone, before[:1], 60.0, 0.2, 0.1)[0] == np.float32(0.9)
 
 
-def test_the_colour_line_planes_are_the_sure_pixels_means() -> None:
+def test_the_colour_line_planes_sample_the_sure_pixels() -> None:
     """The planes sample every s-th pixel: whether it is a sure subject pixel (hard outside
     unknown) and its colour there, then the same for the sure backdrop."""
     image, truth = soft_disc()
