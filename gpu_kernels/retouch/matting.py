@@ -29,7 +29,7 @@ from typing import Any
 from gpu_kernels.array import Array
 
 __all__ = ["MattingConfig", "box_blur", "box_means_at", "colour_line_alpha", "colour_line_planes", "decontaminate",
-           "foreground_colour", "guided_coefficients", "matte_band"]
+           "foreground_colour", "guided_coefficients", "matte_band", "matte_block"]
 
 Blur = Callable[[Array, float], Array]
 
@@ -130,12 +130,18 @@ def _shrink(xp: Any, a: Array, s: int, scale: Any = 1.0) -> Array:
     return (total / xp.float32(s * s)).astype(xp.float32)
 
 
+def matte_block(radius: int) -> int:
+    """The side of the blocks :func:`matte_band` (and the colour line beside it) filter on, for a
+    band of ``radius`` pixels."""
+    return max(1, min(4, radius // 2))
+
+
 def matte_band(xp: Any, image: Array, hard: Array, unknown: Array, radius: int, eps: float,
                snap: float = 0.1) -> Array:
     """``(H, W)`` float32 alpha in [0, 1]: ``hard`` (bool) outside ``unknown`` (bool), the
     colour-guided filter of ``hard`` on ``image`` ``(H, W, 3)`` uint8 inside it (window
     ``radius`` px at full resolution), values below ``snap`` set to 0 and above ``1 - snap`` to 1."""
-    s = max(1, min(4, radius // 2))
+    s = matte_block(radius)
     r = max(1, round(radius / s))
     ys, xs = xp.nonzero(unknown)
     # the full-resolution guide is read at the band's pixels only: no float copy of the frame
@@ -200,7 +206,7 @@ def colour_line_alpha(xp: Any, pix: list[Array], means: list[Array], alpha: Arra
     ok = (wf > xp.float32(0.05)) & (wb > xp.float32(0.05)) & (n2 >= xp.float32(min_sep * min_sep))
     ok &= res2 <= xp.float32(fit * fit) * n2
     a = xp.where(a < xp.float32(snap), xp.float32(0), xp.where(a > xp.float32(1 - snap), xp.float32(1), a))
-    return xp.where(ok, a, alpha).astype(xp.float32)
+    return xp.where(ok, a, alpha)
 
 
 def foreground_colour(xp: Any, image: Array, alpha: Array, radii_px: tuple[int, ...], where: Array) -> Array:

@@ -36,7 +36,7 @@ from typing import Any
 
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import srgb_to_lab
-from gpu_kernels.retouch.matting import box_blur, colour_line_alpha, colour_line_planes, matte_band
+from gpu_kernels.retouch.matting import box_blur, colour_line_alpha, colour_line_planes, matte_band, matte_block
 from gpu_kernels.segment.ops import ArrayOps
 
 Likeness = tuple[Array, int] | None | Callable[[], tuple[Array, int] | None]
@@ -589,7 +589,7 @@ def matte_alpha(prob: Array, hard: Array, image: Array, cfg: MaskPostprocess, op
     # Far from the outline the alpha is the hard mask: only the subject's box is matted, with a
     # margin that holds the unknown band (3 band), the guided filter's two windows and its blocks
     # (the block grid kept on the image's), and the feather; the same values as the whole frame.
-    s = _matte_block(band)
+    s = matte_block(band)
     windows = max(2 * max(1, round(band / s)), _colour_radius(band, s, cfg) if cfg.matte_colour else 0)
     m = 3 * band + (windows + 2) * s + math.ceil(4 * max(cfg.feather_px, 0.5)) + 2
     y0, y1 = max(0, int(rows[0]) - m) // s * s, min(h, int(rows[-1]) + m + 1)
@@ -651,12 +651,13 @@ def _matte_box(prob: Array, hard: Array, image: Array, band: int, cfg: MaskPostp
     if cfg.matte_colour:
         ys, xs = xp.nonzero(_colour_gate(xp, prob, hard, unknown, cfg))
         if int(ys.size):
-            s = _matte_block(band)
+            s = matte_block(band)
             means = [box_blur(xp, xp.ascontiguousarray(p), _colour_radius(band, s, cfg))
                      for p in colour_line_planes(xp, rgb, hard, unknown, s)]
             by, bx = xp.minimum(ys // s, means[0].shape[0] - 1), xp.minimum(xs // s, means[0].shape[1] - 1)
+            pix = rgb[ys, xs].astype(xp.float32)  # (n, 3): one gather
             alpha[ys, xs] = colour_line_alpha(
-                xp, [rgb[ys, xs, c].astype(xp.float32) for c in range(3)], [m[by, bx] for m in means],
+                xp, [pix[:, c] for c in range(3)], [m[by, bx] for m in means],
                 alpha[ys, xs], cfg.matte_colour_sep, cfg.matte_colour_fit, cfg.matte_colour_snap)
     # outside the hard mask only where the model gave the pixel a chance (fur, a soft rim):
     # elsewhere the backdrop's texture would leave a speckled fringe on a white canvas
@@ -667,12 +668,6 @@ def _matte_box(prob: Array, hard: Array, image: Array, band: int, cfg: MaskPostp
     floor = ops.blur(hard.astype(xp.float32), max(cfg.feather_px, 0.5))
     alpha = xp.where(hard, xp.maximum(alpha, floor), alpha)
     return xp.rint(alpha * xp.float32(255)).astype(xp.uint8)
-
-
-def _matte_block(band: int) -> int:
-    """The side of the blocks the matte's filters run on for a band of ``band`` pixels (as
-    :func:`gpu_kernels.retouch.matting.matte_band` shrinks its guide)."""
-    return max(1, min(4, band // 2))
 
 
 def _colour_gate(xp: Any, prob: Array, hard: Array, unknown: Array, cfg: MaskPostprocess) -> Array:

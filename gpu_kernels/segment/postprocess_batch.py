@@ -44,14 +44,13 @@ import numpy as np
 
 from gpu_kernels.array import Array
 from gpu_kernels.retouch.color import srgb_to_lab
-from gpu_kernels.retouch.matting import colour_line_alpha, colour_line_planes, guided_coefficients
+from gpu_kernels.retouch.matting import colour_line_alpha, colour_line_planes, guided_coefficients, matte_block
 from gpu_kernels.segment.ops import ArrayOps, XpOps
 from gpu_kernels.segment.postprocess import (
     MaskPostprocess,
     _colour_gate,
     _colour_radius,
     _grey,
-    _matte_block,
     _opened,
     _stride,
     _thick_radius,
@@ -330,7 +329,7 @@ def _colour_line(ops: XpOps, image: Array, hard: Array, unknown: Array, alpha: A
     """:func:`gpu_kernels.retouch.matting.colour_line_alpha` at every pixel of each slice (the
     per-image refinement evaluates it at the gated band's pixels: the same arithmetic)."""
     xp = ops.xp
-    s = _matte_block(band)
+    s = matte_block(band)
     r = _colour_radius(band, s, cfg)
     means = [ops.box_means(p, r) for p in colour_line_planes(xp, image, hard, unknown, s)]
     _, h, w = hard.shape
@@ -346,7 +345,7 @@ def _matte_band(ops: XpOps, image: Array, hard: Array, unknown: Array, radius: i
     """:func:`gpu_kernels.retouch.matting.matte_band` of each slice, the filter evaluated at every
     pixel and kept where ``unknown`` (the same arithmetic per pixel)."""
     xp = ops.xp
-    s = max(1, min(4, radius // 2))
+    s = matte_block(radius)
     r = max(1, round(radius / s))
     guide = _shrink(xp, image, s, xp.float32(1 / 255))
     p = _shrink(xp, hard, s)

@@ -45,7 +45,6 @@ def test_the_matte_follows_a_soft_edge_better_than_the_hard_mask() -> None:
     assert np.array_equal(alpha[~unknown], hard[~unknown].astype(np.float32))
 
 
-
 def _line_means(f: np.ndarray, b: np.ndarray, n: int, wf: float = 0.5, wb: float = 0.5) -> list[np.ndarray]:
     """The box means colour_line_alpha reads, for ``n`` pixels with subject mean ``f`` and
     backdrop mean ``b`` (each a share ``wf``/``wb`` of the window)."""
@@ -84,6 +83,7 @@ def test_the_colour_line_planes_sample_the_sure_pixels() -> None:
     assert planes[0][inner] == 1 and planes[4][inner] == 0 and planes[0][outer] == 0 and planes[4][outer] == 1
     assert np.allclose([planes[1 + c][inner] for c in range(3)], FG, atol=1)
     assert np.allclose([planes[5 + c][outer] for c in range(3)], BG, atol=1)
+
 
 def test_decontamination_brings_edge_pixels_back_to_the_subject_s_colour() -> None:
     """Half-covered pixels (alpha 0.25..0.75) are a mix with the cream backdrop; after
