@@ -67,8 +67,14 @@ class MaskPostprocess:
     of it. Holes (background components that do not touch the frame): filled when at most
     ``speck_hole`` of the subject's area, or at most ``max_hole`` of it and their mean colour is
     more than ``hole_delta_e`` (CIELAB ΔE) from the background just around the subject
-    (``ring`` share of the diagonal). Guided filter: Gaussian window ``guide_sigma`` px (0: off),
-    regulariser ``guide_eps`` (on a 0..1 grey guide), applied where ``|prob - 0.5| < guide_band``.
+    (``ring`` share of the diagonal). Bays (``bay_edge`` > 0): a background component that meets
+    the frame's edge in a single stretch of at most ``bay_edge`` of its length, between two
+    parts of the subject, is a hole the frame cut open (the cheek of a face cut by the frame's
+    side) and is filled as a larger hole is, when unlike the background around the subject, or
+    when the model's mean probability on it is at least ``bay_prob`` (the cat's grey cheek fur on
+    a grey wall, which the model half sees).
+    Guided filter: Gaussian window ``guide_sigma`` px (0: off), regulariser ``guide_eps`` (on a
+    0..1 grey guide), applied where ``|prob - 0.5| < guide_band``.
     Leaks (off by default, ``leak_prob`` 0): subject pixels with ``prob < leak_prob`` within
     ``leak_delta_e`` of the background around the subject are dropped (on the sample catalog at
     0.8 it removes the backdrop patch between the coins but also trims a cat's fur by 5 %).
@@ -164,6 +170,8 @@ class MaskPostprocess:
     grow_delta_e: float = 20.0
     grow_like_e: float = 15.0
     grow_min: float = 0.002
+    bay_edge: float = 0.1  # 0: bays at the frame's edge are never holes
+    bay_prob: float = 0.15
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -506,24 +514,30 @@ def clean_cutout(alpha: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
     return xp.where(kept, alpha, xp.uint8(0)).astype(xp.uint8)
 
 
-def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
-    """``hard`` with its enclosed holes filled (see :class:`MaskPostprocess`). Colours are
+def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: ArrayOps,
+               prob: Array | None = None) -> Array:
+    """``hard`` with its enclosed holes filled, and the bays at the frame's edge with them where
+    ``prob`` (the model's probability) is given (see :class:`MaskPostprocess`). Colours are
     averaged on a strided grid (about 0.5 MP), enough for a hole's and the ring's means."""
     xp = ops.xp
     labels, n = ops.label(~hard, 4)
     if n == 0:
         return hard
-    frame = xp.concatenate([labels[0], labels[-1], labels[:, 0], labels[:, -1]])
+    frame = _frame_ring(xp, labels)
     outside = xp.zeros(n + 1, dtype=bool)
     outside[frame] = True
     outside[0] = True  # label 0 is the subject itself
-    if bool(outside.all()):
-        return hard  # nothing enclosed: the common case ends here
     flat = labels.ravel()
     areas = xp.bincount(flat, minlength=n + 1).astype(xp.float64)
     subject = xp.maximum(xp.sum(hard).astype(xp.float64), 1.0)
+    bays = _bays(xp, frame, areas, n, cfg) if cfg.bay_edge > 0 and image is not None and prob is not None else None
+    if bool(outside.all()) and (bays is None or not bool(bays.any())):
+        return hard  # nothing enclosed: the common case ends here
     fill = ~outside & (areas <= cfg.speck_hole * subject)
     medium = ~outside & ~fill & (areas <= cfg.max_hole * subject)
+    if bays is not None:  # bays are colour-checked whatever their size
+        medium |= bays & (areas <= cfg.max_hole * subject)
+        outside &= ~bays
     if image is not None and cfg.max_hole > 0 and bool(medium.any()):
         h, w = hard.shape[:2]
         st = max(1, math.ceil(math.sqrt(h * w / 500_000)))
@@ -542,10 +556,46 @@ def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: Arra
         ring_n = xp.sum(ring)
         ring_mean = xp.stack([xp.sum(xp.where(ring, rgb[..., c], 0.0)) for c in range(3)]) / xp.maximum(ring_n, 1)
         delta = xp.sqrt(((srgb_to_lab(xp, means) - srgb_to_lab(xp, ring_mean)[None, :]) ** 2).sum(axis=1))
-        unlike_bg = ((delta > cfg.hole_delta_e) & (counts > 0)) | (ring_n == 0)
+        unlike = (delta > cfg.hole_delta_e) & (counts > 0)
+        unlike_bg = unlike | (ring_n == 0)
+        if bays is not None and prob is not None:
+            # a bay is filled when unlike the background beside the subject (none beside it: it
+            # stays open) or when the model half sees it (its mean probability): fur or a face
+            # the backdrop's colour, cut by the frame
+            seen = xp.bincount(flat, weights=prob.ravel().astype(xp.float64), minlength=n + 1) / xp.maximum(areas, 1.0)
+            unlike_bg = xp.where(bays, (unlike & (ring_n > 0)) | (seen >= cfg.bay_prob), unlike_bg)
         fill = fill | (medium & unlike_bg)
     fill[0] = False
     return hard | fill[labels]
+
+
+def _frame_ring(xp: Any, labels: Array) -> Array:
+    """The labels along the frame's edge as one closed walk: the top row left to right, the right
+    column down, the bottom row right to left, the left column up (each corner once)."""
+    h, w = labels.shape[:2]
+    if h == 1 or w == 1:
+        return labels.ravel()
+    return xp.concatenate([labels[0], labels[1:, -1], labels[-1, -2::-1], labels[-2:0:-1, 0]])
+
+
+def _bays(xp: Any, frame: Array, areas: Array, n: int, cfg: MaskPostprocess) -> Array:
+    """``(n + 1,)`` bool: the background components that meet the frame's edge in one stretch of
+    at most ``bay_edge`` of its length, the subject on both sides of it (not the frame's largest
+    background component, and another one still meets the frame): bays the frame cut into the
+    subject, such as the cheek of a face cut by the frame's side. :func:`fill_holes` treats them
+    as holes."""
+    ring = frame.shape[0]
+    starts = frame != xp.roll(frame, 1)  # where a stretch of one label along the edge begins
+    stretches = xp.bincount(frame[starts], minlength=n + 1)
+    contact = xp.bincount(frame, minlength=n + 1)
+    bay = (stretches == 1) & (contact <= cfg.bay_edge * ring)
+    bay[0] = False  # the subject
+    meets = contact > 0
+    meets[0] = False
+    if int(meets.sum()) < 2:
+        return xp.zeros(n + 1, dtype=bool)
+    bay[int(xp.argmax(xp.where(meets, areas, -1.0)))] = False  # the backdrop itself stays outside
+    return bay
 
 
 def drop_leaks(hard: Array, prob: Array, image: Array, cfg: MaskPostprocess, ops: ArrayOps) -> Array:
@@ -714,7 +764,7 @@ def alpha_from_probability(prob: Array, cfg: MaskPostprocess, ops: ArrayOps, ima
     if image is not None and cfg.clutter_delta_e > 0:
         hard = drop_edge_clutter(hard, image, cfg, ops)
     if cfg.speck_hole > 0 or (cfg.max_hole > 0 and image is not None):
-        hard = fill_holes(hard, image, cfg, ops)
+        hard = fill_holes(hard, image, cfg, ops, prob)
     if cfg.matte and image is not None and image.shape[:2] == hard.shape[:2]:
         return matte_alpha(prob, hard, image, cfg, ops)
     if cfg.feather_px <= 0:

@@ -237,6 +237,11 @@ def _checks(stacks: list[_Stack], cfg: MaskPostprocess, ops: XpOps) -> Array:
         if cfg.max_hole > 0:  # a larger hole is filled when unlike the background: per image
             medium = ~touches & ~fill & (areas <= cfg.max_hole * per_label)
             need |= (own & medium[None, :]).any(axis=1)
+            if cfg.bay_edge > 0:  # a bay may be filled: an image whose backdrop meets the frame in parts
+                edge = touches.copy()
+                edge[0] = False
+                small = edge & (areas <= cfg.max_hole * per_label)
+                need |= (own & small[None, :]).any(axis=1) & ((own & edge[None, :]).sum(axis=1) >= 2)
         fill[0] = False
         hard = hard | fill[labels]
     k = 0

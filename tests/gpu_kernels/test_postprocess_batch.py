@@ -170,3 +170,19 @@ def test_a_part_to_grow_into_is_flagged_and_refined_on_its_own(monkeypatch: pyte
     cases += [(prob, image), (prob.copy(), image.copy())]
     assert _refined_alone(cases, monkeypatch) == [3, 4]
     _compare(np, XpOps(np, ndi, "gpu"), cases, MaskPostprocess())
+
+
+def test_a_bay_at_the_frame_is_flagged_and_refined_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subject cut by the frame with bays open to its side (one the model sees at 0.2, too
+    little for the grow rule, enough for a bay) is sent to the per-image refinement; plain photos
+    beside it stay in their stack; the values equal."""
+    from tests.gpu_kernels.test_segment import _bay_scene
+
+    image, prob = _bay_scene(seen=0.2)
+    cases: list[tuple[np.ndarray, np.ndarray | None]] = [(p, i) for i, p in (synth(k, 300) for k in range(2))]
+    cases += [(prob, image)]
+    assert _refined_alone(cases, monkeypatch) == [2]
+    _compare(np, XpOps(np, ndi, "gpu"), cases, MaskPostprocess())
+    xp, cndi = counted_modules()
+    with _AsCupyx(cndi):
+        _compare(xp, XpOps(xp, cndi, "gpu"), cases, MaskPostprocess())

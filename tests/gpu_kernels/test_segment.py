@@ -527,6 +527,58 @@ def test_holes_are_filled_unless_they_show_the_background(ops: CpuOps) -> None:
     assert not small[245, 240]  # a hole above max_hole stays open whatever its colour
 
 
+def _bay_scene(seen: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
+    """A brown subject cut by the frame's left side on a sand backdrop, and a model probability
+    with three bays open to that side: sand-coloured fur the model half sees (``seen``), a gap
+    that shows the backdrop, and a dark part the model missed."""
+    yy, xx = np.mgrid[0:300, 0:400]
+    image = np.empty((300, 400, 3), np.uint8)
+    image[:] = (200, 190, 170)
+    subject = np.hypot(yy - 150, xx) < 200
+    image[subject] = (120, 100, 90)
+    prob = subject.astype(np.float32)
+    image[40:80, :60] = (195, 185, 165)  # fur as pale as the backdrop ...
+    prob[40:80, :60] = seen  # ... which the model half sees
+    image[130:170, :60] = (200, 190, 170)  # a gap that shows the backdrop
+    prob[130:170, :60] = 0.0
+    image[220:260, :60] = (30, 30, 90)  # a dark part the model missed
+    prob[220:260, :60] = 0.0
+    return image, prob
+
+
+@BOTH_OPS
+def test_bays_the_frame_cuts_into_the_subject_are_filled_like_holes(ops: CpuOps) -> None:
+    image, prob = _bay_scene()
+    cfg = MaskPostprocess(feather_px=0, guide_sigma=0.0)
+    alpha = alpha_from_probability(prob, cfg, ops, image) > 0
+    assert alpha[40:80, :60].all()  # the half-seen fur: the model's mean probability 0.3
+    assert alpha[220:260, :60].all()  # unlike the backdrop
+    assert not alpha[140:160, :50].any()  # the gap shows the backdrop and the model sees nothing
+    assert not alpha[:, 250:].any()  # the backdrop itself stays outside
+    off = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0, bay_edge=0.0), ops, image) > 0
+    assert not off[50:70, :50].any() and not off[230:250, :50].any()  # bays are not holes without the rule
+    wide = alpha_from_probability(prob, MaskPostprocess(feather_px=0, guide_sigma=0.0, bay_edge=0.02), ops, image) > 0
+    assert not wide[50:70, :50].any()  # 40 px of the frame's 1,400 is more than 2 % of it
+    assert not (alpha_from_probability(prob, cfg, ops) > 0)[50:70, :50].any()  # without colours: no bays
+
+
+def test_a_bay_meets_the_frame_in_one_stretch_and_is_not_the_backdrop() -> None:
+    from gpu_kernels.segment.postprocess import _bays, _frame_ring
+
+    labels = np.zeros((6, 8), np.int32)  # 0: the subject
+    labels[0, 3:5] = 1  # one stretch on the top: a bay
+    labels[2:4, 7] = 2  # one stretch on the right ...
+    labels[5, 1:7] = 2  # ... and another on the bottom: two stretches, no bay
+    labels[5, 0] = 3  # the corner pixel, one stretch round the corner: a bay
+    labels[1:3, 1:3] = 4  # inside: a hole, not on the frame
+    labels[2, 0] = 5  # the largest piece on the frame (by area): the backdrop
+    ring = _frame_ring(np, labels)
+    assert ring.shape[0] == 2 * (6 + 8) - 4 and set(ring.tolist()) == {0, 1, 2, 3, 5}
+    areas = np.array([0, 2, 8, 1, 4, 50], np.float64)  # label 5's area as if it ran off inside
+    bays = _bays(np, ring, areas, 5, MaskPostprocess(bay_edge=0.5))
+    assert bays.tolist() == [False, True, False, True, False, False]
+
+
 @BOTH_OPS
 def test_small_islands_far_from_the_subject_are_dropped(ops: CpuOps) -> None:
     prob = np.zeros((400, 600), np.float32)
