@@ -69,10 +69,11 @@ class MaskPostprocess:
     more than ``hole_delta_e`` (CIELAB ΔE) from the background just around the subject
     (``ring`` share of the diagonal). Bays (``bay_edge`` > 0): a background component that meets
     the frame's edge in a single stretch of at most ``bay_edge`` of its length, between two
-    parts of the subject, is a hole the frame cut open (the cheek of a face cut by the frame's
+    parts of the subject, and is neither the piece that meets it longest nor a speck, is a hole
+    the frame cut open (the cheek of a face cut by the frame's
     side) and is filled as a larger hole is, when unlike the background around the subject, or
-    when the model's mean probability on it is at least ``bay_prob`` (the cat's grey cheek fur on
-    a grey wall, which the model half sees).
+    when the model's mean probability on it is at least ``bay_prob`` (the cat's pale cheek fur
+    beside a pale wall, which the model half sees).
     Guided filter: Gaussian window ``guide_sigma`` px (0: off), regulariser ``guide_eps`` (on a
     0..1 grey guide), applied where ``|prob - 0.5| < guide_band``.
     Leaks (off by default, ``leak_prob`` 0): subject pixels with ``prob < leak_prob`` within
@@ -527,12 +528,14 @@ def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: Arra
     outside = xp.zeros(n + 1, dtype=bool)
     outside[frame] = True
     outside[0] = True  # label 0 is the subject itself
+    bays = _bays(xp, frame, n, cfg) if cfg.bay_edge > 0 and image is not None and prob is not None else None
+    if bool(outside.all()) and (bays is None or not bool(bays.any())):
+        return hard  # nothing enclosed: the common case ends here
     flat = labels.ravel()
     areas = xp.bincount(flat, minlength=n + 1).astype(xp.float64)
     subject = xp.maximum(xp.sum(hard).astype(xp.float64), 1.0)
-    bays = _bays(xp, frame, areas, n, cfg) if cfg.bay_edge > 0 and image is not None and prob is not None else None
-    if bool(outside.all()) and (bays is None or not bool(bays.any())):
-        return hard  # nothing enclosed: the common case ends here
+    if bays is not None:
+        bays &= areas > cfg.speck_hole * subject  # a speck of a bay is left as it is
     fill = ~outside & (areas <= cfg.speck_hole * subject)
     medium = ~outside & ~fill & (areas <= cfg.max_hole * subject)
     if bays is not None:  # bays are colour-checked whatever their size
@@ -560,9 +563,10 @@ def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: Arra
         unlike_bg = unlike | (ring_n == 0)
         if bays is not None and prob is not None:
             # a bay is filled when unlike the background beside the subject (none beside it: it
-            # stays open) or when the model half sees it (its mean probability): fur or a face
-            # the backdrop's colour, cut by the frame
-            seen = xp.bincount(flat, weights=prob.ravel().astype(xp.float64), minlength=n + 1) / xp.maximum(areas, 1.0)
+            # stays open) or when the model half sees it (its mean probability, on the colours'
+            # grid): fur or a face the backdrop's colour, cut by the frame
+            seen = xp.bincount(flat_s, weights=prob[::st, ::st].ravel().astype(xp.float64),
+                               minlength=n + 1) / xp.maximum(counts, 1.0)
             unlike_bg = xp.where(bays, (unlike & (ring_n > 0)) | (seen >= cfg.bay_prob), unlike_bg)
         fill = fill | (medium & unlike_bg)
     fill[0] = False
@@ -578,23 +582,19 @@ def _frame_ring(xp: Any, labels: Array) -> Array:
     return xp.concatenate([labels[0], labels[1:, -1], labels[-1, -2::-1], labels[-2:0:-1, 0]])
 
 
-def _bays(xp: Any, frame: Array, areas: Array, n: int, cfg: MaskPostprocess) -> Array:
-    """``(n + 1,)`` bool: the background components that meet the frame's edge in one stretch of
-    at most ``bay_edge`` of its length, the subject on both sides of it (not the frame's largest
-    background component, and another one still meets the frame): bays the frame cut into the
-    subject, such as the cheek of a face cut by the frame's side. :func:`fill_holes` treats them
-    as holes."""
-    ring = frame.shape[0]
+def _bays(xp: Any, frame: Array, n: int, cfg: MaskPostprocess) -> Array:
+    """``(n + 1,)`` bool: the background components that meet the frame's edge (``frame``:
+    :func:`_frame_ring`) in one stretch of at most ``bay_edge`` of its length, the subject on
+    both sides of it, other than the one that meets it longest (the backdrop): bays the frame cut
+    into the subject, such as the cheek of a face cut by the frame's side. :func:`fill_holes`
+    treats them as holes."""
     starts = frame != xp.roll(frame, 1)  # where a stretch of one label along the edge begins
     stretches = xp.bincount(frame[starts], minlength=n + 1)
     contact = xp.bincount(frame, minlength=n + 1)
-    bay = (stretches == 1) & (contact <= cfg.bay_edge * ring)
-    bay[0] = False  # the subject
-    meets = contact > 0
-    meets[0] = False
-    if int(meets.sum()) < 2:
-        return xp.zeros(n + 1, dtype=bool)
-    bay[int(xp.argmax(xp.where(meets, areas, -1.0)))] = False  # the backdrop itself stays outside
+    contact[0] = 0  # the subject
+    bay = (stretches == 1) & (contact > 0) & (contact <= cfg.bay_edge * frame.shape[0])
+    bay[0] = False
+    bay[int(xp.argmax(contact))] = False  # the backdrop stays outside
     return bay
 
 

@@ -567,16 +567,17 @@ def test_a_bay_meets_the_frame_in_one_stretch_and_is_not_the_backdrop() -> None:
 
     labels = np.zeros((6, 8), np.int32)  # 0: the subject
     labels[0, 3:5] = 1  # one stretch on the top: a bay
-    labels[2:4, 7] = 2  # one stretch on the right ...
-    labels[5, 1:7] = 2  # ... and another on the bottom: two stretches, no bay
+    labels[2, 7] = 2  # one pixel on the right ...
+    labels[5, 6] = 2  # ... and one on the bottom: two stretches, no bay
     labels[5, 0] = 3  # the corner pixel, one stretch round the corner: a bay
-    labels[1:3, 1:3] = 4  # inside: a hole, not on the frame
-    labels[2, 0] = 5  # the largest piece on the frame (by area): the backdrop
+    labels[2:4, 2:4] = 4  # inside: a hole, not on the frame
+    labels[1:4, 0] = 5  # the longest stretch on the frame: the backdrop
     ring = _frame_ring(np, labels)
     assert ring.shape[0] == 2 * (6 + 8) - 4 and set(ring.tolist()) == {0, 1, 2, 3, 5}
-    areas = np.array([0, 2, 8, 1, 4, 50], np.float64)  # label 5's area as if it ran off inside
-    bays = _bays(np, ring, areas, 5, MaskPostprocess(bay_edge=0.5))
+    bays = _bays(np, ring, 5, MaskPostprocess(bay_edge=0.5))
     assert bays.tolist() == [False, True, False, True, False, False]
+    short = _bays(np, ring, 5, MaskPostprocess(bay_edge=0.05))  # at most 1.2 of the 24 pixels
+    assert short.tolist() == [False, False, False, True, False, False]
 
 
 @BOTH_OPS
