@@ -534,13 +534,12 @@ def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: Arra
     flat = labels.ravel()
     areas = xp.bincount(flat, minlength=n + 1).astype(xp.float64)
     subject = xp.maximum(xp.sum(hard).astype(xp.float64), 1.0)
-    if bays is not None:
-        bays &= areas > cfg.speck_hole * subject  # a speck of a bay is left as it is
     fill = ~outside & (areas <= cfg.speck_hole * subject)
     medium = ~outside & ~fill & (areas <= cfg.max_hole * subject)
-    if bays is not None:  # bays are colour-checked whatever their size
-        medium |= bays & (areas <= cfg.max_hole * subject)
-        outside &= ~bays
+    if bays is not None:
+        bays &= areas > cfg.speck_hole * subject  # a speck of a bay is left as it is
+        medium |= bays & (areas <= cfg.max_hole * subject)  # the others are checked as larger holes are
+        outside &= ~bays  # and are no background for the ring's colours
     if image is not None and cfg.max_hole > 0 and bool(medium.any()):
         h, w = hard.shape[:2]
         st = max(1, math.ceil(math.sqrt(h * w / 500_000)))
@@ -561,7 +560,7 @@ def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: Arra
         delta = xp.sqrt(((srgb_to_lab(xp, means) - srgb_to_lab(xp, ring_mean)[None, :]) ** 2).sum(axis=1))
         unlike = (delta > cfg.hole_delta_e) & (counts > 0)
         unlike_bg = unlike | (ring_n == 0)
-        if bays is not None and prob is not None:
+        if bays is not None and prob is not None:  # (bays are found only with a probability)
             # a bay is filled when unlike the background beside the subject (none beside it: it
             # stays open) or when the model half sees it (its mean probability, on the colours'
             # grid): fur or a face the backdrop's colour, cut by the frame
