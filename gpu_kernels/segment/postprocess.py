@@ -114,10 +114,13 @@ class MaskPostprocess:
     is sure of that it touches fall apart without it, the frame's edge counting as one (backdrop
     *between* items, or running out of the frame from one); it then grows into the
     unsure pixels next to it within twice that ΔE (the darker rim of backdrop it leaves round the
-    items). Items (``item_prob`` < 1): an island
-    the island rule drops is kept when the model's mean probability on it is at least
-    ``item_prob``, its mean ΔE from the local backdrop at least ``item_delta_e`` and its area at
-    least ``item_min`` of the frame (the far coins of a tray of coins).
+    items), and into a part the model is sure of within that ΔE when the part is at most
+    ``backdrop_wedge`` of the dropped area (a wedge of backdrop the model calls subject where two
+    items nearly touch; a larger part is the subject's own colour near the backdrop's).
+    Items (``item_prob`` < 1): an island the island rule drops is kept when the model's mean
+    probability on it is at least ``item_prob``, its mean ΔE from the local backdrop at least
+    ``item_delta_e`` and its area at least ``item_min`` of the frame (the far coins of a tray of
+    coins).
     Grow (``grow_prob`` < ``threshold``): the thick parts (an opening by a disk of
     ``backdrop_thick`` of the diagonal) of the pixels the model half sees (``grow_prob`` <= prob <
     ``threshold``) that are at least ``grow_delta_e`` (CIELAB ΔE) from the backdrop's local colour
@@ -164,6 +167,7 @@ class MaskPostprocess:
     backdrop_region_prob: float = 0.8
     backdrop_min: float = 0.002
     backdrop_thick: float = 0.015
+    backdrop_wedge: float = 0.1
     item_prob: float = 0.9
     item_delta_e: float = 20.0
     item_min: float = 0.002
@@ -181,7 +185,8 @@ class MaskPostprocess:
             raise ValueError(
                 f"mask postprocess: erode_px and feather_px must be >= 0, got {self.erode_px}, {self.feather_px}"
             )
-        shares = (self.min_component, self.far_component, self.near, self.speck_hole, self.max_hole, self.ring)
+        shares = (self.min_component, self.far_component, self.near, self.speck_hole, self.max_hole, self.ring,
+                  self.backdrop_wedge)
         if not all(0.0 <= v <= 1.0 for v in shares):
             raise ValueError(f"mask postprocess: shares must be in [0, 1], got {self}")
         if (self.matte_colour_reach <= 0 or self.matte_colour_sep < 0 or self.matte_colour_fit < 0
@@ -341,9 +346,17 @@ def drop_backdrop_regions(hard: Array, prob: Array, likeness: Likeness, cfg: Mas
         return hard
     gone = drop[labels]
     # grown by hysteresis into the unsure pixels next to it within twice the distance (the
-    # darker rim of backdrop a dropped patch leaves around the items it touched)
-    weak = gone | (hard_s & (delta < xp.float32(2 * cfg.backdrop_delta_e))
-                   & (prob_s < xp.float32(cfg.backdrop_unsure)))
+    # darker rim of backdrop a dropped patch leaves around the items it touched), and into the
+    # small parts of such pixels the model is sure of (a wedge between two nearly touching items)
+    near = hard_s & (delta < xp.float32(2 * cfg.backdrop_delta_e))
+    unsure_near = near & (prob_s < xp.float32(cfg.backdrop_unsure))
+    weak = gone | unsure_near
+    if cfg.backdrop_wedge > 0:
+        sl, sn = ops.label(near & ~unsure_near, 8)
+        sizes = xp.bincount(sl.ravel(), minlength=sn + 1)
+        small = sizes <= cfg.backdrop_wedge * float(xp.sum(gone))
+        small[0] = False
+        weak |= small[sl]
     wl, wn = ops.label(weak, 8)
     seeded = xp.zeros(wn + 1, dtype=bool)
     seeded[wl[gone]] = True

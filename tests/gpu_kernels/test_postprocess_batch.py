@@ -186,3 +186,21 @@ def test_a_bay_at_the_frame_is_flagged_and_refined_on_its_own(monkeypatch: pytes
     xp, cndi = counted_modules()
     with _AsCupyx(cndi):
         _compare(xp, XpOps(xp, cndi, "gpu"), cases, MaskPostprocess())
+
+
+def test_a_wedge_of_sure_backdrop_between_items_is_refined_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backdrop between the items of a tray with a wedge of it the model is sure of: the image is
+    flagged (the backdrop rule drops the patch, and the wedge with it) and refined on its own;
+    the values equal, over NumPy and on the device branch."""
+    from tests.gpu_kernels.test_subject_selection import wedged_tray
+
+    image, prob, parts = wedged_tray()
+    cases: list[tuple[np.ndarray, np.ndarray | None]] = [(p, i) for i, p in (synth(k, 300) for k in range(2))]
+    cases += [(prob, image)]
+    assert _refined_alone(cases, monkeypatch) == [2]
+    _compare(np, XpOps(np, ndi, "gpu"), cases, MaskPostprocess())
+    xp, cndi = counted_modules()
+    with _AsCupyx(cndi):
+        _compare(xp, XpOps(xp, cndi, "gpu"), cases, MaskPostprocess())
+    alpha = np.asarray(alpha_batch([prob], [image], MaskPostprocess(), XpOps(np, ndi, "gpu"))[0]) >= 128
+    assert alpha[parts["wedge"]].mean() < 0.05

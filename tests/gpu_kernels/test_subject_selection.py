@@ -173,6 +173,43 @@ def test_a_backdrop_coloured_part_held_by_one_sure_part_stays() -> None:
     assert alpha[parts["patch"] & ~beside].mean() > 0.9
 
 
+def wedged_tray() -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """:func:`tray` with a wedge in the patch: a small piece of the same backdrop, between the box
+    and the disc beside it, that the model is sure of (0.98), as u2netp is of the backdrop where
+    two coins nearly touch."""
+    image, prob, parts = tray()
+    wedge = np.zeros(prob.shape, np.uint8)
+    cv2.circle(wedge, (520, 235), 10, 1, -1)  # against the disc (545, 235; radius 19)
+    parts["wedge"] = wedge.astype(bool) & parts["patch"]
+    prob[cv2.dilate(wedge, np.ones((3, 3), np.uint8)).astype(bool)] = 0.98
+    return image, prob, parts
+
+
+def test_a_wedge_of_backdrop_the_model_is_sure_of_goes_with_the_backdrop_beside_it() -> None:
+    image, prob, parts = wedged_tray()
+    assert float(prob[parts["wedge"]].min()) >= MaskPostprocess().backdrop_unsure  # the model is sure
+    alpha = alpha_from_probability(prob, MaskPostprocess(), CpuOps(), image) >= 128
+    assert alpha[parts["wedge"]].mean() < 0.05
+    assert alpha[parts["patch"]].mean() < 0.05
+    for k in ("box", "disc6"):
+        assert alpha[parts[k]].mean() > 0.9, k
+    off = alpha_from_probability(prob, MaskPostprocess(backdrop_wedge=0.0), CpuOps(), image) >= 128
+    assert off[parts["wedge"]].mean() > 0.9  # without the wedge share the model's word is kept
+    assert off[parts["patch"] & ~parts["wedge"]].mean() < 0.05
+
+
+def test_a_sure_backdrop_coloured_part_larger_than_a_wedge_stays() -> None:
+    """Sure pixels of the backdrop's colour next to the dropped patch that are more than a tenth
+    of it (the box, painted like the backdrop: a subject's own colour near the backdrop's, such as
+    a cat's cheek against a wall of its shade) keep the model's word."""
+    image, prob, parts = wedged_tray()
+    box = parts["box"]
+    image[box] = image[box.nonzero()[0].min() - 8, box.nonzero()[1]].mean(axis=0).astype(np.uint8)
+    alpha = alpha_from_probability(prob, MaskPostprocess(), CpuOps(), image) >= 128
+    assert alpha[box].mean() > 0.9
+    assert alpha[parts["wedge"]].mean() < 0.05  # the wedge still goes
+
+
 def toy(h: int = 400, w: int = 400) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """An orange wheel the model is sure of in its upper half (0.95) and half sees in its lower
     half (0.35); beside it a patch of the pale backdrop (0.35) and a dark-blue cloth it half sees
