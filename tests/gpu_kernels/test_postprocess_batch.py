@@ -179,6 +179,12 @@ def test_a_bay_at_the_frame_is_flagged_and_refined_on_its_own(monkeypatch: pytes
     from tests.gpu_kernels.test_segment import _bay_scene
 
     image, prob = _bay_scene(seen=0.2)
+    _alone_among_plain_photos(prob, image, monkeypatch)
+
+
+def _alone_among_plain_photos(prob: np.ndarray, image: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``prob`` and ``image`` batched after two plain photos: that image alone is refined on its
+    own, and every value equals the per-image refinement, over NumPy and on the device branch."""
     cases: list[tuple[np.ndarray, np.ndarray | None]] = [(p, i) for i, p in (synth(k, 300) for k in range(2))]
     cases += [(prob, image)]
     assert _refined_alone(cases, monkeypatch) == [2]
@@ -195,12 +201,6 @@ def test_a_wedge_of_sure_backdrop_between_items_is_refined_on_its_own(monkeypatc
     from tests.gpu_kernels.test_subject_selection import wedged_tray
 
     image, prob, parts = wedged_tray()
-    cases: list[tuple[np.ndarray, np.ndarray | None]] = [(p, i) for i, p in (synth(k, 300) for k in range(2))]
-    cases += [(prob, image)]
-    assert _refined_alone(cases, monkeypatch) == [2]
-    _compare(np, XpOps(np, ndi, "gpu"), cases, MaskPostprocess())
-    xp, cndi = counted_modules()
-    with _AsCupyx(cndi):
-        _compare(xp, XpOps(xp, cndi, "gpu"), cases, MaskPostprocess())
+    _alone_among_plain_photos(prob, image, monkeypatch)
     alpha = np.asarray(alpha_batch([prob], [image], MaskPostprocess(), XpOps(np, ndi, "gpu"))[0]) >= 128
     assert alpha[parts["wedge"]].mean() < 0.05
