@@ -316,10 +316,7 @@ def _choose(fam: table.RuntimeFamily, b: BuildContext, gates: _GateCache,
     sha = sha256_file(b.model_path) if fam.candidates else ""
     all_key = _key(sha, "candidates" if fam.name == "auto" else f"candidates-{fam.name}", b)
     results: list[GateResult] = []
-    listed = gates.names(all_key) or []
-    if any(n not in fam.candidates for n in listed):  # kept by a version with other candidates
-        listed = []
-    known = [gates.get(_key(sha, n, b)) for n in listed] if fam.rule == "fastest" else []
+    known = [gates.get(_key(sha, n, b)) for n in gates.names(all_key) or ()] if fam.rule == "fastest" else []
     if known and all(r is not None for r in known):  # every candidate judged before: none loaded to decide
         results = [r for r in known if r is not None]
         if _pick(fam, results) is None:

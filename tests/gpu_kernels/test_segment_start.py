@@ -36,24 +36,13 @@ def _no_candidates(*args: Any, **kwargs: Any) -> Any:
 def test_cached_verdicts_that_all_fail_give_fp32_without_loading_candidates(
         u2netp: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     threads = usable_cores()
-    _seed(tmp_path, u2netp.batched, {"openvino-checked": (0.84, 150.0), "openvino-f32": (1.0, 290.0),
+    _seed(tmp_path, u2netp.batched, {"openvino-bf16": (0.84, 150.0), "openvino-f32": (1.0, 290.0),
                                      "int8": (0.3, 170.0)}, threads)
     monkeypatch.setattr(rt, "_factories", _no_candidates)
     seg, choice = make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
     assert isinstance(seg, OnnxSegmenter) and choice.runtime == "fp32"
-    assert {g.runtime for g in choice.gates} == {"openvino-checked", "openvino-f32", "int8"}
+    assert {g.runtime for g in choice.gates} == {"openvino-bf16", "openvino-f32", "int8"}
     assert not any(g.passed for g in choice.gates if g.runtime != "openvino-f32")
-
-
-def test_plain_bf16_is_no_auto_candidate_even_where_a_kept_verdict_passed_it(u2netp: Any, tmp_path: Path) -> None:
-    """A verdict list kept before plain bf16 left ``auto``'s candidates (bf16 passing, 3x fp32):
-    it is not used, plain bf16 is not picked, and the current candidates decide (here all fail)."""
-    threads = usable_cores()
-    _seed(tmp_path, u2netp.batched, {"openvino-bf16": (0.99, 100.0), "openvino-checked": (0.84, 150.0),
-                                     "openvino-f32": (0.84, 290.0), "int8": (0.3, 170.0)}, threads)
-    seg, choice = make_model_segmenter(u2netp.batched, cache_dir=tmp_path)
-    assert isinstance(seg, OnnxSegmenter) and choice.runtime == "fp32"
-    assert "openvino-bf16" not in {g.runtime for g in choice.gates}
 
 
 START = """
