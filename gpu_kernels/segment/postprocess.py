@@ -349,10 +349,9 @@ def drop_backdrop_regions(hard: Array, prob: Array, likeness: Likeness, cfg: Mas
     # darker rim of backdrop a dropped patch leaves around the items it touched), and into the
     # small parts of such pixels the model is sure of (a wedge between two nearly touching items)
     near = hard_s & (delta < xp.float32(2 * cfg.backdrop_delta_e))
-    unsure_near = near & (prob_s < xp.float32(cfg.backdrop_unsure))
-    weak = gone | unsure_near
+    weak = gone | (near & ~sure)
     if cfg.backdrop_wedge > 0:
-        sl, sn = ops.label(near & ~unsure_near, 8)
+        sl, sn = ops.label(near & sure, 8)
         sizes = xp.bincount(sl.ravel(), minlength=sn + 1)
         small = sizes <= cfg.backdrop_wedge * float(xp.sum(gone))
         small[0] = False
