@@ -490,16 +490,23 @@ def test_contact_sheet_with_a_segmenter(tmp_path: Path) -> None:
 BOTH_OPS = pytest.mark.parametrize("ops", [CpuOps(), numpy_xp_ops()], ids=["opencv", "xp-numpy"])
 
 
+def _disc_scene(h: int, w: int, backdrop: tuple[int, int, int], centre: tuple[int, int], radius: float,
+                colour: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A disc of ``colour`` (centre ``(y, x)``) on ``backdrop``, and a model probability of 1 on
+    it and 0 elsewhere: ``(image, prob, yy, xx)``, the last two the pixel grid's rows and columns."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    image = np.empty((h, w, 3), np.uint8)
+    image[:] = backdrop
+    disc = np.hypot(yy - centre[0], xx - centre[1]) < radius
+    image[disc] = colour
+    return image, disc.astype(np.float32), yy, xx
+
+
 def _holed_scene() -> tuple[np.ndarray, np.ndarray]:
     """A grey disc on a sand-coloured backdrop, and a model probability with four holes: a speck,
     a dark logo the model missed (not background-coloured), the opening of a handle (shows the
     backdrop) and a big opening (a ring's centre)."""
-    yy, xx = np.mgrid[0:400, 0:600]
-    image = np.empty((400, 600, 3), np.uint8)
-    image[:] = (214, 196, 160)
-    disc = np.hypot(yy - 200, xx - 300) < 180
-    image[disc] = (120, 120, 125)
-    prob = disc.astype(np.float32)
+    image, prob, yy, xx = _disc_scene(400, 600, (214, 196, 160), (200, 300), 180, (120, 120, 125))
     prob[150:153, 250:253] = 0.0  # speck
     image[230:260, 220:260] = (30, 30, 90)  # the logo ...
     prob[230:260, 220:260] = 0.0  # ... that the model missed
@@ -531,12 +538,7 @@ def _bay_scene(seen: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
     """A brown subject cut by the frame's left side on a sand backdrop, and a model probability
     with three bays open to that side: sand-coloured fur the model half sees (``seen``), a gap
     that shows the backdrop, and a dark part the model missed."""
-    yy, xx = np.mgrid[0:300, 0:400]
-    image = np.empty((300, 400, 3), np.uint8)
-    image[:] = (200, 190, 170)
-    subject = np.hypot(yy - 150, xx) < 200
-    image[subject] = (120, 100, 90)
-    prob = subject.astype(np.float32)
+    image, prob, _, _ = _disc_scene(300, 400, (200, 190, 170), (150, 0), 200, (120, 100, 90))
     image[40:80, :60] = (195, 185, 165)  # fur as pale as the backdrop ...
     prob[40:80, :60] = seen  # ... which the model half sees
     image[130:170, :60] = (200, 190, 170)  # a gap that shows the backdrop
