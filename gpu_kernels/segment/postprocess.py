@@ -67,13 +67,15 @@ class MaskPostprocess:
     of it. Holes (background components that do not touch the frame): filled when at most
     ``speck_hole`` of the subject's area, or at most ``max_hole`` of it and their mean colour is
     more than ``hole_delta_e`` (CIELAB ΔE) from the background just around the subject
-    (``ring`` share of the diagonal). Bays (``bay_edge`` > 0): a background component that meets
-    the frame's edge in a single stretch of at most ``bay_edge`` of its length, between two
-    parts of the subject, and is neither the piece that meets it longest nor a speck, is a hole
-    the frame cut open (the cheek of a face cut by the frame's
-    side) and is filled as a larger hole is, when unlike the background around the subject, or
-    when the model's mean probability on it is at least ``bay_prob`` (the cat's pale cheek fur
-    beside a pale wall, which the model half sees).
+    (``ring`` share of the diagonal), or when the model's probability is at least ``hole_prob``
+    everywhere in them (it wavered under its threshold there and never saw the background: a
+    cat's pale fur beside a pale wall; a hole it sees through dips far lower). Bays
+    (``bay_edge`` > 0): a background component that meets the frame's edge in a single stretch
+    of at most ``bay_edge`` of its length, between two parts of the subject, and is neither the
+    piece that meets it longest nor a speck, is a hole the frame cut open (the cheek of a face
+    cut by the frame's side) and is filled as a larger hole is, when unlike the background
+    around the subject, or when the model's mean probability on it is at least ``bay_prob`` (the
+    cat's pale cheek fur beside a pale wall, which the model half sees).
     Guided filter: Gaussian window ``guide_sigma`` px (0: off), regulariser ``guide_eps`` (on a
     0..1 grey guide), applied where ``|prob - 0.5| < guide_band``.
     Leaks (off by default, ``leak_prob`` 0): subject pixels with ``prob < leak_prob`` within
@@ -177,6 +179,7 @@ class MaskPostprocess:
     grow_min: float = 0.002
     bay_edge: float = 0.1  # 0: bays at the frame's edge are never holes
     bay_prob: float = 0.15
+    hole_prob: float = 0.4  # 0: a hole like the background always stays open
 
     def __post_init__(self) -> None:
         if not 0.0 < self.threshold < 1.0:
@@ -186,7 +189,7 @@ class MaskPostprocess:
                 f"mask postprocess: erode_px and feather_px must be >= 0, got {self.erode_px}, {self.feather_px}"
             )
         shares = (self.min_component, self.far_component, self.near, self.speck_hole, self.max_hole, self.ring,
-                  self.backdrop_wedge)
+                  self.backdrop_wedge, self.hole_prob)
         if not all(0.0 <= v <= 1.0 for v in shares):
             raise ValueError(f"mask postprocess: shares must be in [0, 1], got {self}")
         if (self.matte_colour_reach <= 0 or self.matte_colour_sep < 0 or self.matte_colour_fit < 0
@@ -572,6 +575,13 @@ def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: Arra
         delta = xp.sqrt(((srgb_to_lab(xp, means) - srgb_to_lab(xp, ring_mean)[None, :]) ** 2).sum(axis=1))
         unlike = (delta > cfg.hole_delta_e) & (counts > 0)
         unlike_bg = unlike | (ring_n == 0)
+        if prob is not None and cfg.hole_prob > 0 and bool((medium & ~unlike_bg).any()):
+            # a hole like the background that the model never calls background (no pixel of it,
+            # on the colours' grid, below hole_prob): the model only wavered under its threshold
+            # there (a cat's pale cheek fur beside a pale wall), it did not see through the subject
+            low = xp.bincount(flat_s, weights=(prob[::st, ::st] < cfg.hole_prob).ravel().astype(xp.float64),
+                              minlength=n + 1)
+            unlike_bg = unlike_bg | ((low == 0) & (counts > 0))
         if bays is not None and prob is not None:  # (bays are found only with a probability)
             # a bay is filled when unlike the background beside the subject (none beside it: it
             # stays open) or when the model half sees it (its mean probability, on the colours'

@@ -194,6 +194,18 @@ def _alone_among_plain_photos(prob: np.ndarray, image: np.ndarray, monkeypatch: 
         _compare(xp, XpOps(xp, cndi, "gpu"), cases, MaskPostprocess())
 
 
+def test_a_hole_the_model_wavered_in_is_refined_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backdrop-pale hole the model never calls background (filled by the per-image rule) is
+    sent to the per-image refinement; the plain photos beside it stay in their stack; the values
+    equal, over NumPy and on the device branch."""
+    from tests.gpu_kernels.test_segment import wavered_scene
+
+    image, prob = wavered_scene(0.42)
+    _alone_among_plain_photos(prob, image, monkeypatch)
+    alpha = np.asarray(alpha_batch([prob], [image], MaskPostprocess(guide_sigma=0.0), XpOps(np, ndi, "gpu"))[0])
+    assert (alpha[135:165, 185:225] >= 128).all()
+
+
 def test_a_wedge_of_sure_backdrop_between_items_is_refined_on_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """Backdrop between the items of a tray with a wedge of it the model is sure of: the image is
     flagged (the backdrop rule drops the patch, and the wedge with it) and refined on its own;

@@ -534,6 +534,27 @@ def test_holes_are_filled_unless_they_show_the_background(ops: CpuOps) -> None:
     assert not small[245, 240]  # a hole above max_hole stays open whatever its colour
 
 
+def wavered_scene(dip: float) -> tuple[np.ndarray, np.ndarray]:
+    """A brown subject on a sand backdrop with a patch of sand-pale fur inside it, where the model
+    wavers just under its threshold (0.45) with one dip to ``dip`` at the patch's centre."""
+    image, prob, _, _ = _disc_scene(300, 400, (200, 190, 170), (150, 200), 130, (120, 100, 90))
+    image[130:170, 180:230] = (196, 186, 166)  # fur as pale as the backdrop ...
+    prob[130:170, 180:230] = 0.45  # ... under the model's threshold
+    prob[146:154, 201:209] = dip  # where the model sees through it, if it does
+    return image, prob
+
+
+@BOTH_OPS
+def test_a_hole_the_model_never_calls_background_is_filled(ops: CpuOps) -> None:
+    cfg = MaskPostprocess(feather_px=0, guide_sigma=0.0)
+    image, wavered = wavered_scene(0.42)
+    assert (alpha_from_probability(wavered, cfg, ops, image) > 0)[130:170, 180:230].all()
+    off = alpha_from_probability(wavered, MaskPostprocess(feather_px=0, guide_sigma=0.0, hole_prob=0.0), ops, image)
+    assert not (off > 0)[130:170, 180:230].any()  # like the backdrop: open without the rule
+    image, seen_through = wavered_scene(0.2)  # the model saw the backdrop in it: a true opening
+    assert not (alpha_from_probability(seen_through, cfg, ops, image) > 0)[130:170, 180:230].any()
+
+
 def _bay_scene(seen: float = 0.3) -> tuple[np.ndarray, np.ndarray]:
     """A brown subject cut by the frame's left side on a sand backdrop, and a model probability
     with three bays open to that side: sand-coloured fur the model half sees (``seen``), a gap
