@@ -315,10 +315,10 @@ AB_DOC = """``lightbox process`` (or ``lightbox worker``) of this checkout again
 paired, alternated runs.
 
     PYTHONPATH=. .venv/bin/python bench/bench_peers.py ab [--baseline main] [--rounds 12]
-        [--classes start,small,mid,large] [--worker] [--out bench/results/process_ab.json]
+        [--classes start,small,mid,large] [--worker] [--presets a,b,c] [--out bench/results/process_ab.json]
 
 The photos are the peer benchmark's (``bench.harness.peer_photos``: ``start`` is the first small
-photo, then the size classes), into its three presets, each run a whole process started the way
+photo, then the size classes), into its three presets (or ``--presets``), each run a whole process started the way
 this bench starts lightbox. The baseline is ``git archive <ref>`` unpacked into a
 temporary folder and run with that folder first on the path; both trees are byte-compiled and
 run once untimed first. Every round runs both trees once per class, the order alternating from
@@ -340,17 +340,19 @@ test: it asserts nothing.
 
 
 
-def ab_run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = None) -> dict[str, float]:
+def ab_run(tree: Path, files: list[Path], out: Path, bootstrap: str | None = None,
+           presets: str = PRESETS) -> dict[str, float]:
     """``{"seconds": ...}`` of one whole ``lightbox process`` of ``tree`` (its folder first on the
-    path), or of one ``lightbox worker`` run through ``bootstrap`` (``steady_ms`` too)."""
+    path) into ``presets`` (comma-separated), or of one ``lightbox worker`` run through
+    ``bootstrap`` (``steady_ms`` too)."""
     shutil.rmtree(out, ignore_errors=True)
     if bootstrap is not None:
         from bench.harness import run_file_worker
 
-        got = run_file_worker(files, out, bootstrap, PRESETS.split(","), tree=tree)
+        got = run_file_worker(files, out, bootstrap, presets.split(","), tree=tree)
         return {"seconds": got["seconds"], "steady_ms": got["steady_ms_per_image"]}
     cmd = [sys.executable, "-c", "from lightbox.cli import main; main()", "process", *map(str, files),
-           "-o", str(out), "--presets", PRESETS, "--no-table"]
+           "-o", str(out), "--presets", presets, "--no-table"]
     proc, seconds, cpu = run_timed(cmd, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
     if proc.returncode:
         raise SystemExit(f"lightbox process of {tree} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -366,6 +368,7 @@ def ab_main(argv: list[str]) -> None:
     ap.add_argument("--rounds", type=int, default=12)
     ap.add_argument("--classes", default="start,small", help="comma-separated: start, small, mid, large")
     ap.add_argument("--worker", action="store_true", help="run each tree's lightbox worker through Kafka instead")
+    ap.add_argument("--presets", default=PRESETS, help=f"comma-separated preset names (default {PRESETS})")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "process_ab.json")
     args = ap.parse_args(argv)
     from bench.bench_overhead import git
@@ -395,13 +398,13 @@ def ab_main(argv: list[str]) -> None:
         work = Path(tmp) / "out"
         for name, tree in trees.items():
             compile_packages(tree)
-            ab_run(tree, sets["start"], work / name, bootstrap)  # untimed: caches (model copies, compiled models)
+            ab_run(tree, sets["start"], work / name, bootstrap, args.presets)  # untimed: caches (models)
         runs: dict[str, dict[str, list[dict[str, float]]]] = {c: {n: [] for n in trees} for c in classes}
         for r in range(args.rounds):
             order = list(trees) if r % 2 == 0 else list(trees)[::-1]
             for c in classes:
                 for name in order:
-                    runs[c][name].append(ab_run(trees[name], sets[c], work / name, bootstrap))
+                    runs[c][name].append(ab_run(trees[name], sets[c], work / name, bootstrap, args.presets))
                 last = {n: v[-1] for n, v in runs[c].items()}
                 print(f"round {r + 1:2d} {c:5s} " + "  ".join(
                     f"{n} {last[n]['seconds']:.2f} s" + (f" ({last[n]['steady_ms']:.0f} ms/img)" if args.worker
@@ -409,7 +412,7 @@ def ab_main(argv: list[str]) -> None:
                     for n in trees), flush=True)
     print(f"\n{tool}: current against {args.baseline} ({commit}): median, and current - baseline per round")
     report: dict[str, Any] = {"tool": tool, "baseline": args.baseline, "baseline_commit": commit,
-                              "rounds": args.rounds, "classes": {}}
+                              "rounds": args.rounds, "presets": args.presets, "classes": {}}
     for c, per_tree in runs.items():
         report["classes"][c] = {"images": len(sets[c])}
         for key, unit in (("seconds", "s"), ("cpu_s", "s"), ("steady_ms", "ms/img")):

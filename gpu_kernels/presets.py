@@ -35,6 +35,17 @@ class Preset:
     pure_white: bool = False   # every border pixel exactly (255, 255, 255)
     allow_cut: bool = True     # False: the subject must not touch the photo's or the canvas' edge
 
+    @property
+    def look(self) -> tuple[object, ...]:
+        """What the canvas depends on: presets with the same look render the same pixels (two
+        marketplaces that both ask for 800 × 800 on white at fill 0.8)."""
+        return (self.width, self.height, self.fill, self.background, self.sharpen, self.shadow)
+
+    @property
+    def encoding(self) -> tuple[object, ...]:
+        """What the variant's bytes depend on: its :attr:`look`, format and quality."""
+        return (*self.look, self.format, self.quality)
+
     def __post_init__(self) -> None:
         if self.width < 1 or self.height < 1:
             raise ValueError(f"preset {self.name!r}: size must be positive, got {self.width}x{self.height}")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -152,6 +152,21 @@ class BatchContext:
     def asking(self, preset: Preset) -> list[int]:
         """Live items that asked for ``preset``."""
         return [i for i in self.alive() if preset in self.jobs[i].presets]
+
+    def twins(self, order: Sequence[Preset], preset: Preset, key: Callable[[Preset], Hashable]) -> dict[int, str]:
+        """Live items asking for ``preset`` that also asked for a preset before it in ``order``
+        (the order a stage runs its steps in) with the same ``key`` (:attr:`Preset.look`,
+        :attr:`Preset.encoding`): item → that preset's name, whose result serves both."""
+        k = key(preset)
+        before = [p for p in order[:order.index(preset)] if key(p) == k]
+        if not before:
+            return {}
+        found = {}
+        for i in self.asking(preset):
+            twin = next((p for p in before if p in self.jobs[i].presets), None)
+            if twin is not None:
+                found[i] = twin.name
+        return found
 
     def fail(self, i: int, exc: LightboxError, stage: str) -> None:
         if not exc.stage:

@@ -7,7 +7,9 @@ from, encodes what the GPU takes (nvJPEG: large RGB JPEGs), a preset's images in
 ``EncodeStage(encoder, "host")`` in the output lane encodes the rest on the CPU (PNG, WebP,
 small JPEGs: libpng, libwebp, libjpeg-turbo after a device→host copy), so the device thread
 never waits for a CPU encode. A CPU encoder runs whole in the output lane (``"all"``); so does
-a GPU encoder without the split, in the device lane.
+a GPU encoder without the split, in the device lane. A preset with the same
+:attr:`~gpu_kernels.presets.Preset.encoding` as one before it in the batch takes that one's
+bytes (in the host half when the stage is split).
 """
 
 from __future__ import annotations
@@ -74,13 +76,18 @@ class EncodeStage(Stage):
             self.lane = "device" if part == "device" else "output"
 
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
-        for preset in ctx.presets():
-            items = [i for i in ctx.asking(preset) if self._takes(ctx, i, preset)]
-            if not items:
-                continue
-            yield Step(f"encode:{preset.name}", self.device, items,
-                       lambda ix, p=preset: self._encode(ctx, ix, p),  # type: ignore[misc]
-                       lambda i, data, p=preset: ctx.encoded.__setitem__((i, p.name), data))  # type: ignore[misc]
+        order = ctx.presets()
+        for preset in order:
+            twins = ctx.twins(order, preset, lambda p: p.encoding)
+            items = [i for i in ctx.asking(preset) if i not in twins and self._takes(ctx, i, preset)]
+            if items:
+                yield Step(f"encode:{preset.name}", self.device, items,
+                           lambda ix, p=preset: self._encode(ctx, ix, p),  # type: ignore[misc]
+                           lambda i, data, p=preset: ctx.encoded.__setitem__((i, p.name), data))  # type: ignore[misc]
+            if twins and self.part != "device":  # the bytes of an earlier preset with the same encoding
+                yield Step(f"encode:{preset.name}", self.device, list(twins),
+                           lambda ix, t=twins: [ctx.encoded[i, t[i]] for i in ix],  # type: ignore[misc]
+                           lambda i, data, p=preset: ctx.encoded.__setitem__((i, p.name), data))  # type: ignore[misc]
 
     def _takes(self, ctx: BatchContext, i: int, preset: Preset) -> bool:
         key = (i, preset.name)

@@ -1,5 +1,7 @@
 """Render (docs/architecture.md, step 6): per preset, one batched crop + resize + pad + sharpen over every
 image that asked for it (span ``preset:<name>``); device lane on a GPU, output lane on the CPU.
+A preset with the same :attr:`~gpu_kernels.presets.Preset.look` as one before it in the batch
+(two marketplaces that ask for the same canvas) takes that canvas instead of rendering it again.
 When the correct stage coloured only a window of an image, the mask is cropped to the same window
 (the subject box and the placement move with it, so the canvas shows the same pixels)."""
 
@@ -27,12 +29,20 @@ class RenderStage(Stage):
         self.lane: Lane = lane or ("device" if self.device == "gpu" else "output")
 
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
-        for preset in ctx.presets():
-            yield Step(f"preset:{preset.name}", self.device, ctx.asking(preset),
-                       lambda ix, p=preset: self.retoucher.render_batch(  # type: ignore[misc]
-                           [ctx.corrected[i] for i in ix],
-                           [crop_mask(ctx.masks.get(i), window_of(ctx, i)) for i in ix], p),
-                       lambda i, img, p=preset: self._keep(ctx, i, p, img))  # type: ignore[misc]
+        order = ctx.presets()
+        for preset in order:
+            twins = ctx.twins(order, preset, lambda p: p.look)
+            own = [i for i in ctx.asking(preset) if i not in twins]
+            if own:
+                yield Step(f"preset:{preset.name}", self.device, own,
+                           lambda ix, p=preset: self.retoucher.render_batch(  # type: ignore[misc]
+                               [ctx.corrected[i] for i in ix],
+                               [crop_mask(ctx.masks.get(i), window_of(ctx, i)) for i in ix], p),
+                           lambda i, img, p=preset: self._keep(ctx, i, p, img))  # type: ignore[misc]
+            if twins:  # the canvas of an earlier preset with the same look, not rendered again
+                yield Step(f"preset:{preset.name}", self.device, list(twins),
+                           lambda ix, t=twins: [ctx.rendered[i, t[i]] for i in ix],  # type: ignore[misc]
+                           lambda i, img, p=preset: self._keep(ctx, i, p, img))  # type: ignore[misc]
 
     @staticmethod
     def _keep(ctx: BatchContext, i: int, preset: Preset, image: Any) -> None:

@@ -157,7 +157,8 @@ def contact_shadow(image: Array, cfg: ShadowConfig | None = None,
 class ShadowStage(Stage):
     """Render's lane (device on a GPU, output on the CPU), after render and before encode; one step
     (span ``shadow:<preset>``) per preset with ``shadow = "contact"``. Keeps each canvas' subject box
-    (before the shadow) in ``ctx.memo["canvas_box", item, preset]`` for the compliance stage."""
+    (before the shadow) in ``ctx.memo["canvas_box", item, preset]`` for the compliance stage. A
+    preset with the same look as one before it takes that one's canvas, shadow and box."""
 
     name = "shadow"
 
@@ -166,11 +167,26 @@ class ShadowStage(Stage):
         self.lane: Lane = lane or ("device" if device == "gpu" else "output")  # the render's before it
 
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
-        for preset in ctx.presets():
-            if preset.shadow == "contact":
-                yield Step(f"shadow:{preset.name}", self.device, ctx.asking(preset),
+        order = ctx.presets()
+        for preset in order:
+            if preset.shadow != "contact":
+                continue
+            twins = ctx.twins(order, preset, lambda p: p.look)
+            own = [i for i in ctx.asking(preset) if i not in twins]
+            if own:
+                yield Step(f"shadow:{preset.name}", self.device, own,
                            lambda ix, p=preset: self._apply(ctx, ix, p),  # type: ignore[misc]
                            lambda i, img, p=preset: ctx.rendered.__setitem__((i, p.name), img))  # type: ignore[misc]
+            if twins:  # an earlier preset's canvas with the same look has its shadow already
+                yield Step(f"shadow:{preset.name}", self.device, list(twins),
+                           lambda ix, p=preset, t=twins: self._twin(ctx, ix, p, t),  # type: ignore[misc]
+                           lambda i, img, p=preset: ctx.rendered.__setitem__((i, p.name), img))  # type: ignore[misc]
+
+    @staticmethod
+    def _twin(ctx: BatchContext, idx: list[int], preset: Preset, twins: dict[int, str]) -> list[Array]:
+        for i in idx:
+            ctx.memo["canvas_box", i, preset.name] = ctx.memo["canvas_box", i, twins[i]]
+        return [ctx.rendered[i, twins[i]] for i in idx]
 
     def _apply(self, ctx: BatchContext, idx: list[int], preset: Preset) -> Sequence[object]:
         def one(i: int) -> Array:

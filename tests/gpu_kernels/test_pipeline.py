@@ -133,3 +133,75 @@ def test_a_refinement_that_raises_fails_its_item_only(catalog: list[Path], u2net
     err = results[1].error
     assert isinstance(err, ProcessingFailed) and err.stage == "refine" and "ValueError" in err.message
     pipe.close()
+
+
+class CountingRetoucher(CpuRetoucher):
+    """The real CPU retoucher, counting the canvases it renders per preset."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rendered: dict[str, int] = {}
+
+    def render(self, image, mask, preset: Preset):  # type: ignore[no-untyped-def]
+        self.rendered[preset.name] = self.rendered.get(preset.name, 0) + 1
+        return super().render(image, mask, preset)
+
+
+class CountingEncoder(CpuEncoder):
+    """The real CPU encoder, counting the images it encodes per preset."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded: dict[str, int] = {}
+
+    def encode(self, image, preset: Preset) -> bytes:  # type: ignore[no-untyped-def]
+        self.encoded[preset.name] = self.encoded.get(preset.name, 0) + 1
+        return super().encode(image, preset)
+
+
+def test_presets_with_the_same_look_share_one_canvas_and_one_encode(catalog: list[Path]) -> None:
+    """Two marketplaces asking for the same 800 x 800 canvas: rendered and encoded once per image
+    (whichever order each event names them in), the variants' bytes equal to those of each preset
+    alone; a third with the same canvas as PNG shares the canvas and is encoded on its own; the
+    marketplace rules stay each preset's own."""
+    taobao, jd = load_presets().resolve(["taobao_main", "jd_main"])
+    assert taobao.look == jd.look and taobao.encoding == jd.encoding
+    strict = Preset("strict_800", 800, 800, min_fill=0.95)  # the same canvas, a stricter rule
+    png = Preset("png_800", 800, 800, format="png")
+    retoucher, encoder = CountingRetoucher(), CountingEncoder()
+    pipe = ImagePipeline(make_decoder("cpu"), retoucher, encoder)
+    blobs = [p.read_bytes() for p in catalog[:2]]
+    orders = [[taobao, jd, strict, png], [png, strict, jd, taobao]]
+    jobs = [Job(b, o, RetouchOptions(), SpanRecorder()) for b, o in zip(blobs, orders, strict=True)]
+    results = pipe.run_batch(jobs)
+    assert all(r.ok for r in results)
+    assert sum(retoucher.rendered.values()) == 2  # one canvas per image, for all four presets
+    assert sum(encoder.encoded.values()) == 4  # one JPEG and one PNG per image
+    alone = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder())
+    for blob, order, res in zip(blobs, orders, results, strict=True):
+        by_name = {v.preset: v for v in res.variants}
+        assert [v.preset for v in res.variants] == [p.name for p in order]
+        for p in order:
+            single = alone.run_batch([Job(blob, [p], RetouchOptions(), SpanRecorder())])[0].variants[0]
+            assert by_name[p.name].data == single.data and by_name[p.name].compliance == single.compliance
+        assert by_name["taobao_main"].data == by_name["jd_main"].data != by_name["png_800"].data
+        assert by_name["strict_800"].compliance != by_name["taobao_main"].compliance  # its own rule
+    names = {s.stage for s in jobs[0].spans.spans}
+    assert {"preset:jd_main", "encode:jd_main", "preset:png_800", "encode:png_800"} <= names
+    pipe.close()
+    alone.close()
+
+
+def test_presets_with_the_same_look_and_a_contact_shadow_share_the_shadowed_canvas(catalog: list[Path]) -> None:
+    a, b = Preset("shadow_a", 600, 600, shadow="contact"), Preset("shadow_b", 600, 600, shadow="contact")
+    retoucher = CountingRetoucher()
+    pipe = ImagePipeline(make_decoder("cpu"), retoucher, CpuEncoder())
+    job = Job(catalog[0].read_bytes(), [a, b], RetouchOptions(), SpanRecorder())
+    res = pipe.run_batch([job])[0]
+    alone = ImagePipeline(make_decoder("cpu"), CpuRetoucher(), CpuEncoder())
+    single = alone.run_batch([Job(catalog[0].read_bytes(), [b], RetouchOptions(), SpanRecorder())])[0].variants[0]
+    assert res.ok and retoucher.rendered == {"shadow_a": 1}
+    assert res.variants[0].data == res.variants[1].data == single.data
+    assert res.variants[1].compliance == single.compliance
+    pipe.close()
+    alone.close()
