@@ -205,3 +205,25 @@ def test_presets_with_the_same_look_and_a_contact_shadow_share_the_shadowed_canv
     assert res.variants[1].compliance == single.compliance
     pipe.close()
     alone.close()
+
+
+def test_every_field_of_a_preset_is_in_its_look_its_encoding_or_its_rules() -> None:
+    """A field that changes the canvas changes :attr:`Preset.look`, one that changes only the bytes
+    :attr:`Preset.encoding`, and the marketplace rules neither (presets equal there share a render
+    or an encode). A new field fails here until it is placed."""
+    import dataclasses
+
+    base = Preset("p", 800, 800, format="png")
+    canvas = {"width": 801, "height": 799, "fill": 0.7, "background": "transparent", "sharpen": 0.0,
+              "shadow": "contact"}
+    encoding = {"format": "webp", "quality": 80}
+    rules = {"name": "q", "min_side": 1000, "min_fill": 0.85, "pure_white": True, "allow_cut": False}
+    assert {f.name for f in dataclasses.fields(Preset)} == set(canvas) | set(encoding) | set(rules)
+    for name, value in canvas.items():
+        assert dataclasses.replace(base, **{name: value}).look != base.look, name
+    for name, value in encoding.items():
+        other = dataclasses.replace(base, **{name: value})
+        assert other.look == base.look and other.encoding != base.encoding, name
+    for name, value in rules.items():
+        other = dataclasses.replace(base, **{name: value})
+        assert other.look == base.look and other.encoding == base.encoding, name
