@@ -575,18 +575,19 @@ def fill_holes(hard: Array, image: Array | None, cfg: MaskPostprocess, ops: Arra
         delta = xp.sqrt(((srgb_to_lab(xp, means) - srgb_to_lab(xp, ring_mean)[None, :]) ** 2).sum(axis=1))
         unlike = (delta > cfg.hole_delta_e) & (counts > 0)
         unlike_bg = unlike | (ring_n == 0)
-        if prob is not None and cfg.hole_prob > 0 and bool((medium & ~unlike_bg).any()):
+        prob_s = None if prob is None else prob[::st, ::st]
+        holes = medium if bays is None else medium & ~bays  # (bays decide below, on their own terms)
+        if prob_s is not None and cfg.hole_prob > 0 and bool((holes & ~unlike_bg).any()):
             # a hole like the background that the model never calls background (no pixel of it,
             # on the colours' grid, below hole_prob): the model only wavered under its threshold
             # there (a cat's pale cheek fur beside a pale wall), it did not see through the subject
-            low = xp.bincount(flat_s, weights=(prob[::st, ::st] < cfg.hole_prob).ravel().astype(xp.float64),
-                              minlength=n + 1)
+            low = xp.bincount(flat_s, weights=(prob_s < cfg.hole_prob).ravel().astype(xp.float64), minlength=n + 1)
             unlike_bg = unlike_bg | ((low == 0) & (counts > 0))
-        if bays is not None and prob is not None:  # (bays are found only with a probability)
+        if bays is not None and prob_s is not None:  # (bays are found only with a probability)
             # a bay is filled when unlike the background beside the subject (none beside it: it
             # stays open) or when the model half sees it (its mean probability, on the colours'
             # grid): fur or a face the backdrop's colour, cut by the frame
-            seen = xp.bincount(flat_s, weights=prob[::st, ::st].ravel().astype(xp.float64),
+            seen = xp.bincount(flat_s, weights=prob_s.ravel().astype(xp.float64),
                                minlength=n + 1) / xp.maximum(counts, 1.0)
             unlike_bg = xp.where(bays, (unlike & (ring_n > 0)) | (seen >= cfg.bay_prob), unlike_bg)
         fill = fill | (medium & unlike_bg)

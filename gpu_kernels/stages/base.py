@@ -153,20 +153,23 @@ class BatchContext:
         """Live items that asked for ``preset``."""
         return [i for i in self.alive() if preset in self.jobs[i].presets]
 
-    def twins(self, order: Sequence[Preset], preset: Preset, key: Callable[[Preset], Hashable]) -> dict[int, str]:
-        """Live items asking for ``preset`` that also asked for a preset before it in ``order``
-        (the order a stage runs its steps in) with the same ``key`` (:attr:`Preset.look`,
-        :attr:`Preset.encoding`): item → that preset's name, whose result serves both."""
+    def twins(self, order: Sequence[Preset], preset: Preset,
+              key: Callable[[Preset], Hashable]) -> tuple[list[int], dict[int, str]]:
+        """The live items asking for ``preset``, split: ``(own, twins)``. ``twins``: those that
+        also asked for a preset before it in ``order`` (the order a stage runs its steps in) with
+        the same ``key`` (:attr:`Preset.look`, :attr:`Preset.encoding`), item → that preset's
+        name, whose result serves both; ``own``: the others, in batch order."""
         k = key(preset)
         before = [p for p in order[:order.index(preset)] if key(p) == k]
-        if not before:
-            return {}
-        found = {}
+        own: list[int] = []
+        found: dict[int, str] = {}
         for i in self.asking(preset):
             twin = next((p for p in before if p in self.jobs[i].presets), None)
-            if twin is not None:
+            if twin is None:
+                own.append(i)
+            else:
                 found[i] = twin.name
-        return found
+        return own, found
 
     def fail(self, i: int, exc: LightboxError, stage: str) -> None:
         if not exc.stage:

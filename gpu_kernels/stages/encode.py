@@ -78,8 +78,8 @@ class EncodeStage(Stage):
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
         order = ctx.presets()
         for preset in order:
-            twins = ctx.twins(order, preset, lambda p: p.encoding)
-            items = [i for i in ctx.asking(preset) if i not in twins and self._takes(ctx, i, preset)]
+            own, twins = ctx.twins(order, preset, lambda p: p.encoding)
+            items = [i for i in own if self._takes(ctx, i, preset)]
             if items:
                 yield Step(f"encode:{preset.name}", self.device, items,
                            lambda ix, p=preset: self._encode(ctx, ix, p),  # type: ignore[misc]

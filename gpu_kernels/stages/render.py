@@ -31,8 +31,7 @@ class RenderStage(Stage):
     def steps(self, ctx: BatchContext) -> Iterable[Step]:
         order = ctx.presets()
         for preset in order:
-            twins = ctx.twins(order, preset, lambda p: p.look)
-            own = [i for i in ctx.asking(preset) if i not in twins]
+            own, twins = ctx.twins(order, preset, lambda p: p.look)
             if own:
                 yield Step(f"preset:{preset.name}", self.device, own,
                            lambda ix, p=preset: self.retoucher.render_batch(  # type: ignore[misc]

@@ -171,8 +171,7 @@ class ShadowStage(Stage):
         for preset in order:
             if preset.shadow != "contact":
                 continue
-            twins = ctx.twins(order, preset, lambda p: p.look)
-            own = [i for i in ctx.asking(preset) if i not in twins]
+            own, twins = ctx.twins(order, preset, lambda p: p.look)
             if own:
                 yield Step(f"shadow:{preset.name}", self.device, own,
                            lambda ix, p=preset: self._apply(ctx, ix, p),  # type: ignore[misc]
